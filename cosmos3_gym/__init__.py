@@ -1,0 +1,33 @@
+"""cosmos3-gym: run NVIDIA Cosmos3 action policies batched, in process, inside Gymnasium loops.
+
+The public names are imported lazily, so that ``import cosmos3_gym.envs`` (which must stand alone,
+e.g. inside an ``AsyncVectorEnv`` worker) does not pull in torch and the model stack.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Cosmos3ActionPipeline": "cosmos3_gym.pipeline",
+    "ActionOutput": "cosmos3_gym.pipeline",
+    "Cosmos3Transformer": "cosmos3_gym.model",
+    "VectorPolicy": "cosmos3_gym.policy",
+}
+
+if TYPE_CHECKING:
+    from cosmos3_gym.model import Cosmos3Transformer
+    from cosmos3_gym.pipeline import ActionOutput, Cosmos3ActionPipeline
+    from cosmos3_gym.policy import VectorPolicy
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'cosmos3_gym' has no attribute {name!r}")
+
+
+__all__ = ["ActionOutput", "Cosmos3ActionPipeline", "Cosmos3Transformer", "VectorPolicy"]

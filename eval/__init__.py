@@ -1,0 +1,1 @@
+"""Evaluation, rollout collection and benchmarks (the ``cosmos3-gym`` console script)."""
