@@ -1,0 +1,33 @@
+"""What one pipeline call returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class ActionOutput:
+    """The result of ``Cosmos3ActionPipeline.__call__`` for B requests.
+
+    Attributes:
+        actions: ``[B, H, D]`` float32, un-normalised raw actions of the checkpoint's domain
+            (``D = raw_action_dim``; e.g. 10-D ``[dpos, rot6d, gripper]`` for the LIBERO recipe).
+            ``B == 1`` keeps the batch axis; use ``out.actions[0]`` for ``[H, D]``.
+        normalized_actions: ``[B, H, D]`` float32, the sampler's output before un-normalisation.
+        action_noise: ``[B, H, 64]`` float32, the initial action noise each item started from
+            (what an RL learner needs to replay a chunk).
+        seeds: the per-item seeds the noise was drawn from (``None`` where noise was passed in).
+        timings: per-stage seconds (``"<stage>_s"``), peak memory where measurable
+            (``"<stage>_peak_bytes"``) and ``"total_s"``.
+    """
+
+    actions: np.ndarray
+    normalized_actions: np.ndarray
+    action_noise: np.ndarray
+    seeds: list[int | None]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.actions.shape[0])
