@@ -1,0 +1,103 @@
+"""The Cosmos3 generator's configuration: the keys of a diffusers ``transformer/config.json``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# Keys a real config.json carries that do not change the generator's math here: bookkeeping of
+# diffusers, the load-time dtype hint, and dropout (inference only).
+_IGNORED_KEYS = {"dtype", "attention_dropout", "backbone_type"}
+
+
+@dataclass
+class Cosmos3Config:
+    """Constructor arguments of the Cosmos3 Mixture-of-Transformers generator.
+
+    Field names and defaults are those of diffusers' ``Cosmos3OmniTransformer`` (Nano-like
+    defaults), so a checkpoint's ``transformer/config.json`` maps onto this class key for key.
+    """
+
+    attention_bias: bool = False
+    head_dim: int = 128
+    hidden_size: int = 4096
+    intermediate_size: int = 12288
+    base_fps: int = 24
+    enable_fps_modulation: bool = True
+    latent_channel: int = 48
+    unified_3d_mrope_reset_spatial_ids: bool = True
+    unified_3d_mrope_temporal_modality_margin: int = 15000
+    latent_patch_size: int = 2
+    num_attention_heads: int = 32
+    num_hidden_layers: int = 36
+    num_key_value_heads: int = 8
+    patch_latent_dim: int = 192
+    rms_norm_eps: float = 1e-6
+    rope_scaling: dict[str, Any] | None = None
+    rope_theta: float = 5_000_000.0
+    action_dim: int | None = None
+    action_gen: bool = False
+    num_embodiment_domains: int = 32
+    sound_dim: int | None = None
+    sound_gen: bool = False
+    sound_latent_fps: float = 25.0
+    timestep_scale: float = 0.001
+    vocab_size: int = 151936
+    hidden_act: str = "silu"
+    qk_norm_for_text: bool = True
+    use_und_k_norm_for_gen: bool = False
+    rope_axes_dim: list[int] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.rope_axes_dim is None:
+            section = (self.rope_scaling or {}).get("mrope_section", [24, 20, 20])
+            self.rope_axes_dim = list(section)
+        self.rope_axes_dim = [int(x) for x in self.rope_axes_dim]
+        if self.hidden_act not in ("silu", "relu2"):
+            raise ValueError(f"hidden_act must be 'silu' or 'relu2', got {self.hidden_act!r}")
+        if sum(self.rope_axes_dim) != self.head_dim // 2:
+            raise ValueError(
+                f"rope_axes_dim {self.rope_axes_dim} must sum to head_dim // 2 = "
+                f"{self.head_dim // 2}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        expected_patch_dim = self.latent_patch_size**2 * self.latent_channel
+        if self.patch_latent_dim != expected_patch_dim:
+            raise ValueError(
+                f"patch_latent_dim must be latent_patch_size**2 * latent_channel = "
+                f"{expected_patch_dim}, got {self.patch_latent_dim}"
+            )
+        if self.action_gen and self.action_dim is None:
+            raise ValueError("action_dim must be set when action_gen is true")
+        if self.sound_gen and self.sound_dim is None:
+            raise ValueError("sound_dim must be set when sound_gen is true")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Cosmos3Config:
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in raw.items() if k in known}
+        unknown = sorted(k for k in raw if k not in known and not k.startswith("_"))
+        unknown = [k for k in unknown if k not in _IGNORED_KEYS]
+        if unknown:
+            logger.warning("Cosmos3 config keys not used by cosmos3-gym: %s", unknown)
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json_file(cls, path: str | Path) -> Cosmos3Config:
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["_class_name"] = "Cosmos3OmniTransformer"
+        return out

@@ -1,0 +1,442 @@
+"""The Cosmos3 Mixture-of-Transformers generator, batched.
+
+Every layer holds two parameter sets, one per pathway:
+- UND (understanding): text tokens only, causal self-attention. UND never sees GEN tokens, so
+  its per-layer keys/values are the same at every denoising step: ``encode_text`` runs it once
+  per request and returns a ``TextKVCache``.
+- GEN (generation): vision + action tokens. GEN queries attend bidirectionally to
+  ``[K_text ; K_gen]`` / ``[V_text ; V_gen]``; padded text keys are masked, so prompts of
+  different token lengths share one batch and padding changes nothing.
+
+Parameter names and constructor keys are those of the diffusers checkpoint
+(``layers.{i}.self_attn.to_q``, ``add_q_proj``, ``mlp_moe_gen``, ``action_proj_in.fc``, ...),
+so ``load_state_dict(strict=True)`` works on a real ``nvidia/Cosmos3-*`` transformer folder.
+
+Shapes: B batch, L text tokens, T latent frames, Hp x Wp patches per frame, H action steps,
+N = T*Hp*Wp + H GEN tokens, C hidden size, D head dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from diffusers.models.embeddings import TimestepEmbedding, Timesteps
+from torch import nn
+
+from cosmos3_gym.model.config import Cosmos3Config
+from cosmos3_gym.model.rope import apply_rope, gen_position_ids, rope_tables, text_position_ids
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dim, with either checkpoint family's rounding order.
+
+    Qwen3 backbones (``silu``): normalise in fp32, cast to the weight's dtype, then scale.
+    Nemotron backbones (``relu2``): scale in fp32, then cast to the input dtype. The two agree in
+    fp32 and differ in the last bf16 bit, which is why both are kept.
+    """
+
+    def __init__(self, dim: int, eps: float, nemotron: bool = False) -> None:
+        super().__init__()
+        self.eps = eps
+        self.nemotron = nemotron
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.nemotron:
+            return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        x = x * torch.rsqrt(variance + self.eps)
+        if self.weight.dtype in (torch.float16, torch.bfloat16):
+            x = x.to(self.weight.dtype)
+        return x * self.weight
+
+
+class MLP(nn.Module):
+    """SwiGLU (``silu``, Qwen3) or squared-ReLU (``relu2``, Nemotron/Edge, no gate)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str) -> None:
+        super().__init__()
+        self.hidden_act = hidden_act
+        if hidden_act == "silu":
+            self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.hidden_act == "relu2":
+            return self.down_proj(torch.relu(self.up_proj(x)).square())
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DomainAwareLinear(nn.Module):
+    """A linear map whose weight and bias are looked up per embodiment domain.
+
+    ``fc`` stores each domain's ``[in, out]`` matrix flattened in one embedding row.
+    """
+
+    def __init__(self, input_size: int, output_size: int, num_domains: int) -> None:
+        super().__init__()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.fc = nn.Embedding(num_domains, input_size * output_size)
+        self.bias = nn.Embedding(num_domains, output_size)
+
+    def forward(self, x: torch.Tensor, domain_ids: torch.Tensor) -> torch.Tensor:
+        # x: [B, H, in], domain_ids: [B] -> [B, H, out]
+        weight = self.fc(domain_ids).view(-1, self.input_size, self.output_size)
+        return torch.baddbmm(self.bias(domain_ids)[:, None, :], x, weight)
+
+
+class MoTAttention(nn.Module):
+    """Projections and norms of both pathways; attention itself runs in the decoder layer."""
+
+    def __init__(self, config: Cosmos3Config) -> None:
+        super().__init__()
+        c, d = config.hidden_size, config.head_dim
+        hq, hkv = config.num_attention_heads, config.num_key_value_heads
+        bias = config.attention_bias
+        nemotron = config.hidden_act == "relu2"
+        eps = config.rms_norm_eps
+        self.num_heads, self.num_kv_heads, self.head_dim = hq, hkv, d
+        # UND (text)
+        self.to_q = nn.Linear(c, hq * d, bias=bias)
+        self.to_k = nn.Linear(c, hkv * d, bias=bias)
+        self.to_v = nn.Linear(c, hkv * d, bias=bias)
+        self.to_out = nn.Linear(hq * d, c, bias=bias)
+        if config.qk_norm_for_text:
+            self.norm_q = RMSNorm(d, eps, nemotron)
+            self.norm_k = RMSNorm(d, eps, nemotron)
+        else:
+            self.norm_q = nn.Identity()
+            self.norm_k = nn.Identity()
+        # Dense/Edge variants normalise the text keys handed to GEN separately.
+        if config.use_und_k_norm_for_gen and not config.qk_norm_for_text:
+            self.k_norm_und_for_gen = RMSNorm(d, eps, nemotron)
+        else:
+            self.k_norm_und_for_gen = None
+        # GEN (vision + action)
+        self.add_q_proj = nn.Linear(c, hq * d, bias=bias)
+        self.add_k_proj = nn.Linear(c, hkv * d, bias=bias)
+        self.add_v_proj = nn.Linear(c, hkv * d, bias=bias)
+        self.to_add_out = nn.Linear(hq * d, c, bias=bias)
+        self.norm_added_q = RMSNorm(d, eps, nemotron)
+        self.norm_added_k = RMSNorm(d, eps, nemotron)
+
+    def _heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        # [B, N, heads*D] -> [B, heads, N, D]
+        return x.view(x.shape[0], x.shape[1], heads, self.head_dim).transpose(1, 2)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: Cosmos3Config) -> None:
+        super().__init__()
+        c, eps = config.hidden_size, config.rms_norm_eps
+        nemotron = config.hidden_act == "relu2"
+        self.self_attn = MoTAttention(config)
+        self.mlp = MLP(c, config.intermediate_size, config.hidden_act)
+        self.mlp_moe_gen = MLP(c, config.intermediate_size, config.hidden_act)
+        self.input_layernorm = RMSNorm(c, eps, nemotron)
+        self.input_layernorm_moe_gen = RMSNorm(c, eps, nemotron)
+        self.post_attention_layernorm = RMSNorm(c, eps, nemotron)
+        self.post_attention_layernorm_moe_gen = RMSNorm(c, eps, nemotron)
+
+    def forward_text(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        need_output: bool = True,
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """UND step over text ``x`` ``[B, L, C]``.
+
+        Returns ``(x_next or None, k_for_gen, v)`` with ``k_for_gen``/``v`` ``[B, Hkv, L, D]``
+        post-norm and post-RoPE: what every GEN step of this layer attends to.
+        """
+        attn = self.self_attn
+        h = self.input_layernorm(x)
+        k = attn.norm_k(attn._heads(attn.to_k(h), attn.num_kv_heads))
+        v = attn._heads(attn.to_v(h), attn.num_kv_heads)
+        k_for_gen = k if attn.k_norm_und_for_gen is None else attn.k_norm_und_for_gen(k)
+        k_for_gen = apply_rope(k_for_gen, cos, sin)
+        if not need_output:
+            # The last layer's text output feeds nothing: only its K/V matter.
+            return None, k_for_gen, v
+        k = k_for_gen if attn.k_norm_und_for_gen is None else apply_rope(k, cos, sin)
+        q = apply_rope(attn.norm_q(attn._heads(attn.to_q(h), attn.num_heads)), cos, sin)
+        # Right-padded prompts: under the causal mask a real token never sees a pad, so no
+        # padding mask is needed here; pad rows are garbage that GEN masks out.
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + attn.to_out(out.transpose(1, 2).flatten(2))
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, k_for_gen, v
+
+    def forward_gen(
+        self,
+        x: torch.Tensor,
+        k_text: torch.Tensor,
+        v_text: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        """GEN step over ``x`` ``[B, N, C]`` attending to ``[text ; gen]`` keys."""
+        attn = self.self_attn
+        h = self.input_layernorm_moe_gen(x)
+        q = apply_rope(attn.norm_added_q(attn._heads(attn.add_q_proj(h), attn.num_heads)), cos, sin)
+        k = apply_rope(
+            attn.norm_added_k(attn._heads(attn.add_k_proj(h), attn.num_kv_heads)), cos, sin
+        )
+        v = attn._heads(attn.add_v_proj(h), attn.num_kv_heads)
+        k = torch.cat([k_text, k], dim=2)  # [B, Hkv, L+N, D]
+        v = torch.cat([v_text, v], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=True)
+        x = x + attn.to_add_out(out.transpose(1, 2).flatten(2))
+        return x + self.mlp_moe_gen(self.post_attention_layernorm_moe_gen(x))
+
+
+@dataclass
+class TextKVCache:
+    """Per-layer text keys/values of a batch of prompts, computed once per request.
+
+    ``keys[i]``/``values[i]``: ``[B, Hkv, L, D]``; ``lengths``: ``[B]`` real prompt lengths;
+    ``text_mask``: ``[B, L]``, True for real tokens (right padding).
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    lengths: torch.Tensor
+    text_mask: torch.Tensor
+
+    @property
+    def padded(self) -> bool:
+        return bool((self.lengths != self.text_mask.shape[1]).any())
+
+    def repeat_interleave(self, repeats: int) -> TextKVCache:
+        """The same prompts, each repeated ``repeats`` times (e.g. several candidates)."""
+        return TextKVCache(
+            [k.repeat_interleave(repeats, 0) for k in self.keys],
+            [v.repeat_interleave(repeats, 0) for v in self.values],
+            self.lengths.repeat_interleave(repeats, 0),
+            self.text_mask.repeat_interleave(repeats, 0),
+        )
+
+
+@dataclass
+class GenLayout:
+    """What every denoising step of one request shares: RoPE tables and the key mask."""
+
+    cos: torch.Tensor  # [B, 1, N, D/2]
+    sin: torch.Tensor
+    key_mask: torch.Tensor | None  # [B, 1, 1, L+N] bool, None when no prompt is padded
+    grid: tuple[int, int, int]  # (T, Hp, Wp) patch grid
+    latent_hw: tuple[int, int]  # unpadded latent (h, w)
+    num_actions: int
+
+
+class Cosmos3Transformer(nn.Module):
+    """The Cosmos3 generator (UND text pathway + GEN vision/action pathway).
+
+    Example::
+
+        model = Cosmos3Transformer(Cosmos3Config(hidden_size=64, head_dim=16, ...))
+        cache = model.encode_text(input_ids, text_mask)               # once per request
+        layout = model.gen_layout(cache, latent_shape=(T, h, w), num_actions=H, fps=20.0)
+        v_vision, v_action = model.forward_gen(cache, layout, vision, vision_noisy,
+                                               actions, action_noisy, domain_ids, timesteps)
+    """
+
+    # Checkpoint entries the generator never uses: the text head of the reasoner. Loading
+    # skips them by name (and only them), so they are not allocated.
+    UNUSED_CHECKPOINT_KEYS = ("lm_head.weight",)
+
+    def __init__(self, config: Cosmos3Config) -> None:
+        super().__init__()
+        self.config = config
+        c = config.hidden_size
+        nemotron = config.hidden_act == "relu2"
+        self.embed_tokens = nn.Embedding(config.vocab_size, c)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(c, config.rms_norm_eps, nemotron)  # UND final norm (unused here)
+        self.norm_moe_gen = RMSNorm(c, config.rms_norm_eps, nemotron)
+        self.proj_in = nn.Linear(config.patch_latent_dim, c)
+        self.proj_out = nn.Linear(c, config.patch_latent_dim)
+        self.time_proj = Timesteps(num_channels=256, flip_sin_to_cos=True, downscale_freq_shift=0)
+        self.time_embedder = TimestepEmbedding(in_channels=256, time_embed_dim=c)
+        if config.action_gen:
+            n_dom = config.num_embodiment_domains
+            self.action_proj_in = DomainAwareLinear(config.action_dim, c, n_dom)
+            self.action_proj_out = DomainAwareLinear(c, config.action_dim, n_dom)
+            self.action_modality_embed = nn.Parameter(torch.zeros(c))
+        if config.sound_gen:
+            # Present so sound checkpoints load strictly; policy mode never runs sound tokens.
+            self.audio_proj_in = nn.Linear(config.sound_dim, c)
+            self.audio_proj_out = nn.Linear(c, config.sound_dim)
+            self.audio_modality_embed = nn.Parameter(torch.zeros(c))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.proj_in.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.proj_in.weight.device
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        folder: str | Path,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+    ) -> Cosmos3Transformer:
+        """Load a diffusers ``transformer/`` folder (config.json + safetensors) strictly."""
+        from cosmos3_gym.model.weights import load_transformer
+
+        return load_transformer(cls, folder, device=device, dtype=dtype)
+
+    # ------------------------------------------------------------------ UND, once per request
+
+    def encode_text(self, input_ids: torch.Tensor, text_mask: torch.Tensor) -> TextKVCache:
+        """Run the UND pathway over right-padded prompts ``[B, L]``; cache its K/V per layer."""
+        if input_ids.shape != text_mask.shape:
+            raise ValueError(
+                f"input_ids {tuple(input_ids.shape)} and text_mask {tuple(text_mask.shape)} differ"
+            )
+        text_mask = text_mask.to(torch.bool)
+        lengths = text_mask.sum(1)
+        positions = torch.arange(text_mask.shape[1], device=text_mask.device)
+        expected = positions[None] < lengths[:, None]
+        if not torch.equal(expected, text_mask):
+            raise ValueError("text_mask must mark a right-padded prefix of real tokens per row")
+        x = self.embed_tokens(input_ids)  # [B, L, C]
+        cos, sin = rope_tables(text_position_ids(input_ids), self.config, x.dtype)
+        keys, values = [], []
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x, k, v = layer.forward_text(x, cos, sin, need_output=i < last)
+            keys.append(k)
+            values.append(v)
+        return TextKVCache(keys, values, lengths, text_mask)
+
+    def gen_layout(
+        self,
+        text: TextKVCache,
+        *,
+        latent_shape: tuple[int, int, int],
+        num_actions: int,
+        fps: float,
+        action_fps: float | None = None,
+    ) -> GenLayout:
+        """RoPE tables and key mask for a GEN stream of ``latent_shape`` (T, h, w) + actions."""
+        p = self.config.latent_patch_size
+        t, h, w = latent_shape
+        grid = (t, -(-h // p), -(-w // p))
+        positions = gen_position_ids(
+            self.config, text.lengths, grid=grid, num_actions=num_actions, fps=fps,
+            action_fps=action_fps,
+        )
+        cos, sin = rope_tables(positions, self.config, self.dtype)
+        key_mask = None
+        if text.padded:
+            n = grid[0] * grid[1] * grid[2] + num_actions
+            gen = torch.ones(text.text_mask.shape[0], n, dtype=torch.bool, device=cos.device)
+            key_mask = torch.cat([text.text_mask, gen], dim=1)[:, None, None, :]
+        return GenLayout(cos, sin, key_mask, grid, (h, w), num_actions)
+
+    # ------------------------------------------------------------------ GEN, every step
+
+    def _patchify(self, latents: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
+        # [B, C, T, h, w] -> [B, T*Hp*Wp, p*p*C], patch layout (t, hp, wp, p, q, c)
+        p = self.config.latent_patch_size
+        b, c, t, h, w = latents.shape
+        _, hp, wp = grid
+        if (hp * p, wp * p) != (h, w):
+            latents = F.pad(latents, (0, wp * p - w, 0, hp * p - h))
+        x = latents.reshape(b, c, t, hp, p, wp, p).permute(0, 2, 3, 5, 4, 6, 1)
+        return x.reshape(b, t * hp * wp, p * p * c)
+
+    def _unpatchify(self, x: torch.Tensor, layout: GenLayout) -> torch.Tensor:
+        p, c = self.config.latent_patch_size, self.config.latent_channel
+        t, hp, wp = layout.grid
+        h, w = layout.latent_hw
+        x = x.reshape(x.shape[0], t, hp, wp, p, p, c).permute(0, 6, 1, 2, 4, 3, 5)
+        return x.reshape(x.shape[0], c, t, hp * p, wp * p)[..., :h, :w]
+
+    def timestep_embedding(self, timesteps: torch.Tensor) -> torch.Tensor:
+        """``[B]`` flow timesteps in [0, 1000] -> ``[B, C]`` (fp32 sinusoid, embedder dtype)."""
+        emb = self.time_proj(timesteps.float() * self.config.timestep_scale)
+        return self.time_embedder(emb.to(self.time_embedder.linear_1.weight.dtype))
+
+    def forward_gen(
+        self,
+        text: TextKVCache,
+        layout: GenLayout,
+        vision: torch.Tensor,
+        vision_noisy: torch.Tensor,
+        actions: torch.Tensor,
+        action_noisy: torch.Tensor,
+        domain_ids: torch.Tensor,
+        timesteps: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One denoising forward of the GEN pathway.
+
+        Args:
+            vision: ``[B, 48, T, h, w]`` latents; clean frames hold the conditioning.
+            vision_noisy: ``[B, T]`` bool, True for frames being denoised.
+            actions: ``[B, H, action_dim]``; action_noisy: ``[B, H]`` bool.
+            domain_ids: ``[B]`` embodiment ids selecting the action heads.
+            timesteps: ``[B]`` flow timesteps (0..1000) of the noisy tokens.
+
+        Returns:
+            vision velocity ``[B, 48, T, h, w]`` and action velocity ``[B, H, action_dim]``,
+            zero at clean frames/steps.
+        """
+        dtype = self.dtype
+        b = vision.shape[0]
+        t, hp, wp = layout.grid
+        t_emb = self.timestep_embedding(timesteps).to(dtype)[:, None, :]  # [B, 1, C]
+
+        vis = self.proj_in(self._patchify(vision.to(dtype), layout.grid))  # [B, T*Hp*Wp, C]
+        vis_noisy = vision_noisy[:, :, None].expand(b, t, hp * wp).reshape(b, -1, 1)
+        vis = vis + t_emb * vis_noisy.to(dtype)
+        act = self.action_proj_in(actions.to(dtype), domain_ids) + self.action_modality_embed
+        act = act + t_emb * action_noisy[:, :, None].to(dtype)
+        x = torch.cat([vis, act], dim=1)  # [B, N, C]
+
+        for layer, k_text, v_text in zip(self.layers, text.keys, text.values, strict=True):
+            x = layer.forward_gen(x, k_text, v_text, layout.key_mask, layout.cos, layout.sin)
+        x = self.norm_moe_gen(x)
+
+        n_vis = t * hp * wp
+        v_vision = self._unpatchify(self.proj_out(x[:, :n_vis]), layout)
+        v_vision = v_vision * vision_noisy[:, None, :, None, None].to(v_vision.dtype)
+        v_action = self.action_proj_out(x[:, n_vis:], domain_ids)
+        v_action = v_action * action_noisy[:, :, None].to(v_action.dtype)
+        return v_vision, v_action
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        text_mask: torch.Tensor,
+        vision: torch.Tensor,
+        vision_noisy: torch.Tensor,
+        actions: torch.Tensor,
+        action_noisy: torch.Tensor,
+        domain_ids: torch.Tensor,
+        timesteps: torch.Tensor,
+        *,
+        fps: float,
+        action_fps: float | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uncached forward (text pathway recomputed): training, and the reference for the cache."""
+        text = self.encode_text(input_ids, text_mask)
+        layout = self.gen_layout(
+            text, latent_shape=tuple(vision.shape[2:]), num_actions=actions.shape[1], fps=fps,
+            action_fps=action_fps,
+        )
+        return self.forward_gen(
+            text, layout, vision, vision_noisy, actions, action_noisy, domain_ids, timesteps
+        )
