@@ -1,0 +1,246 @@
+"""Benchmark adapters: the one place that knows a benchmark's image, prompt and action conventions.
+
+The model and the pipeline know nothing of benchmarks. An adapter turns a Gymnasium vector
+observation into the uint8 images the pipeline takes, a task string into the prompt the
+checkpoint was trained on, and the pipeline's raw actions into the actions the env takes.
+
+Writing one for your own benchmark takes a few lines; subclass :class:`Adapter` and override what
+differs from the identity::
+
+    >>> import numpy as np
+    >>> from cosmos3_gym.policy import Adapter
+    >>> class MyArmAdapter(Adapter):
+    ...     name = "my_arm"
+    ...     def images(self, obs):                  # dict obs -> uint8 [B, H, W, C]
+    ...         return obs["front_rgb"]
+    ...     def prompt(self, task):                 # what the checkpoint was trained on
+    ...         return f"The robot arm must {task}."
+    ...     def actions(self, raw):                 # [B, H, D] -> [B, H, D_env]
+    ...         return np.clip(raw[..., :7], -1.0, 1.0)
+    >>> MyArmAdapter().prompt("stack the blocks")
+    'The robot arm must stack the blocks.'
+
+Pass the instance as ``VectorPolicy(pipeline, adapter=MyArmAdapter())``. The policy checks what
+an adapter returns (dtype, rank, batch size) and names the adapter in its errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from cosmos3_gym.policy.rotations import rot6d_to_axis_angle
+
+
+class Adapter:
+    """The identity adapter and the base to subclass: three data-to-data methods.
+
+    Attributes:
+        name: how errors and records name this adapter.
+        domain: the checkpoint domain this benchmark's actions live in (e.g. ``"libero"``), or
+            ``None`` where it does not matter; for whoever builds the pipeline.
+    """
+
+    name: str = "identity"
+    domain: str | None = None
+
+    def images(self, obs: Any) -> np.ndarray:
+        """Observation batch -> uint8 ``[B, H, W, C]`` model images."""
+        return obs
+
+    def prompt(self, task: str) -> str:
+        """Task string -> the prompt the checkpoint expects."""
+        return task
+
+    def actions(self, raw: np.ndarray) -> np.ndarray:
+        """Raw model actions ``[B, H, D]`` -> env actions ``[B, H, D_env]``."""
+        return raw
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} {list(value.shape)}"
+    return type(value).__name__
+
+
+def _leaves(obs: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in obs.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            yield from _leaves(value, prefix=f"{path}/")
+        else:
+            yield path, value
+
+
+def _is_image_batch(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 4
+
+
+def _check_image_batch(value: Any, what: str) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        raise ValueError(
+            f"{what}: expected a uint8 numpy array [B, H, W, C]; found {_describe(value)}"
+        )
+    if value.dtype != np.uint8:
+        raise ValueError(
+            f"{what}: expected uint8 images [B, H, W, C] as Gymnasium returns them; found "
+            f"{_describe(value)} (convert float images with (x * 255).round().astype(np.uint8))"
+        )
+    if value.ndim != 4:
+        raise ValueError(
+            f"{what}: expected rank 4 [B, H, W, C]; found rank {value.ndim} {list(value.shape)}"
+        )
+    return value
+
+
+class GenericAdapter(Adapter):
+    """Images straight from the observation, prompts and actions unchanged.
+
+    An array observation is the image batch. A dict observation (nested dicts allowed) must hold
+    exactly one uint8 ``[B, H, W, C]`` array, or name it with ``image_key`` (``"a/b"`` for nested).
+
+    Args:
+        image_key: the dict key of the image batch, when the observation has several.
+    """
+
+    name = "generic"
+
+    def __init__(self, image_key: str | None = None) -> None:
+        self.image_key = image_key
+
+    def images(self, obs: Any) -> np.ndarray:
+        if not isinstance(obs, Mapping):
+            return _check_image_batch(obs, "generic adapter, array observation")
+        leaves = dict(_leaves(obs))
+        if self.image_key is not None:
+            if self.image_key not in leaves:
+                raise ValueError(
+                    f"generic adapter: image_key {self.image_key!r} not in the observation; "
+                    f"found keys {sorted(leaves)}"
+                )
+            return _check_image_batch(leaves[self.image_key], f"observation[{self.image_key!r}]")
+        found = {k: _describe(v) for k, v in leaves.items()}
+        images = [k for k, v in leaves.items() if _is_image_batch(v)]
+        if len(images) != 1:
+            problem = "no uint8 [B, H, W, C] image" if not images else f"{len(images)} images"
+            raise ValueError(
+                f"generic adapter: expected exactly one uint8 [B, H, W, C] image in the dict "
+                f"observation, found {problem}; keys: {found}. "
+                "Name the image with GenericAdapter(image_key=...)."
+            )
+        return leaves[images[0]]
+
+    def actions(self, raw: np.ndarray) -> np.ndarray:
+        return np.array(raw, dtype=np.float32, copy=True)
+
+
+# The official closed-loop client appends these two sentences to the task (cosmos-framework
+# ``closed_loop_eval.py``): the concat_view viewpoint template, then the left/right layout.
+LIBERO_VIEW_SENTENCES = (
+    "This video contains concatenated views from multiple camera perspectives.",
+    "The left half shows the third-person view; the right half shows the wrist-mounted camera.",
+)
+
+
+def _append_sentence(prompt: str, sentence: str) -> str:
+    if sentence in prompt:  # already augmented: appending twice would change the prompt
+        return prompt
+    prompt = prompt.rstrip()
+    return prompt + (" " if prompt.endswith(".") else ". ") + sentence
+
+
+class LiberoAdapter(Adapter):
+    """LIBERO conventions for the Cosmos3 LIBERO checkpoints (cosmos-framework's recipe).
+
+    - Images: agentview and wrist frames, each rotated 180 degrees (the simulator renders them
+      upside down relative to the training videos), side by side with agentview on the left:
+      ``[B, S, S, 3]`` x 2 -> ``[B, S, 2S, 3]``.
+    - Prompt: the task plus the two concat-view sentences the checkpoint was trained with.
+    - Actions: raw 10-D ``[dpos(3), rot6d(6), gripper(1)]`` -> 7-D ``[dpos, axis-angle, gripper]``;
+      rot6d is projected onto SO(3) by SVD; the gripper goes from the data's ``[0, 1]`` to
+      LIBERO's ``[-1, 1]`` with -1 = open: ``g' = -clip(2g - 1, -1, 1)``.
+
+    Args:
+        agentview_key: observation key of the third-person camera batch.
+        wrist_key: observation key of the wrist camera batch.
+        binarize_gripper: send ``sign(g')`` instead of ``g'``; the i4 / cosmos-rl reference does
+            this, which is more forgiving of weak checkpoints. The official client does not.
+    """
+
+    name = "libero"
+    domain = "libero"
+    raw_action_dim = 10
+
+    def __init__(
+        self,
+        agentview_key: str = "agentview_image",
+        wrist_key: str = "wrist_image",
+        binarize_gripper: bool = False,
+    ) -> None:
+        self.agentview_key = agentview_key
+        self.wrist_key = wrist_key
+        self.binarize_gripper = binarize_gripper
+
+    def images(self, obs: Any) -> np.ndarray:
+        if not isinstance(obs, Mapping):
+            raise ValueError(
+                f"libero adapter: expected a dict observation with {self.agentview_key!r} and "
+                f"{self.wrist_key!r}; found {_describe(obs)}"
+            )
+        missing = [k for k in (self.agentview_key, self.wrist_key) if k not in obs]
+        if missing:
+            raise ValueError(
+                f"libero adapter: observation lacks {missing}; found keys "
+                f"{ {k: _describe(v) for k, v in obs.items()} }"
+            )
+        agent = _check_image_batch(obs[self.agentview_key], f"observation[{self.agentview_key!r}]")
+        wrist = _check_image_batch(obs[self.wrist_key], f"observation[{self.wrist_key!r}]")
+        if agent.shape[:2] != wrist.shape[:2] or agent.shape[3] != wrist.shape[3]:
+            raise ValueError(
+                f"libero adapter: agentview and wrist batches must share [B, H, :, C] to sit side "
+                f"by side; found {list(agent.shape)} and {list(wrist.shape)}"
+            )
+        # [B, H, W, C]: reversing H and W is a 180-degree rotation.
+        return np.concatenate([agent[:, ::-1, ::-1], wrist[:, ::-1, ::-1]], axis=2)
+
+    def prompt(self, task: str) -> str:
+        for sentence in LIBERO_VIEW_SENTENCES:
+            task = _append_sentence(task, sentence)
+        return task
+
+    def actions(self, raw: np.ndarray) -> np.ndarray:
+        raw = np.asarray(raw)
+        if raw.ndim != 3 or raw.shape[-1] != self.raw_action_dim:
+            raise ValueError(
+                f"libero adapter: expected raw actions [B, H, {self.raw_action_dim}] "
+                f"(dpos, rot6d, gripper); found {list(raw.shape)}"
+            )
+        gripper = -np.clip(2.0 * raw[..., 9:10] - 1.0, -1.0, 1.0)
+        if self.binarize_gripper:
+            gripper = np.sign(gripper)
+        out = np.concatenate([raw[..., 0:3], rot6d_to_axis_angle(raw[..., 3:9]), gripper], axis=-1)
+        return out.astype(np.float32)
+
+
+ADAPTERS: dict[str, type[Adapter]] = {"generic": GenericAdapter, "libero": LiberoAdapter}
+
+
+def get_adapter(adapter: str | Adapter) -> Adapter:
+    """An adapter by name (``"generic"``, ``"libero"``), or the given object, checked."""
+    if isinstance(adapter, str):
+        if adapter not in ADAPTERS:
+            raise ValueError(f"unknown adapter {adapter!r}; expected one of {sorted(ADAPTERS)}")
+        return ADAPTERS[adapter]()
+    methods = ("images", "prompt", "actions")
+    missing = [m for m in methods if not callable(getattr(adapter, m, None))]
+    if missing:
+        raise TypeError(
+            f"adapter {adapter!r} lacks the methods {missing}; expected an adapter name "
+            f"{sorted(ADAPTERS)} or an object with images(obs), prompt(task) and actions(raw)"
+        )
+    return adapter

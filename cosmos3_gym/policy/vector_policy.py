@@ -1,0 +1,642 @@
+"""VectorPolicy: a batched Cosmos3 action pipeline behind LeRobot's policy surface, per env.
+
+How the queues follow autoreset. Each env owns a queue of env-space actions and two counters,
+its episode index and the index of the next chunk within that episode. ``select_action`` pops one
+action per env and replans, in one batched pipeline call, only the envs whose queue is empty,
+refilling each with the first ``n_action_steps`` of its new chunk. An episode end clears that
+env's queue and nothing else. What happens next depends on ``envs.metadata["autoreset_mode"]``,
+which the wrapper returned by :meth:`VectorPolicy.attach` reads while it watches ``step`` and
+``reset``: under ``SAME_STEP`` the observation returned with the done is already the new
+episode's, so the env starts its new episode at once (prompt re-read, replan from that obs);
+under ``NEXT_STEP`` the observation returned with the done is the old episode's final one and the
+env will ignore the next action while it resets, so the env is marked *stale*: the next
+``select_action`` plans nothing for it and returns a zero placeholder, and the step after that
+(the reset step) begins its new episode, so planning resumes from the reset observation; under
+``DISABLED`` the env is stale until the caller resets it (``envs.reset(options={"reset_mask":
+...})`` through the wrapper, or ``policy.reset(mask)``). An action is therefore never drawn from
+a chunk planned in an earlier episode, and no chunk is planned from a final observation. Noise
+seeds derive from ``(seed, env index, episode index, chunk index)`` alone, so an env's chunks do
+not depend on which other envs replan in the same call, nor on the batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
+
+from cosmos3_gym.policy.adapters import Adapter, get_adapter
+
+if TYPE_CHECKING:
+    from cosmos3_gym.pipeline.output import ActionOutput
+
+Observation = Any  # a Gymnasium vector observation: an array [B, ...] or a (nested) dict of them
+
+
+@dataclass(frozen=True)
+class VectorPolicyConfig:
+    """Every knob of :class:`VectorPolicy`, with its default and the reason for it."""
+
+    # Actions executed from each chunk before that env replans; None = the whole chunk (H),
+    # as the official LIBERO client does (open loop for the full horizon).
+    n_action_steps: int | None = None
+    # Root of every env's noise seeds, so a run is reproducible from one integer.
+    seed: int = 0
+    # True: fresh noise per (env, episode, chunk), as RL exploration and unbiased success rates
+    # need. False: every chunk starts from the noise of `seed` itself, so a chunk is a function
+    # of (image, prompt) alone, like the official server (seed 0 for every request).
+    stochastic: bool = True
+    # Sampler settings forwarded to the pipeline; None keeps the pipeline's own defaults.
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    flow_shift: float | None = None
+    # A progress bar per pipeline call is noise inside a step loop.
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        n = self.n_action_steps
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"n_action_steps must be a positive int or None; found {n!r}")
+        _check_seed(self.seed)
+
+
+def _check_seed(seed: Any) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int; found {seed!r}")
+
+
+def chunk_seed(seed: int, env_index: int, episode_index: int, chunk_index: int) -> int:
+    """The noise seed of one chunk in stochastic mode: a 63-bit hash of its four coordinates.
+
+    ``numpy.random.SeedSequence`` mixes the coordinates, so neighbouring envs, episodes and
+    chunks get unrelated seeds, and a learner can recompute any chunk's seed from its record.
+    """
+    entropy = [int(seed), int(env_index), int(episode_index), int(chunk_index)]
+    state = np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)
+    return int(state[0] >> np.uint64(1))
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    """What one pipeline call planned: everything a learner needs to replay or score it.
+
+    Row ``k`` of every array belongs to env ``env_indices[k]``.
+
+    Attributes:
+        env_indices: int64 ``[N]``, the envs planned, in pipeline batch order.
+        episode_indices: int64 ``[N]``, each env's episode index when planned.
+        chunk_indices: int64 ``[N]``, each chunk's index within its episode.
+        tasks: the task strings (before the adapter's prompt augmentation).
+        prompts: the prompts the pipeline received.
+        seeds: the per-item seeds requested (``None`` where noise was passed in).
+        action_noise: float32 ``[N, H, 64]``, the initial action noise each item started from.
+        raw_actions: float32 ``[N, H, D]``, the pipeline's actions before the adapter.
+        normalized_actions: float32 ``[N, H, D]``, the sampler's output before un-normalisation.
+        actions: float32 ``[N, H, D_env]``, the env-space actions after the adapter.
+        stochastic: whether the seeds came from the stochastic schedule.
+    """
+
+    env_indices: np.ndarray
+    episode_indices: np.ndarray
+    chunk_indices: np.ndarray
+    tasks: list[str]
+    prompts: list[str]
+    seeds: list[int | None]
+    action_noise: np.ndarray
+    raw_actions: np.ndarray
+    normalized_actions: np.ndarray
+    actions: np.ndarray
+    stochastic: bool
+
+    def __len__(self) -> int:
+        return int(self.env_indices.shape[0])
+
+
+class VectorPolicy:
+    """Cosmos3 as a policy for a Gymnasium ``VectorEnv``: one prompt and one chunk queue per env.
+
+    ``pipeline`` is anything with ``Cosmos3ActionPipeline.__call__``'s signature; the policy calls
+    it and nothing else (it reads an optional ``action_horizon`` attribute). The ``adapter``
+    (``"generic"``, ``"libero"`` or your own :class:`~cosmos3_gym.policy.Adapter`) holds the
+    benchmark's image, prompt and action conventions.
+
+    - ``policy(obs, prompts)`` / ``predict_action_chunk``: plan every env, one call, ``[B, H, D]``.
+    - ``select_action(obs, prompts)``: ``[B, D]``, one action per env from per-env queues; only
+      the envs whose queue is empty are replanned, together, in one call.
+    - ``reset(mask)``: the masked envs (default: all) start a new episode (queues cleared).
+    - ``attach(envs)``: a wrapper that feeds the policy each env's ``task_description`` and its
+      episode ends, honouring ``envs.metadata["autoreset_mode"]``; then ``prompts`` may be omitted.
+    - ``last_chunk_record``: the :class:`ChunkRecord` of the most recent call's pipeline call
+      (``None`` if that call planned nothing): noise, seeds, raw actions, prompts, for RL.
+
+    Example (any callable with the pipeline's signature works; production passes a
+    ``Cosmos3ActionPipeline``):
+
+        >>> import numpy as np
+        >>> from cosmos3_gym import VectorPolicy
+        >>> from cosmos3_gym.pipeline.output import ActionOutput
+        >>> def pipeline(images, prompts, *, seed=None, action_noise=None, **sampler):
+        ...     noise = np.zeros((len(prompts), 16, 64), np.float32)
+        ...     actions = np.full((len(prompts), 16, 7), len(prompts), np.float32)
+        ...     return ActionOutput(actions, actions, noise, list(seed))
+        >>> policy = VectorPolicy(pipeline, adapter="generic", n_action_steps=8, seed=0)
+        >>> obs = np.zeros((2, 64, 64, 3), np.uint8)  # what a VectorEnv of 2 image envs returns
+        >>> prompts = ["pick up the red cube", "open the top drawer"]
+        >>> policy(obs, prompts).shape
+        (2, 16, 7)
+        >>> policy.select_action(obs, prompts).shape
+        (2, 7)
+        >>> policy.reset(mask=np.array([False, True]))  # env 1 starts a new episode
+        >>> policy.select_action(obs, prompts)[:, 0]     # env 1 replanned alone (batch of 1)
+        array([2., 1.], dtype=float32)
+        >>> policy.last_chunk_record.env_indices
+        array([1])
+
+    With a real vector env, ``envs = policy.attach(envs)`` once, then the loop is
+    ``obs, _ = envs.reset(seed=0)`` and ``obs, *_ = envs.step(policy.select_action(obs))``.
+    """
+
+    def __init__(
+        self,
+        pipeline: Any,
+        adapter: str | Adapter = "generic",
+        n_action_steps: int | None = None,
+        seed: int = 0,
+        *,
+        stochastic: bool = True,
+        num_inference_steps: int | None = None,
+        guidance_scale: float | None = None,
+        flow_shift: float | None = None,
+        progress: bool = False,
+    ) -> None:
+        if not callable(pipeline):
+            raise TypeError(
+                f"pipeline must be callable like Cosmos3ActionPipeline; found {pipeline!r}"
+            )
+        self.pipeline = pipeline
+        self.adapter = get_adapter(adapter)
+        self.config = VectorPolicyConfig(
+            n_action_steps=n_action_steps,
+            seed=seed,
+            stochastic=bool(stochastic),
+            num_inference_steps=num_inference_steps,
+            guidance_scale=guidance_scale,
+            flow_shift=flow_shift,
+            progress=progress,
+        )
+        horizon = getattr(pipeline, "action_horizon", None)
+        self._horizon: int | None = int(horizon) if isinstance(horizon, (int, np.integer)) else None
+        if self._horizon is not None:
+            self._check_horizon(self._horizon)
+        self._action_dim: int | None = None
+        self._feed: PolicyFeed | None = None
+        self.last_chunk_record: ChunkRecord | None = None
+        self._num_envs: int | None = None
+
+    # ------------------------------------------------------------------ public surface
+
+    @property
+    def action_horizon(self) -> int | None:
+        """H: the pipeline's ``action_horizon`` if it has one, else learnt on the first call."""
+        return self._horizon
+
+    @property
+    def n_action_steps(self) -> int | None:
+        """Actions executed per chunk (``config.n_action_steps``, or H once H is known)."""
+        return self.config.n_action_steps or self._horizon
+
+    @property
+    def stochastic(self) -> bool:
+        """Sampling mode; switch it between RL collection (True) and evaluation (False)."""
+        return self.config.stochastic
+
+    @stochastic.setter
+    def stochastic(self, value: bool) -> None:
+        self.config = replace(self.config, stochastic=bool(value))
+
+    @property
+    def num_envs(self) -> int | None:
+        """The number of envs served, fixed by the first call or by :meth:`attach`."""
+        return self._num_envs
+
+    @property
+    def episode_index(self) -> np.ndarray:
+        """int64 ``[B]``: each env's episode count (an episode counts once the env planned)."""
+        return self._episode.copy() if self._num_envs is not None else np.zeros(0, np.int64)
+
+    @property
+    def queue_lengths(self) -> np.ndarray:
+        """int64 ``[B]``: actions left in each env's queue."""
+        if self._num_envs is None:
+            return np.zeros(0, np.int64)
+        return np.array([len(q) for q in self._queues], dtype=np.int64)
+
+    def __call__(
+        self, obs: Observation, prompts: str | Sequence[str] | None = None, *,
+        action_noise: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Same as :meth:`predict_action_chunk`."""
+        return self.predict_action_chunk(obs, prompts, action_noise=action_noise)
+
+    def predict_action_chunk(
+        self, obs: Observation, prompts: str | Sequence[str] | None = None, *,
+        action_noise: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Plan every env in one pipeline call: float32 ``[B, H, D_env]``. Queues are untouched.
+
+        Each env's chunk index advances (so stochastic mode draws fresh noise each call).
+        ``action_noise`` (``[B, H, 64]``) replaces the seeded noise, e.g. to replay a recorded
+        chunk from its :attr:`ChunkRecord.action_noise`.
+        """
+        num_envs = self._check_num_envs(_batch_size(obs))
+        tasks = self._resolve_tasks(prompts, num_envs, obs)
+        if action_noise is not None:
+            action_noise = self._check_noise(action_noise, num_envs)
+        record = self._plan(obs, tasks, np.arange(num_envs), action_noise)
+        self._commit(record, num_envs)
+        return record.actions.copy()
+
+    def select_action(
+        self, obs: Observation, prompts: str | Sequence[str] | None = None
+    ) -> np.ndarray:
+        """One action per env, float32 ``[B, D_env]``, from per-env queues.
+
+        Only envs whose queue is empty are replanned, all in one pipeline call. An env whose
+        observation is a stale final one (see the module notes) gets a zero placeholder that
+        its env ignores, and is not planned for.
+        """
+        num_envs = self._check_num_envs(_batch_size(obs))
+        tasks = self._resolve_tasks(prompts, num_envs, obs)
+        if self._num_envs is None:
+            empty, stale = np.ones(num_envs, bool), np.zeros(num_envs, bool)
+        else:
+            empty, stale = self.queue_lengths == 0, self._stale
+        replan = np.flatnonzero(empty & ~stale)
+        record = self._plan(obs, tasks, replan, None) if replan.size else None
+        self._commit(record, num_envs)
+        if record is not None:
+            steps = self.n_action_steps
+            for row, env in enumerate(record.env_indices):
+                self._queues[env] = record.actions[row, :steps].copy()
+        if self._action_dim is None:
+            raise RuntimeError("no chunk has been planned yet, so the action size is unknown")
+        out = np.zeros((num_envs, self._action_dim), dtype=np.float32)
+        for env in range(num_envs):
+            if not self._stale[env]:
+                out[env] = self._queues[env][0]
+                self._queues[env] = self._queues[env][1:]
+        return out
+
+    def reset(
+        self, mask: np.ndarray | Sequence[bool] | None = None, *, seed: int | None = None
+    ) -> None:
+        """Start a new episode for the masked envs (default: all): their queues are cleared.
+
+        Call it with the envs you reset yourself (``DISABLED`` autoreset without :meth:`attach`).
+        ``seed`` restarts the noise schedule from a new root (all counters to zero) and must
+        come without a mask.
+        """
+        if seed is not None:
+            if mask is not None:
+                raise ValueError("reset(seed=...) restarts every env; expected mask=None")
+            _check_seed(seed)
+            self.config = replace(self.config, seed=int(seed))
+            if self._num_envs is not None:
+                self._init_state(self._num_envs)
+            return
+        if mask is None:
+            if self._num_envs is not None:
+                self._begin_episodes(np.ones(self._num_envs, bool))
+            return
+        mask = np.asarray(mask)
+        if mask.dtype != np.bool_ or mask.ndim != 1:
+            raise ValueError(
+                f"mask must be a 1-D bool array; found {mask.dtype} {list(mask.shape)}"
+            )
+        self._check_num_envs(mask.shape[0], what="reset mask")
+        if self._num_envs is None:
+            self._init_state(mask.shape[0])
+        self._begin_episodes(mask)
+
+    def attach(self, envs: VectorEnv) -> PolicyFeed:
+        """Wrap ``envs`` so that they feed this policy prompts and episode ends; use the result."""
+        if not isinstance(envs, VectorEnv):
+            raise TypeError(
+                f"attach expects a gymnasium.vector.VectorEnv; found {type(envs).__name__}"
+            )
+        self._check_num_envs(envs.num_envs, what="attached envs")
+        feed = PolicyFeed(envs, self)
+        if self._num_envs is None:
+            self._init_state(envs.num_envs)
+        self._feed = feed
+        return feed
+
+    # ------------------------------------------------------------------ per-env state
+
+    def _init_state(self, num_envs: int) -> None:
+        self._num_envs = num_envs
+        self._episode = np.zeros(num_envs, np.int64)
+        self._chunk = np.zeros(num_envs, np.int64)
+        self._stale = np.zeros(num_envs, bool)
+        self._queues: list[np.ndarray] = [np.zeros((0, 0), np.float32)] * num_envs
+
+    def _begin_episodes(self, mask: np.ndarray) -> None:
+        # An episode in which the env never planned does not count, so resetting twice (e.g. the
+        # wrapper and then the user) does not skip an episode index.
+        for env in np.flatnonzero(mask):
+            if self._chunk[env] > 0:
+                self._episode[env] += 1
+            self._chunk[env] = 0
+            self._stale[env] = False
+            self._queues[env] = self._queues[env][:0]
+
+    def _end_episodes(self, mask: np.ndarray) -> None:
+        for env in np.flatnonzero(mask):
+            self._stale[env] = True
+            self._queues[env] = self._queues[env][:0]
+
+    # ------------------------------------------------------------------ checks
+
+    def _check_num_envs(self, found: int, what: str = "observation batch") -> int:
+        if self._num_envs is not None and found != self._num_envs:
+            raise ValueError(
+                f"{what} has {found} envs; this policy serves {self._num_envs} (fixed by its first "
+                "call or attach); build a new VectorPolicy for a different number of envs"
+            )
+        return found
+
+    def _check_horizon(self, horizon: int) -> None:
+        n = self.config.n_action_steps
+        if n is not None and n > horizon:
+            raise ValueError(f"n_action_steps must be <= the action horizon H={horizon}; found {n}")
+
+    def _resolve_tasks(
+        self, prompts: str | Sequence[str] | None, num_envs: int, obs: Observation
+    ) -> list[str]:
+        if prompts is None:
+            if self._feed is None:
+                raise ValueError(
+                    "no prompts: pass prompts= (a str for all envs, or one per env), or "
+                    "envs = policy.attach(envs) to read each env's task_description"
+                )
+            tasks: list[Any] = list(self._feed.tasks)
+            source = "attached env"
+        elif isinstance(prompts, str):
+            tasks, source = [prompts] * num_envs, "prompt"
+        else:
+            tasks, source = list(prompts), "prompt"
+            if len(tasks) != num_envs:
+                raise ValueError(
+                    f"expected {num_envs} prompts, one per env of the observation batch "
+                    f"{_shapes(obs)}; found {len(tasks)}"
+                )
+        for env, task in enumerate(tasks):
+            if not isinstance(task, str) or not task.strip():
+                hint = "" if prompts is not None else (
+                    " (reset the envs through the wrapper attach() returned)"
+                )
+                raise ValueError(
+                    f"{source} for env {env} is {task!r}; expected a non-empty string{hint}"
+                )
+        return tasks
+
+    def _check_noise(self, noise: Any, num_envs: int) -> np.ndarray:
+        noise = np.asarray(noise, dtype=np.float32)
+        expected_h = self._horizon if self._horizon is not None else "H"
+        if noise.ndim != 3 or noise.shape[0] != num_envs or (
+            self._horizon is not None and noise.shape[1] != self._horizon
+        ):
+            raise ValueError(
+                f"action_noise must be [B={num_envs}, {expected_h}, 64]; found {list(noise.shape)}"
+            )
+        return noise
+
+    # ------------------------------------------------------------------ planning
+
+    def _plan(
+        self, obs: Observation, tasks: list[str], envs: np.ndarray, action_noise: np.ndarray | None
+    ) -> ChunkRecord:
+        """One pipeline call for ``envs``; checks everything and changes no state."""
+        n = int(envs.size)
+        full = self._num_envs is None or n == self._num_envs
+        adapter = self.adapter
+        images = adapter.images(obs if full else _take(obs, envs))
+        if not isinstance(images, np.ndarray) or images.dtype != np.uint8 or images.ndim != 4:
+            raise ValueError(
+                f"adapter {adapter!r} returned images {_describe(images)}; "
+                "expected uint8 [B, H, W, C]"
+            )
+        if images.shape[0] != n:
+            raise ValueError(f"adapter {adapter!r} returned {images.shape[0]} images for {n} envs")
+        env_tasks = [tasks[e] for e in envs]
+        prompts = [adapter.prompt(t) for t in env_tasks]
+        for e, p in zip(envs, prompts, strict=True):
+            if not isinstance(p, str) or not p.strip():
+                raise ValueError(
+                    f"adapter {adapter!r} made prompt {p!r} for env {e}; expected non-empty text"
+                )
+
+        episodes = self._episode[envs] if self._num_envs is not None else np.zeros(n, np.int64)
+        chunks = self._chunk[envs] if self._num_envs is not None else np.zeros(n, np.int64)
+        seeds: list[int | None]
+        if action_noise is not None:
+            seeds = [None] * n
+        elif self.config.stochastic:
+            coords = zip(envs, episodes, chunks, strict=True)
+            seeds = [chunk_seed(self.config.seed, e, ep, c) for e, ep, c in coords]
+        else:
+            seeds = [self.config.seed] * n
+
+        cfg = self.config
+        out: ActionOutput = self.pipeline(
+            images,
+            prompts,
+            seed=None if action_noise is not None else seeds,
+            num_inference_steps=cfg.num_inference_steps,
+            guidance_scale=cfg.guidance_scale,
+            flow_shift=cfg.flow_shift,
+            action_noise=action_noise,
+            video_noise=None,
+            progress=cfg.progress,
+        )
+        raw = np.asarray(getattr(out, "actions", None), dtype=np.float32)
+        if raw.ndim != 3 or raw.shape[0] != n:
+            raise ValueError(f"pipeline returned actions {list(raw.shape)}; expected [{n}, H, D]")
+        horizon = raw.shape[1]
+        if self._horizon is not None and horizon != self._horizon:
+            raise ValueError(
+                f"pipeline returned chunks of H={horizon}; expected H={self._horizon}"
+            )
+        self._check_horizon(horizon)
+        if not np.isfinite(raw).all():
+            raise ValueError("pipeline returned non-finite actions")
+        noise = np.asarray(out.action_noise, dtype=np.float32)
+        normalized = np.asarray(out.normalized_actions, dtype=np.float32)
+        if noise.shape[:2] != (n, horizon) or normalized.shape != raw.shape:
+            raise ValueError(
+                f"pipeline returned action_noise {list(noise.shape)} and normalized_actions "
+                f"{list(normalized.shape)}; expected [{n}, {horizon}, 64] and {list(raw.shape)}"
+            )
+        actions = np.asarray(adapter.actions(raw.copy()), dtype=np.float32)
+        if actions.ndim != 3 or actions.shape[:2] != (n, horizon):
+            raise ValueError(
+                f"adapter {adapter!r} returned actions {list(actions.shape)}; "
+                f"expected [{n}, {horizon}, D_env]"
+            )
+        if self._action_dim is not None and actions.shape[2] != self._action_dim:
+            raise ValueError(
+                f"adapter {adapter!r} returned {actions.shape[2]}-D actions; "
+                f"earlier chunks were {self._action_dim}-D"
+            )
+        return ChunkRecord(
+            env_indices=envs.astype(np.int64),
+            episode_indices=episodes.copy(),
+            chunk_indices=chunks.copy(),
+            tasks=env_tasks,
+            prompts=prompts,
+            seeds=seeds,
+            action_noise=noise,
+            raw_actions=raw,
+            normalized_actions=normalized,
+            actions=actions,
+            stochastic=cfg.stochastic and action_noise is None,
+        )
+
+    def _commit(self, record: ChunkRecord | None, num_envs: int) -> None:
+        """Apply a successful call: the first state change of the call happens here."""
+        if self._num_envs is None:
+            self._init_state(num_envs)
+        self.last_chunk_record = record
+        if record is None:
+            return
+        self._horizon = record.raw_actions.shape[1]
+        self._action_dim = record.actions.shape[2]
+        self._chunk[record.env_indices] += 1
+
+
+class PolicyFeed(VectorWrapper):
+    """Feeds a :class:`VectorPolicy` each env's prompt and episode ends; passes everything through.
+
+    Made by ``policy.attach(envs)``. Prompts are read with ``envs.call("task_description")``
+    (or ``"task"`` where the envs have no ``task_description``) whenever envs reset, and, for an
+    env that autoresets, when its new episode begins: at the done step under ``SAME_STEP``, at
+    the reset step after it under ``NEXT_STEP``. See the module notes for the queue rules.
+    """
+
+    def __init__(self, env: VectorEnv, policy: VectorPolicy) -> None:
+        super().__init__(env)
+        self.policy = policy
+        mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        try:
+            self.autoreset_mode = AutoresetMode(mode)
+        except ValueError:
+            raise ValueError(
+                f"envs.metadata['autoreset_mode'] is {mode!r}; expected one of "
+                f"{[m.value for m in AutoresetMode]}"
+            ) from None
+        self.task_attribute = self._find_task_attribute()
+        self.tasks: list[str | None] = [None] * self.num_envs
+        self._pending_reset = np.zeros(self.num_envs, bool)
+
+    def _find_task_attribute(self) -> str:
+        # Probe with has_wrapper_attr: a failing env.call would close an AsyncVectorEnv's pipes.
+        found = {}
+        for name in ("task_description", "task"):
+            found[name] = np.array(self.env.call("has_wrapper_attr", name), dtype=bool)
+            if found[name].all():
+                return name
+        raise ValueError(
+            "attach: every env needs a task_description (or task) attribute to read prompts from; "
+            f"envs with task_description: {np.flatnonzero(found['task_description']).tolist()}, "
+            f"with task: {np.flatnonzero(found['task']).tolist()}, of {self.num_envs}"
+        )
+
+    def _refresh_tasks(self, mask: np.ndarray) -> None:
+        values = self.env.call(self.task_attribute)
+        for env in np.flatnonzero(mask):
+            task = values[env]
+            if not isinstance(task, str) or not task.strip():
+                raise ValueError(
+                    f"env {env}'s {self.task_attribute} is {task!r}; expected a non-empty string"
+                )
+            self.tasks[env] = task
+
+    def reset(
+        self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Observation, dict[str, Any]]:
+        mask = None if options is None else options.get("reset_mask")
+        mask = np.ones(self.num_envs, bool) if mask is None else np.array(mask, dtype=bool)
+        # The vector env pops reset_mask from the dict it gets; keep the caller's intact.
+        obs, info = self.env.reset(seed=seed, options=None if options is None else dict(options))
+        self._refresh_tasks(mask)
+        self._pending_reset[mask] = False
+        self.policy._begin_episodes(mask)
+        return obs, info
+
+    def step(self, actions: Any) -> tuple[Observation, Any, Any, Any, dict[str, Any]]:
+        obs, rewards, terminations, truncations, info = self.env.step(actions)
+        done = np.logical_or(terminations, truncations)
+        if self.autoreset_mode == AutoresetMode.NEXT_STEP:
+            restarted, self._pending_reset = self._pending_reset, done.copy()
+            if restarted.any():  # this step was their reset step: obs is the new episode's
+                self._refresh_tasks(restarted)
+                self.policy._begin_episodes(restarted)
+            if done.any():  # obs is the final one; the next action is ignored
+                self.policy._end_episodes(done)
+        elif self.autoreset_mode == AutoresetMode.SAME_STEP:
+            if done.any():  # obs is already the new episode's
+                self._refresh_tasks(done)
+                self.policy._begin_episodes(done)
+        elif done.any():  # DISABLED: stale until the caller resets these envs
+            self.policy._end_episodes(done)
+        return obs, rewards, terminations, truncations, info
+
+
+def _batch_size(obs: Observation) -> int:
+    """B, the leading size every array in the observation shares."""
+    leading = {path: arr.shape for path, arr in _arrays(obs)}
+    sizes = {shape[0] if shape else None for shape in leading.values()}
+    if not leading:
+        raise ValueError(
+            f"expected an observation array [B, ...] or a dict of them; found {_describe(obs)}"
+        )
+    if len(sizes) != 1 or None in sizes:
+        raise ValueError(
+            "observation arrays must share their leading (env) axis; found shapes "
+            f"{ {p: list(s) for p, s in leading.items()} }"
+        )
+    return int(sizes.pop())
+
+
+def _shapes(obs: Observation) -> str:
+    return ", ".join(f"{p} {list(a.shape)}" for p, a in _arrays(obs))
+
+
+def _arrays(obs: Observation, path: str = "obs") -> list[tuple[str, np.ndarray]]:
+    if isinstance(obs, np.ndarray):
+        return [(path, obs)]
+    if isinstance(obs, Mapping):
+        return [a for k, v in obs.items() for a in _arrays(v, f"{path}[{k!r}]")]
+    if isinstance(obs, tuple):
+        return [a for i, v in enumerate(obs) for a in _arrays(v, f"{path}[{i}]")]
+    return []
+
+
+def _take(obs: Observation, envs: np.ndarray) -> Observation:
+    """The observation of ``envs`` only (a copy; the caller's arrays are never written)."""
+    if isinstance(obs, np.ndarray):
+        return obs[envs]
+    if isinstance(obs, Mapping):
+        return {k: _take(v, envs) for k, v in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(_take(v, envs) for v in obs)
+    return obs
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} {list(value.shape)}"
+    return type(value).__name__
