@@ -1,0 +1,226 @@
+"""Prompt stage: the structured JSON action caption, then chat-template tokens for the model.
+
+Caption. Cosmos3 action checkpoints post-trained with ``format_prompt_as_json=True`` (the
+official LIBERO recipe) see the task wrapped in a JSON object whose keys, in this order, are
+``cinematography`` (the view-point sentence), ``actions`` (one entry with ``time``,
+``description`` and ``idle_frame``), ``duration``, ``fps``, ``resolution`` (the padded canvas)
+and ``aspect_ratio``, serialised with ``json.dumps`` defaults. That is what cosmos-framework's
+action JSON formatter and its LIBERO policy server produce; sglang's and diffusers' builders omit
+``idle_frame`` (and RLinf's sglang config uses ``ego_view`` for a concatenated two-camera image),
+so their captions differ from the training captions. We follow the official one.
+
+Tokens. Per caption: ``apply_chat_template([{"role": "user", "content": caption}],
+add_generation_prompt=True)`` with no system message, then ``eos`` and ``<|vision_start|>``
+appended (the vision tokens follow in the joint sequence). Captions of different lengths share a
+batch: ids are right-padded with the pad id and an attention mask marks the real tokens, so the
+model must mask padded keys (sglang instead rejects batches of unequal lengths).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# The official view-point sentences (cosmos-framework ``DEFAULT_VIEWPOINT_TEMPLATES``).
+VIEWPOINT_TEMPLATES: dict[str, str] = {
+    "ego_view": "This video is captured from a first-person perspective looking at the scene.",
+    "third_person_view": (
+        "This video is captured from a third-person perspective looking towards the agent from "
+        "the front."
+    ),
+    "wrist_view": "This video is captured from a wrist-mounted camera.",
+    "concat_view": "This video contains concatenated views from multiple camera perspectives.",
+    "top_down_2d_view": "This video is captured from a top-down view of a flat 2D scene.",
+    "video_game_view": (
+        "This video is captured from an in-game camera perspective in a virtual environment."
+    ),
+}
+
+# Canvas sizes with a named aspect ratio, as (width, height) -> "W,H", in the official lookup
+# order (the first tier listing a size names it); other sizes fall back to the reduced W:H.
+_NAMED_CANVASES: dict[tuple[int, int], str] = {}
+for _tier in (
+    {"1,1": (256, 256), "4,3": (320, 256), "3,4": (256, 320), "16,9": (320, 192),
+     "9,16": (192, 320)},
+    {"1,1": (640, 640), "4,3": (736, 544), "3,4": (544, 736), "16,9": (832, 480),
+     "9,16": (480, 832), "2,3": (512, 768)},
+    {"1,1": (960, 960), "4,3": (1088, 832), "3,4": (832, 1088), "16,9": (1280, 704),
+     "9,16": (704, 1280)},
+    {"1,1": (960, 960), "4,3": (1104, 832), "3,4": (832, 1104), "16,9": (1280, 720),
+     "9,16": (720, 1280)},
+    {"1,1": (1024, 1024), "4,3": (1184, 880), "3,4": (880, 1184), "16,9": (1360, 768),
+     "9,16": (768, 1360)},
+):
+    for _name, _size in _tier.items():
+        _NAMED_CANVASES.setdefault(_size, _name)
+
+
+def aspect_ratio_name(canvas_w: int, canvas_h: int) -> str:
+    """The caption's ``aspect_ratio``: the tier table's name for the canvas, else reduced W,H."""
+    named = _NAMED_CANVASES.get((canvas_w, canvas_h))
+    if named is not None:
+        return named
+    divisor = math.gcd(canvas_w, canvas_h)
+    return f"{canvas_w // divisor},{canvas_h // divisor}"
+
+
+def build_action_caption(
+    task: str,
+    *,
+    view_point: str,
+    num_frames: int,
+    fps: float,
+    canvas_h: int,
+    canvas_w: int,
+    idle_frames: int = 0,
+) -> str:
+    """The official JSON action caption for one policy query, as a string.
+
+    Args:
+        task: the instruction (already augmented by the benchmark adapter if it does that);
+            a final ``.``, ``!`` or ``?`` is kept, otherwise ``.`` is appended.
+        view_point: a key of :data:`VIEWPOINT_TEMPLATES` (``"concat_view"`` for LIBERO's
+            third-person | wrist image).
+        num_frames: pixel frames of the clip, conditioning frame included (``H + 1``); the action
+            chunk has ``num_frames − 1`` steps, which ``idle_frame`` counts.
+        fps: the clip's frame rate (LIBERO: 20).
+        canvas_h, canvas_w: the padded canvas the VAE sees (e.g. 192 x 320).
+        idle_frames: idle steps announced in ``idle_frame``; 0 asks for continuous motion.
+
+    Example:
+        >>> build_action_caption("pick up the bowl", view_point="ego_view", num_frames=17,
+        ...                      fps=20, canvas_h=192, canvas_w=320)[:50]
+        '{"cinematography": {"framing": "This video is capt'
+    """
+    if not isinstance(task, str) or not task.strip():
+        raise ValueError(f"task: expected a non-empty str, got {task!r}")
+    if view_point not in VIEWPOINT_TEMPLATES:
+        raise ValueError(
+            f"view_point: expected one of {sorted(VIEWPOINT_TEMPLATES)}, got {view_point!r}"
+        )
+    if not isinstance(num_frames, int) or num_frames < 2:
+        raise ValueError(f"num_frames: expected an int >= 2, got {num_frames!r}")
+    if not (isinstance(fps, (int, float)) and math.isfinite(fps) and fps > 0):
+        raise ValueError(f"fps: expected a finite number > 0, got {fps!r}")
+    if not (isinstance(canvas_h, int) and isinstance(canvas_w, int) and canvas_h > 0
+            and canvas_w > 0):
+        raise ValueError(f"canvas: expected positive int H and W, got {canvas_h!r} x {canvas_w!r}")
+    action_steps = num_frames - 1
+    if not isinstance(idle_frames, int) or not 0 <= idle_frames <= action_steps:
+        raise ValueError(
+            f"idle_frames: expected an int in [0, {action_steps}], got {idle_frames!r}"
+        )
+
+    seconds = num_frames / fps
+    # Official formatting: the time range rounds to whole seconds (M:SS), the duration truncates.
+    end = round(seconds)
+    description = task.strip()
+    if not description.endswith((".", "!", "?")):
+        description += "."
+    caption: dict[str, Any] = {
+        "cinematography": {"framing": VIEWPOINT_TEMPLATES[view_point]},
+        "actions": [
+            {
+                "time": f"0:00-{end // 60}:{end % 60:02d}",
+                "description": description,
+                "idle_frame": f"{idle_frames} out of {action_steps}.",
+            }
+        ],
+        "duration": f"{int(seconds)}s",
+        "fps": float(fps),
+        "resolution": {"H": canvas_h, "W": canvas_w},
+        "aspect_ratio": aspect_ratio_name(canvas_w, canvas_h),
+    }
+    return json.dumps(caption)
+
+
+@dataclass(frozen=True)
+class TokenizedPrompts:
+    """A right-padded token batch: ``input_ids`` / ``attention_mask`` are ``[B, L_max]``."""
+
+    input_ids: torch.Tensor  # [B, L_max] int64, pad id after each prompt
+    attention_mask: torch.Tensor  # [B, L_max] bool, True on real tokens
+    lengths: list[int]  # real length of each prompt, eos and <|vision_start|> included
+
+
+VISION_START_TOKEN = "<|vision_start|>"
+
+
+def tokenize_captions(
+    tokenizer: Any,
+    captions: Sequence[str],
+    *,
+    max_sequence_length: int,
+) -> TokenizedPrompts:
+    """Chat-template each caption (no system turn), append eos and ``<|vision_start|>``, pad.
+
+    A prompt longer than ``max_sequence_length − 2`` template tokens raises ``ValueError``
+    (naming its index, length and the limit) instead of being truncated: a cut JSON caption is a
+    different prompt, and it must never happen silently. Raise the limit if that is intended.
+
+    Args:
+        tokenizer: a ``transformers`` tokenizer with a chat template (the checkpoint's
+            ``text_tokenizer/``), defining ``eos_token_id``, ``pad_token_id`` and
+            ``<|vision_start|>``.
+        captions: B captions (e.g. from :func:`build_action_caption`).
+        max_sequence_length: the model's text budget per prompt, the two appended tokens included.
+    """
+    if isinstance(captions, str) or len(captions) == 0:
+        raise ValueError(
+            f"captions: expected a non-empty sequence of str, got {type(captions).__name__}"
+            + ("" if isinstance(captions, str) else " of length 0")
+        )
+    if max_sequence_length < 3:
+        raise ValueError(f"max_sequence_length: expected >= 3, got {max_sequence_length}")
+    eos_id, pad_id, vision_start_id = _special_ids(tokenizer)
+    limit = max_sequence_length - 2
+    sequences: list[list[int]] = []
+    for i, caption in enumerate(captions):
+        if not isinstance(caption, str) or not caption:
+            raise ValueError(f"caption {i}: expected a non-empty str, got {caption!r}")
+        ids = _chat_template_ids(tokenizer, caption)
+        if len(ids) > limit:
+            raise ValueError(
+                f"caption {i}: {len(ids)} template tokens exceed max_sequence_length - 2 = {limit} "
+                f"(max_sequence_length={max_sequence_length}); refusing to truncate"
+            )
+        sequences.append([*ids, eos_id, vision_start_id])
+
+    lengths = [len(ids) for ids in sequences]
+    input_ids = torch.full((len(sequences), max(lengths)), pad_id, dtype=torch.long)  # [B, L]
+    attention_mask = torch.zeros((len(sequences), max(lengths)), dtype=torch.bool)  # [B, L]
+    for row, ids in enumerate(sequences):
+        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, : len(ids)] = True
+    return TokenizedPrompts(input_ids=input_ids, attention_mask=attention_mask, lengths=lengths)
+
+
+def _chat_template_ids(tokenizer: Any, caption: str) -> list[int]:
+    encoded = tokenizer.apply_chat_template(
+        [{"role": "user", "content": caption}],
+        tokenize=True,
+        add_generation_prompt=True,
+        return_dict=False,
+    )
+    # Some transformers versions return a BatchEncoding even with return_dict=False.
+    if not isinstance(encoded, list):
+        encoded = encoded["input_ids"]
+    return [int(t) for t in encoded]
+
+
+def _special_ids(tokenizer: Any) -> tuple[int, int, int]:
+    eos_id = tokenizer.eos_token_id
+    if eos_id is None:
+        raise ValueError("tokenizer: expected an eos_token_id, got None")
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        raise ValueError("tokenizer: expected a pad_token_id, got None")
+    vision_start_id = tokenizer.convert_tokens_to_ids(VISION_START_TOKEN)
+    if vision_start_id is None or vision_start_id == tokenizer.unk_token_id:
+        raise ValueError(f"tokenizer: expected a {VISION_START_TOKEN} token, found none")
+    return int(eos_id), int(pad_id), int(vision_start_id)

@@ -1,0 +1,188 @@
+"""Tiny, offline test assets in the real component formats (nothing is ever downloaded).
+
+Each ``write_tiny_*`` writer saves one checkpoint component with the library that production
+loads it with (``transformers`` tokenizer folder, ``diffusers`` model folder), so tests exercise
+the same ``from_pretrained`` paths as a real ``nvidia/Cosmos3-*`` checkpoint:
+
+* :func:`write_tiny_tokenizer` -> ``text_tokenizer/``: a byte-level BPE trained in-process on a
+  fixed corpus, with Qwen's special tokens and a Qwen3-style chat template.
+* :func:`write_tiny_vae` -> ``vae/``: a random ``AutoencoderKLWan`` in the Wan2.2 layout.
+
+The writers are deterministic (fixed corpus, fixed seeds) and take well under a second each.
+A full diffusers-layout checkpoint writer composes them (one sub-folder per component).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# Qwen2/Qwen3 special tokens, in their real vocabulary order (<|endoftext|> is 151643 there).
+# In the tiny vocabulary they take ids 0..N-1 instead; code must look ids up, never hard-code.
+QWEN_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+
+# A ChatML template that behaves like Qwen3-VL-Instruct's for our use: a system turn is emitted
+# only when the caller gives one (Qwen2/2.5 templates inject "You are a helpful assistant."; the
+# Qwen3 family does not), image parts render as <|vision_start|><|image_pad|><|vision_end|>, and
+# add_generation_prompt appends "<|im_start|>assistant\n" with no thinking block.
+QWEN3_STYLE_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' and not loop.first %}"
+    "{{- raise_exception('The system message must come first.') }}"
+    "{%- endif %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}"
+    "{{- message['content'] }}"
+    "{%- else %}"
+    "{%- for part in message['content'] %}"
+    "{%- if part['type'] == 'image' %}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif part['type'] == 'text' %}"
+    "{{- part['text'] }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- endif %}"
+)
+
+# The corpus covers what the tiny tokenizer will see in tests: LIBERO-style tasks, the viewpoint
+# sentences and the JSON action caption (keys, digits, punctuation). Byte-level BPE encodes any
+# other text too, just in more tokens.
+_CORPUS = (
+    "pick up the black bowl between the plate and the ramekin and place it on the plate",
+    "pick up the alphabet soup and place it in the basket",
+    "put both the alphabet soup and the tomato sauce in the basket",
+    "open the top drawer and put the bowl inside",
+    "open the middle drawer of the cabinet",
+    "close the microwave and turn on the stove",
+    "put the wine bottle on top of the cabinet",
+    "push the plate to the front of the stove",
+    "put the cream cheese in the bowl",
+    "turn on the stove and put the moka pot on it",
+    "stack the red block on the blue block",
+    "move the green cube to the left of the yellow cube",
+    "reach the red target, then the blue one",
+    "go left. go right. go up. go down. stop.",
+    "This video contains concatenated views from multiple camera perspectives.",
+    "The left half shows the third-person view; the right half shows the wrist-mounted camera.",
+    "This video is captured from a first-person perspective looking at the scene.",
+    "This video is captured from a third-person perspective looking towards the agent from "
+    "the front.",
+    "This video is captured from a wrist-mounted camera.",
+    '{"cinematography": {"framing": "This video"}, "actions": [{"time": "0:00-0:01", '
+    '"description": "pick up the bowl.", "idle_frame": "0 out of 16."}], "duration": "0s", '
+    '"fps": 20.0, "resolution": {"H": 192, "W": 320}, "aspect_ratio": "16,9"}',
+    '{"resolution": {"H": 256, "W": 256}, "aspect_ratio": "1,1", "fps": 15.0, "duration": "1s"}',
+    '{"resolution": {"H": 480, "W": 832}, "aspect_ratio": "4,3", "fps": 5.0, "duration": "3s"}',
+    "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 20 32 64 128 192 256 320 480 640 704 720 832",
+    "user assistant system",
+)
+
+
+def write_tiny_tokenizer(directory: str | Path, vocab_size: int = 1024) -> Path:
+    """Train and save a small Qwen-style fast tokenizer; returns ``directory``.
+
+    ``transformers.AutoTokenizer.from_pretrained(directory)`` loads it, ``eos_token`` is
+    ``<|im_end|>``, ``pad_token`` is ``<|endoftext|>`` and ``apply_chat_template`` renders like
+    Qwen3-VL (no default system message).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(QWEN_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # Repeat the corpus so frequent words merge into whole tokens, as in a real vocabulary.
+    backend.train_from_iterator([line for line in _CORPUS for _ in range(4)], trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=[t for t in QWEN_SPECIAL_TOKENS if t not in
+                                   ("<|im_end|>", "<|endoftext|>")],
+        model_max_length=131072,
+        chat_template=QWEN3_STYLE_CHAT_TEMPLATE,
+    )
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+# Deterministic, non-trivial per-channel latent statistics (not 0/1, so a test notices if the
+# normalisation is skipped or inverted).
+_TINY_LATENT_CHANNELS = 48
+TINY_LATENTS_MEAN = [round(0.1 * float(np.sin(1.7 * c)), 4) for c in range(_TINY_LATENT_CHANNELS)]
+TINY_LATENTS_STD = [round(0.5 + 0.05 * (c % 11), 4) for c in range(_TINY_LATENT_CHANNELS)]
+
+
+def tiny_vae_config(**overrides: Any) -> dict[str, Any]:
+    """``AutoencoderKLWan`` keyword arguments for a tiny Wan2.2-layout VAE.
+
+    The layout (48 latent channels, residual blocks, 2x2 patchify so in/out channels are 12,
+    16x spatial and 4x temporal compression) is the real one; only the widths are tiny.
+    """
+    config: dict[str, Any] = {
+        "base_dim": 16,
+        "decoder_base_dim": 16,
+        "z_dim": _TINY_LATENT_CHANNELS,
+        "dim_mult": [1, 1, 1, 1],
+        "num_res_blocks": 1,
+        "attn_scales": [],
+        "temperal_downsample": [False, True, True],
+        "is_residual": True,
+        "in_channels": 12,
+        "out_channels": 12,
+        "patch_size": 2,
+        "scale_factor_temporal": 4,
+        "scale_factor_spatial": 16,
+        "latents_mean": list(TINY_LATENTS_MEAN),
+        "latents_std": list(TINY_LATENTS_STD),
+    }
+    config.update(overrides)
+    return config
+
+
+def build_tiny_vae(seed: int = 0, **overrides: Any):  # -> diffusers.AutoencoderKLWan
+    """A random tiny ``AutoencoderKLWan`` (float32, eval mode), seeded for reproducibility."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        vae = AutoencoderKLWan(**tiny_vae_config(**overrides))
+    return vae.eval()
+
+
+def write_tiny_vae(directory: str | Path, seed: int = 0, **overrides: Any) -> Path:
+    """Save a random tiny Wan2.2-layout ``AutoencoderKLWan`` (safetensors); returns the folder."""
+    directory = Path(directory)
+    build_tiny_vae(seed, **overrides).save_pretrained(directory, safe_serialization=True)
+    return directory
