@@ -1,0 +1,177 @@
+"""Action statistics and (un)normalisation between the model's [-1, 1] space and raw actions.
+
+Stats files use the cosmos-framework layout: ``{"global": {...}, "global_raw": {...}}`` (plus
+optional ``metadata``), each block holding ``mean``, ``std``, ``min``, ``max``, ``q01``, ``q99``
+vectors of length ``raw_action_dim``. A file holding one flat block is read as ``global``.
+
+Modes (the four the official LIBERO policy server supports):
+
+* ``quantile``:      ``a = (â + 1)/2 · (q99 − q01) + q01`` with the ``global`` block.
+* ``quantile_rot``:  the same formula on *all* dims with the ``global_raw`` block (the raw rot6d
+  statistics the LIBERO recipe trains with). sglang reads ``global`` here, which passes the rot6d
+  dims through unchanged; we follow the official server.
+* ``meanstd``:       ``a = â · std + mean`` (``global``).
+* ``minmax``:        ``a = (â + 1)/2 · (max − min) + min`` (``global``).
+
+As in the official server, ranges are clamped to ``>= 1e-6`` and ``std`` to ``>= 1e-8`` (a
+constant action dimension would otherwise divide by zero when normalising), and the forward
+direction uses the same clamped values so the two are exact inverses. :func:`normalize_actions`
+does not clip to [-1, 1] by default (cosmos-framework's helper does not; sglang's does), because
+clipping makes the round trip lossy; pass ``clip=True`` for sglang's behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+import torch
+
+NormalizationMode = Literal["quantile", "quantile_rot", "meanstd", "minmax"]
+MODES: tuple[str, ...] = ("quantile", "quantile_rot", "meanstd", "minmax")
+STAT_KEYS: tuple[str, ...] = ("mean", "std", "min", "max", "q01", "q99")
+_MIN_RANGE = 1e-6
+_MIN_STD = 1e-8
+
+ArrayT = TypeVar("ArrayT", np.ndarray, torch.Tensor)
+
+
+@dataclass(frozen=True)
+class StatsBlock:
+    """Per-dimension statistics, each a float32 ``[raw_action_dim]`` vector."""
+
+    mean: np.ndarray
+    std: np.ndarray
+    min: np.ndarray
+    max: np.ndarray
+    q01: np.ndarray
+    q99: np.ndarray
+
+
+@dataclass(frozen=True)
+class ActionStats:
+    """The ``global`` and (optional) ``global_raw`` blocks of an action stats file."""
+
+    global_: StatsBlock
+    global_raw: StatsBlock | None = None
+
+    @property
+    def raw_action_dim(self) -> int:
+        return int(self.global_.mean.shape[0])
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> ActionStats:
+        """Load a cosmos-framework action stats JSON file."""
+        with open(path) as f:
+            data = json.load(f)
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "stats") -> ActionStats:
+        """Build from the parsed JSON; every vector must have the same length."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: expected a JSON object, got {type(data).__name__}")
+        global_data = data.get("global", data)
+        global_ = _block(global_data, f"{source}['global']")
+        raw = None
+        if "global_raw" in data:
+            raw = _block(data["global_raw"], f"{source}['global_raw']")
+            if raw.mean.shape != global_.mean.shape:
+                raise ValueError(
+                    f"{source}: expected 'global' and 'global_raw' of one length, got "
+                    f"{global_.mean.shape[0]} and {raw.mean.shape[0]}"
+                )
+        return cls(global_=global_, global_raw=raw)
+
+    def block_for(self, mode: str) -> StatsBlock:
+        """The block a mode reads: ``global_raw`` for ``quantile_rot``, ``global`` otherwise."""
+        _check_mode(mode)
+        if mode == "quantile_rot":
+            if self.global_raw is None:
+                raise ValueError(
+                    "mode 'quantile_rot': expected a 'global_raw' stats block, found none"
+                )
+            return self.global_raw
+        return self.global_
+
+
+def _block(data: Any, where: str) -> StatsBlock:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected an object with {list(STAT_KEYS)}, got "
+                         f"{type(data).__name__}")
+    missing = [k for k in STAT_KEYS if k not in data]
+    if missing:
+        raise ValueError(f"{where}: expected keys {list(STAT_KEYS)}, missing {missing}")
+    vectors = {k: np.asarray(data[k], dtype=np.float32) for k in STAT_KEYS}
+    lengths = {k: v.shape for k, v in vectors.items()}
+    first = vectors["mean"].shape
+    if len(first) != 1 or first[0] == 0 or any(s != first for s in lengths.values()):
+        raise ValueError(f"{where}: expected non-empty 1-D vectors of one length, got {lengths}")
+    return StatsBlock(**vectors)
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {list(MODES)}, got {mode!r}")
+
+
+def _low_and_range(stats: ActionStats, mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(low, range)`` float32 ``[D]`` vectors: (q01, q99−q01), (min, max−min) or (mean, std)."""
+    block = stats.block_for(mode)
+    if mode == "meanstd":
+        return block.mean, np.maximum(block.std, np.float32(_MIN_STD))
+    low, high = (block.min, block.max) if mode == "minmax" else (block.q01, block.q99)
+    return low, np.maximum(high - low, np.float32(_MIN_RANGE))
+
+
+def _check_actions(actions: Any, stats: ActionStats, name: str) -> None:
+    if not isinstance(actions, (np.ndarray, torch.Tensor)):
+        raise ValueError(f"{name}: expected an ndarray or tensor, got {type(actions).__name__}")
+    if actions.ndim < 1 or actions.shape[-1] != stats.raw_action_dim:
+        raise ValueError(
+            f"{name}: expected last dim raw_action_dim={stats.raw_action_dim}, got shape "
+            f"{tuple(actions.shape)}"
+        )
+    floating = actions.dtype.is_floating_point if isinstance(actions, torch.Tensor) else (
+        np.issubdtype(actions.dtype, np.floating)
+    )
+    if not floating:
+        raise ValueError(f"{name}: expected a floating dtype, got {actions.dtype}")
+
+
+def _as_like(vector: np.ndarray, like: ArrayT) -> ArrayT:
+    if isinstance(like, torch.Tensor):
+        return torch.as_tensor(vector, device=like.device).to(like.dtype)
+    return vector.astype(like.dtype, copy=False)
+
+
+def denormalize_actions(normalized: ArrayT, stats: ActionStats, mode: NormalizationMode) -> ArrayT:
+    """Map model actions ``[..., D]`` back to raw units; returns a new array of the same type.
+
+    ``D`` must equal ``stats.raw_action_dim`` (slice the 64 padded model dims first).
+    """
+    _check_mode(mode)
+    _check_actions(normalized, stats, "normalized")
+    low, spread = (_as_like(v, normalized) for v in _low_and_range(stats, mode))
+    if mode == "meanstd":
+        return normalized * spread + low
+    return (normalized + 1.0) / 2.0 * spread + low
+
+
+def normalize_actions(
+    actions: ArrayT, stats: ActionStats, mode: NormalizationMode, *, clip: bool = False
+) -> ArrayT:
+    """Map raw actions ``[..., D]`` to the model's space (the inverse of denormalisation)."""
+    _check_mode(mode)
+    _check_actions(actions, stats, "actions")
+    low, spread = (_as_like(v, actions) for v in _low_and_range(stats, mode))
+    if mode == "meanstd":
+        normalized = (actions - low) / spread
+    else:
+        normalized = 2.0 * (actions - low) / spread - 1.0
+    if clip:
+        normalized = normalized.clip(-1.0, 1.0)
+    return normalized
