@@ -1,0 +1,300 @@
+"""Chunk stepping: run `[B, H, D]` action chunks on a vector env, each env stopping at its done.
+
+A Gymnasium ``VectorEnv`` steps all its sub-envs together, and its autoreset starts a new episode
+on its own. Executing a chunk therefore needs a little help from each sub-env: an
+:class:`EpisodeEndHold` around it keeps it still once its episode has ended (so the other envs
+can finish their chunks and no action of the old chunk reaches a new episode), and
+:class:`ChunkedActionWrapper` performs the resets itself at chunk boundaries, following the
+vector env's ``autoreset_mode``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.spaces import Box
+from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
+from gymnasium.vector.utils import iterate
+
+# Info keys through which EpisodeEndHold reports the true episode end while it is armed.
+_TERMINATED_KEY = "episode_terminated"
+_TRUNCATED_KEY = "episode_truncated"
+
+
+class EpisodeEndHold(gym.Wrapper):
+    """Hold a sub-env still after its episode ends, until it is reset; for chunk stepping.
+
+    Inert until :class:`ChunkedActionWrapper` arms it (``chunk_hold_armed = True``). Once armed,
+    the vector env above never sees a done: the wrapper reports ``terminated=truncated=False``,
+    puts the true flags in ``info["episode_terminated"]`` / ``info["episode_truncated"]``, and
+    after the end answers every ``step`` with the cached final observation and info, reward 0,
+    without touching the simulator. It does the same while ``chunk_hold`` is set (an env that
+    sits out a chunk). The vector env's own autoreset therefore never fires; the chunk wrapper
+    resets envs itself, only between chunks.
+
+    Use it as the outermost wrapper of each sub-env.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> from cosmos3_gym.envs import ColorReachEnv
+        >>> env = EpisodeEndHold(ColorReachEnv(max_episode_steps=1))
+        >>> env.chunk_hold_armed = True
+        >>> _ = env.reset(seed=0)
+        >>> _, _, terminated, truncated, info = env.step(env.action_space.sample())
+        >>> terminated, truncated, info["episode_truncated"]
+        (False, False, True)
+    """
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.chunk_hold_armed = False
+        self.chunk_hold = False
+        self._episode_over = False
+        self._last_obs: Any = None
+        self._last_info: dict[str, Any] = {}
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._episode_over = False
+        self._last_obs, self._last_info = obs, info
+        return obs, info
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        if not self.chunk_hold_armed:
+            return self.env.step(action)
+        if self.chunk_hold or self._episode_over:
+            return self._last_obs, 0.0, False, False, self._last_info
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._episode_over = bool(terminated or truncated)
+        info = {**info, _TERMINATED_KEY: bool(terminated), _TRUNCATED_KEY: bool(truncated)}
+        self._last_obs, self._last_info = obs, info
+        return obs, reward, False, False, info
+
+
+class ChunkedActionWrapper(VectorWrapper):
+    """Step a vector env with ``[B, H, D]`` action chunks (or plain ``[B, D]`` actions).
+
+    Each env executes its chunk row by row until its episode ends, then stands still for the rest
+    of the call, so no action of a chunk reaches the next episode. Returns the observation after
+    each env's last executed step, the summed rewards, the terminated / truncated flags of the
+    episodes that ended in this call, and ``infos["steps_executed"]`` (int ``[B]``). A ``[B, D]``
+    action is a chunk of length 1. Stepping stops early when every env is done.
+
+    Resets happen only at chunk boundaries and follow ``env.metadata["autoreset_mode"]``, read at
+    the macro level (one call = one step):
+
+    * ``NEXT_STEP``: a finished env returns its final observation and info. On the next call it is
+      reset instead of stepped: its chunk is ignored, it returns the reset observation and info,
+      reward 0, not done, 0 steps executed.
+    * ``SAME_STEP``: a finished env is reset at the end of the call; it returns the reset
+      observation, with ``infos["final_obs"]`` / ``infos["final_info"]`` holding the final ones.
+    * ``DISABLED``: a finished env returns its final observation; the caller must reset it with
+      ``reset(options={"reset_mask": ...})`` before the next call, or ``step`` raises.
+
+    Every sub-env must be wrapped (outermost) in :class:`EpisodeEndHold`;
+    :func:`~cosmos3_gym.envs.make_libero_vector_env` and
+    :func:`~cosmos3_gym.envs.make_color_reach_vector_env` do it.
+
+    Example:
+        >>> import numpy as np
+        >>> from cosmos3_gym.envs import make_color_reach_vector_env
+        >>> envs = ChunkedActionWrapper(make_color_reach_vector_env(2, max_episode_steps=3))
+        >>> _ = envs.reset(seed=0)
+        >>> obs, rewards, terminated, truncated, infos = envs.step(np.zeros((2, 5, 2)))
+        >>> infos["steps_executed"].tolist(), truncated.tolist()
+        ([3, 3], [True, True])
+        >>> envs.close()
+    """
+
+    def __init__(self, env: VectorEnv) -> None:
+        super().__init__(env)
+        if not isinstance(env.single_action_space, Box):
+            raise TypeError(
+                f"chunk stepping needs a Box action space, got {env.single_action_space}"
+            )
+        try:
+            env.unwrapped.get_attr("chunk_hold_armed")
+        except AttributeError as error:
+            raise TypeError(
+                "every sub-env must be wrapped in EpisodeEndHold, e.g. "
+                "gym.make_vec(env_id, n, wrappers=[EpisodeEndHold]); "
+                f"the sub-envs have no 'chunk_hold_armed' attribute ({error})"
+            ) from error
+        env.unwrapped.set_attr("chunk_hold_armed", True)
+        self.autoreset_mode = AutoresetMode(
+            env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        )
+        # Envs whose episode ended in an earlier call and that have not been reset yet.
+        self._awaiting_reset = np.zeros(self.num_envs, dtype=np.bool_)
+
+    def reset(
+        self,
+        *,
+        seed: int | list[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        mask = None if options is None else options.get("reset_mask")
+        # Gymnasium pops "reset_mask" from the dict it receives; keep the caller's dict intact.
+        obs, infos = self.env.reset(seed=seed, options=None if options is None else dict(options))
+        if mask is None:
+            self._awaiting_reset[:] = False
+        else:
+            self._awaiting_reset[np.asarray(mask, dtype=np.bool_)] = False
+        return obs, infos
+
+    def step(
+        self, actions: np.ndarray
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        chunk = self._as_chunk(actions)
+        num_envs, horizon = chunk.shape[:2]
+        if self.autoreset_mode == AutoresetMode.DISABLED and self._awaiting_reset.any():
+            raise ValueError(
+                "with autoreset DISABLED, finished envs must be reset before the next step; "
+                f"envs {np.flatnonzero(self._awaiting_reset).tolist()} are still finished: call "
+                "reset(options={'reset_mask': mask})"
+            )
+
+        rewards = np.zeros(num_envs, dtype=np.float64)
+        steps = np.zeros(num_envs, dtype=np.int64)
+        terminated = np.zeros(num_envs, dtype=np.bool_)
+        truncated = np.zeros(num_envs, dtype=np.bool_)
+        obs: Any = None
+        infos: dict[str, Any] = {}
+
+        # NEXT_STEP: the call after an episode's end is that env's reset step; it sits out.
+        sitting_out = self._awaiting_reset.copy()
+        if sitting_out.any():
+            obs, infos = self.env.reset(options={"reset_mask": sitting_out.copy()})
+            self._awaiting_reset[:] = False
+            self.unwrapped.set_attr("chunk_hold", sitting_out.tolist())
+        try:
+            for h in range(horizon):
+                active = ~(terminated | truncated | sitting_out)
+                if not active.any():
+                    break
+                obs, reward, _, _, infos = self.env.step(chunk[:, h])
+                rewards += np.where(active, reward, 0.0)
+                steps += active
+                terminated |= active & _info_flag(infos, _TERMINATED_KEY, num_envs)
+                truncated |= active & _info_flag(infos, _TRUNCATED_KEY, num_envs)
+        finally:
+            if sitting_out.any():
+                self.unwrapped.set_attr("chunk_hold", False)
+
+        for key in (_TERMINATED_KEY, _TRUNCATED_KEY):
+            infos.pop(key, None)
+            infos.pop(f"_{key}", None)
+        ended = terminated | truncated
+        if ended.any():
+            if self.autoreset_mode == AutoresetMode.SAME_STEP:
+                obs, infos = self._reset_finished(obs, infos, ended)
+            else:
+                self._awaiting_reset = ended.copy()
+        infos["steps_executed"] = steps
+        infos["_steps_executed"] = np.ones(num_envs, dtype=np.bool_)
+        return obs, rewards, terminated, truncated, infos
+
+    # VectorWrapper does not forward these; a policy reads prompts with call("task_description").
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        return self.unwrapped.call(name, *args, **kwargs)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        return self.unwrapped.get_attr(name)
+
+    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
+        self.unwrapped.set_attr(name, values)
+
+    def _as_chunk(self, actions: np.ndarray) -> np.ndarray:
+        actions = np.asarray(actions)
+        action_shape = self.env.single_action_space.shape
+        if actions.shape == (self.num_envs, *action_shape):
+            return actions[:, None]
+        if (
+            actions.ndim == len(action_shape) + 2
+            and actions.shape[0] == self.num_envs
+            and actions.shape[1] >= 1
+            and actions.shape[2:] == action_shape
+        ):
+            return actions
+        raise ValueError(
+            f"actions must be [B, D] = {[self.num_envs, *action_shape]} or [B, H, D] = "
+            f"{[self.num_envs, 'H', *action_shape]} with H >= 1, got {list(actions.shape)}"
+        )
+
+    def _reset_finished(
+        self, obs: Any, infos: dict[str, Any], ended: np.ndarray
+    ) -> tuple[Any, dict[str, Any]]:
+        """SAME_STEP: reset the finished envs now; their final obs and info go into the infos."""
+        final_obs = [copy.deepcopy(o) for o in iterate(self.env.observation_space, obs)]
+        step_infos = [_env_info(infos, i) for i in range(self.num_envs)]
+        reset_obs, reset_infos = self.env.reset(options={"reset_mask": ended.copy()})
+        merged = []
+        for i in range(self.num_envs):
+            if ended[i]:
+                merged.append(
+                    {
+                        **_env_info(reset_infos, i),
+                        "final_obs": final_obs[i],
+                        "final_info": step_infos[i],
+                    }
+                )
+            else:
+                merged.append(step_infos[i])
+        return reset_obs, _batch_infos(merged)
+
+
+def _info_flag(infos: dict[str, Any], key: str, num_envs: int) -> np.ndarray:
+    values = infos.get(key)
+    if values is None:
+        return np.zeros(num_envs, dtype=np.bool_)
+    present = infos.get(f"_{key}", np.ones(num_envs, dtype=np.bool_))
+    return np.asarray(values, dtype=np.bool_) & present
+
+
+def _env_info(infos: dict[str, Any], index: int) -> dict[str, Any]:
+    """The info dict of one sub-env, out of Gymnasium's batched ``{key, _key mask}`` layout."""
+    out: dict[str, Any] = {}
+    for key, value in infos.items():
+        if key.startswith("_") and key[1:] in infos:
+            continue
+        mask = infos.get(f"_{key}")
+        if mask is not None and not mask[index]:
+            continue
+        out[key] = _env_info(value, index) if isinstance(value, dict) else value[index]
+    return out
+
+
+def _batch_infos(per_env: list[dict[str, Any]]) -> dict[str, Any]:
+    """The inverse of :func:`_env_info`: per-env dicts into the batched layout with masks."""
+    num_envs = len(per_env)
+    keys = list(dict.fromkeys(key for info in per_env for key in info))
+    out: dict[str, Any] = {}
+    for key in keys:
+        present = np.array([key in info for info in per_env], dtype=np.bool_)
+        values = [info[key] for info in per_env if key in info]
+        if all(isinstance(v, dict) for v in values):
+            out[key] = _batch_infos([info.get(key, {}) for info in per_env])
+        else:
+            out[key] = _stack(values, present, num_envs)
+        out[f"_{key}"] = present
+    return out
+
+
+def _stack(values: list[Any], present: np.ndarray, num_envs: int) -> np.ndarray:
+    # Same dtypes as Gymnasium's own vector infos: bool, int, float, else object.
+    if all(isinstance(v, (bool, np.bool_)) for v in values):
+        array = np.zeros(num_envs, dtype=np.bool_)
+    elif all(isinstance(v, (int, np.integer)) for v in values):
+        array = np.zeros(num_envs, dtype=np.int64)
+    elif all(isinstance(v, (float, np.floating)) for v in values):
+        array = np.zeros(num_envs, dtype=np.float64)
+    else:
+        array = np.full(num_envs, None, dtype=object)
+    for index, value in zip(np.flatnonzero(present), values, strict=True):
+        array[index] = value
+    return array

