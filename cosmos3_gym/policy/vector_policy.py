@@ -275,7 +275,13 @@ class VectorPolicy:
         else:
             empty, stale = self.queue_lengths == 0, self._stale
         replan = np.flatnonzero(empty & ~stale)
-        record = self._plan(obs, tasks, replan, None) if replan.size else None
+        if replan.size:
+            record = self._plan(obs, tasks, replan, None)
+        else:
+            # Nothing to plan, but a malformed observation should fail now, not at the next
+            # replan: one env's slice through the adapter is a cheap check of the format.
+            self._model_images(_take(obs, np.arange(1)), 1)
+            record = None
         self._commit(record, num_envs)
         if record is not None:
             steps = self.n_action_steps
@@ -416,6 +422,19 @@ class VectorPolicy:
 
     # ------------------------------------------------------------------ planning
 
+    def _model_images(self, obs: Observation, n: int) -> np.ndarray:
+        images = self.adapter.images(obs)
+        if not isinstance(images, np.ndarray) or images.dtype != np.uint8 or images.ndim != 4:
+            raise ValueError(
+                f"adapter {self.adapter!r} returned images {_describe(images)}; "
+                "expected uint8 [B, H, W, C]"
+            )
+        if images.shape[0] != n:
+            raise ValueError(
+                f"adapter {self.adapter!r} returned {images.shape[0]} images for {n} envs"
+            )
+        return images
+
     def _plan(
         self, obs: Observation, tasks: list[str], envs: np.ndarray, action_noise: np.ndarray | None
     ) -> ChunkRecord:
@@ -423,14 +442,7 @@ class VectorPolicy:
         n = int(envs.size)
         full = self._num_envs is None or n == self._num_envs
         adapter = self.adapter
-        images = adapter.images(obs if full else _take(obs, envs))
-        if not isinstance(images, np.ndarray) or images.dtype != np.uint8 or images.ndim != 4:
-            raise ValueError(
-                f"adapter {adapter!r} returned images {_describe(images)}; "
-                "expected uint8 [B, H, W, C]"
-            )
-        if images.shape[0] != n:
-            raise ValueError(f"adapter {adapter!r} returned {images.shape[0]} images for {n} envs")
+        images = self._model_images(obs if full else _take(obs, envs), n)
         env_tasks = [tasks[e] for e in envs]
         prompts = [adapter.prompt(t) for t in env_tasks]
         for e, p in zip(envs, prompts, strict=True):
@@ -541,11 +553,23 @@ class PolicyFeed(VectorWrapper):
         self.tasks: list[str | None] = [None] * self.num_envs
         self._pending_reset = np.zeros(self.num_envs, bool)
 
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """``call`` of the underlying vector env (gymnasium's VectorWrapper does not forward it)."""
+        return self.env.unwrapped.call(name, *args, **kwargs)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """``get_attr`` of the underlying vector env."""
+        return self.env.unwrapped.get_attr(name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        """``set_attr`` of the underlying vector env."""
+        self.env.unwrapped.set_attr(name, values)
+
     def _find_task_attribute(self) -> str:
         # Probe with has_wrapper_attr: a failing env.call would close an AsyncVectorEnv's pipes.
         found = {}
         for name in ("task_description", "task"):
-            found[name] = np.array(self.env.call("has_wrapper_attr", name), dtype=bool)
+            found[name] = np.array(self.call("has_wrapper_attr", name), dtype=bool)
             if found[name].all():
                 return name
         raise ValueError(
@@ -555,7 +579,7 @@ class PolicyFeed(VectorWrapper):
         )
 
     def _refresh_tasks(self, mask: np.ndarray) -> None:
-        values = self.env.call(self.task_attribute)
+        values = self.call(self.task_attribute)
         for env in np.flatnonzero(mask):
             task = values[env]
             if not isinstance(task, str) or not task.strip():
