@@ -117,6 +117,7 @@ def test_a_single_string_prompt_is_used_for_every_env_explicitly():
         (np.zeros((2, 4, 4, 3), np.uint8), "has 2 envs; this policy serves 3"),
         ({"a": np.zeros((3, 4, 4, 3), np.uint8), "b": np.zeros((2, 5))}, "share their leading"),
         ("not an observation", "expected an observation array"),
+        (np.zeros((0, 4, 4, 3), np.uint8), "observation batch is empty"),
     ],
 )
 def test_bad_observations_raise_clear_errors_and_change_nothing(obs, message):

@@ -301,7 +301,9 @@ class VectorPolicy:
     ) -> None:
         """Start a new episode for the masked envs (default: all): their queues are cleared.
 
-        Call it with the envs you reset yourself (``DISABLED`` autoreset without :meth:`attach`).
+        Without :meth:`attach`: call it with the envs you reset yourself under ``DISABLED``, or
+        with ``terminated | truncated`` right after ``step`` under ``SAME_STEP``. ``NEXT_STEP``
+        needs :meth:`attach`, which knows that the obs returned with a done is a final one.
         ``seed`` restarts the noise schedule from a new root (all counters to zero) and must
         come without a mask.
         """
@@ -632,7 +634,10 @@ def _batch_size(obs: Observation) -> int:
             "observation arrays must share their leading (env) axis; found shapes "
             f"{ {p: list(s) for p, s in leading.items()} }"
         )
-    return int(sizes.pop())
+    size = int(sizes.pop())
+    if size == 0:
+        raise ValueError(f"observation batch is empty: {_shapes(obs)}; expected B >= 1 envs")
+    return size
 
 
 def _shapes(obs: Observation) -> str:
