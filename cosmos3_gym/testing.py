@@ -103,6 +103,9 @@ _CORPUS = (
 def write_tiny_tokenizer(directory: str | Path, vocab_size: int = 1024) -> Path:
     """Train and save a small Qwen-style fast tokenizer; returns ``directory``.
 
+    The vocabulary holds at most ``vocab_size`` entries (about 630 with the built-in corpus, whose
+    merges run out first): byte-level, so any text encodes, and common task words are one token.
+
     ``transformers.AutoTokenizer.from_pretrained(directory)`` loads it, ``eos_token`` is
     ``<|im_end|>``, ``pad_token`` is ``<|endoftext|>`` and ``apply_chat_template`` renders like
     Qwen3-VL (no default system message).
@@ -127,8 +130,9 @@ def write_tiny_tokenizer(directory: str | Path, vocab_size: int = 1024) -> Path:
         tokenizer_object=backend,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        additional_special_tokens=[t for t in QWEN_SPECIAL_TOKENS if t not in
-                                   ("<|im_end|>", "<|endoftext|>")],
+        additional_special_tokens=[
+            t for t in QWEN_SPECIAL_TOKENS if t not in ("<|im_end|>", "<|endoftext|>")
+        ],
         model_max_length=131072,
         chat_template=QWEN3_STYLE_CHAT_TEMPLATE,
     )

@@ -72,8 +72,10 @@ def admit_images(images: Any) -> list[np.ndarray]:
     if isinstance(images, (list, tuple)):
         if len(images) == 0:
             raise ValueError("expected at least one image, got an empty " + type(images).__name__)
-        return [_to_rgb_uint8(_load_one(item, f"image {i}"), f"image {i}") for i, item in
-                enumerate(images)]
+        return [
+            _to_rgb_uint8(_load_one(item, f"image {i}"), f"image {i}")
+            for i, item in enumerate(images)
+        ]
     return [_to_rgb_uint8(_load_one(images, "image 0"), "image 0")]
 
 

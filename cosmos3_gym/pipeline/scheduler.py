@@ -217,7 +217,7 @@ class FlowUniPCScheduler:
         corrector = self._correctors[step_index]
         outputs = []
         for k, (v, x) in enumerate(zip(velocities, samples, strict=True)):
-            x0 = x - sigma * v  # flow_prediction → x0 estimate at σ_i
+            x0 = torch.add(x, v, alpha=-sigma)  # flow_prediction: x0 = x − σ·v at σ_i
             if step_index == 0:
                 self._x0_history.append([x0])
             else:
@@ -239,21 +239,22 @@ class FlowUniPCScheduler:
     def _correct(
         c: _Corrector, x_last: torch.Tensor, history: list[torch.Tensor], m_t: torch.Tensor
     ) -> torch.Tensor:
+        # The difference terms are expanded so no temporaries are allocated: one output tensor.
         m0 = history[-1]
-        out = x_last * c.c_x
-        out.add_(m0, alpha=c.c_m0)
-        out.add_(m_t - m0, alpha=c.c_t)
+        out = torch.mul(x_last, c.c_x)
+        out.add_(m0, alpha=c.c_m0 - c.c_t - c.c_d)
+        out.add_(m_t, alpha=c.c_t)
         if c.c_d != 0.0:
-            out.add_(history[-2] - m0, alpha=c.c_d)
+            out.add_(history[-2], alpha=c.c_d)
         return out
 
     @staticmethod
     def _predict(p: _Predictor, x: torch.Tensor, history: list[torch.Tensor]) -> torch.Tensor:
         m0 = history[-1]
-        out = x * p.c_x
-        out.add_(m0, alpha=p.c_m0)
+        out = torch.mul(x, p.c_x)
+        out.add_(m0, alpha=p.c_m0 - p.c_d)
         if p.c_d != 0.0:
-            out.add_(history[-2] - m0, alpha=p.c_d)
+            out.add_(history[-2], alpha=p.c_d)
         return out
 
     def _check_step(
