@@ -190,3 +190,118 @@ def write_tiny_vae(directory: str | Path, seed: int = 0, **overrides: Any) -> Pa
     directory = Path(directory)
     build_tiny_vae(seed, **overrides).save_pretrained(directory, safe_serialization=True)
     return directory
+
+
+def tiny_transformer_config(vocab_size: int, **overrides: Any) -> dict[str, Any]:
+    """``transformer/config.json`` of a tiny generator: the real architecture, tiny widths.
+
+    Every config key is a real Cosmos3 key; ``rope_axes_dim`` keeps the (T, H, W) split of
+    mRoPE at a head dim of 16.
+    """
+    config: dict[str, Any] = {
+        "hidden_size": 64,
+        "head_dim": 16,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "vocab_size": vocab_size,
+        "rope_axes_dim": [4, 2, 2],
+        "rope_scaling": {"mrope_section": [4, 2, 2], "mrope_interleaved": True},
+        "action_gen": True,
+        "action_dim": 64,
+        "num_embodiment_domains": 32,
+    }
+    config.update(overrides)
+    return config
+
+
+def tiny_action_stats(raw_action_dim: int = 10) -> dict[str, Any]:
+    """Statistics in the cosmos-framework layout (``global`` and ``global_raw`` blocks)."""
+    idx = np.arange(raw_action_dim, dtype=np.float64)
+
+    def block(shift: float) -> dict[str, list[float]]:
+        q01 = -0.5 - 0.05 * idx + shift
+        q99 = 0.5 + 0.1 * idx + shift
+        return {
+            "mean": list((q01 + q99) / 2), "std": list((q99 - q01) / 4),
+            "min": list(q01 - 0.1), "max": list(q99 + 0.1), "q01": list(q01), "q99": list(q99),
+        }
+
+    return {"global": block(0.0), "global_raw": block(0.05)}
+
+
+def build_tiny_transformer(vocab_size: int, seed: int = 0, **overrides: Any):
+    """A random tiny ``Cosmos3Transformer`` whose outputs are O(1) (seeded)."""
+    import torch
+
+    from cosmos3_gym.model import Cosmos3Config, Cosmos3Transformer
+
+    config = Cosmos3Config.from_dict(tiny_transformer_config(vocab_size, **overrides))
+    model = Cosmos3Transformer(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=generator))
+            else:
+                fan_in = param.shape[-1] if param.ndim > 1 else 64
+                if name.endswith("fc.weight"):  # DomainAwareLinear rows hold [in, out] matrices
+                    fan_in = 64
+                param.copy_(torch.randn(param.shape, generator=generator) / fan_in**0.5)
+    return model.eval()
+
+
+def write_tiny_checkpoint(
+    directory: str | Path,
+    seed: int = 0,
+    *,
+    policy_overrides: dict[str, Any] | None = None,
+    **transformer_overrides: Any,
+) -> Path:
+    """Write a tiny random Cosmos3 checkpoint in the full diffusers layout; returns the folder.
+
+    ``transformer/`` (config.json + safetensors), ``vae/`` (Wan2.2 layout), ``text_tokenizer/``
+    (Qwen-style), ``scheduler/``, ``model_index.json`` and ``action_policy.json`` (LIBERO-like
+    policy head: domain 5, 10 raw dims, quantile_rot statistics, a 4-step chunk).
+    ``Cosmos3ActionPipeline.from_pretrained(directory)`` loads it offline.
+    """
+    import json
+
+    from transformers import AutoTokenizer
+
+    from cosmos3_gym import checkpoint as layout
+    from cosmos3_gym.checkpoint import PolicyConfig
+    from cosmos3_gym.model.weights import save_transformer
+
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    write_tiny_tokenizer(root / layout.TEXT_TOKENIZER)
+    vocab_size = len(AutoTokenizer.from_pretrained(root / layout.TEXT_TOKENIZER))
+    write_tiny_vae(root / layout.VAE, seed=seed)
+    save_transformer(
+        build_tiny_transformer(vocab_size, seed=seed, **transformer_overrides),
+        root / layout.TRANSFORMER,
+    )
+    (root / layout.SCHEDULER).mkdir(exist_ok=True)
+    (root / layout.SCHEDULER / "scheduler_config.json").write_text(
+        json.dumps({"_class_name": "UniPCMultistepScheduler", "use_flow_sigmas": True,
+                    "prediction_type": "flow_prediction", "flow_shift": 5.0})
+    )
+    (root / layout.MODEL_INDEX).write_text(
+        json.dumps({
+            "_class_name": "Cosmos3OmniPipeline",
+            "transformer": ["diffusers", "Cosmos3OmniTransformer"],
+            "vae": ["diffusers", "AutoencoderKLWan"],
+            "text_tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+            "scheduler": ["diffusers", "UniPCMultistepScheduler"],
+        }, indent=2)
+    )
+    policy = {
+        "domain_name": "libero", "raw_action_dim": 10, "action_horizon": 4,
+        "normalization": "quantile_rot", "stats": tiny_action_stats(10), "fps": 20.0,
+        "resolution_tier": 256, "view_point": "concat_view", "num_inference_steps": 8,
+    }
+    policy.update(policy_overrides or {})
+    PolicyConfig(**policy).save(root / layout.POLICY_CONFIG)
+    return root

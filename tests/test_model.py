@@ -7,10 +7,7 @@ import json
 import pytest
 import torch
 from diffusers import Cosmos3OmniTransformer
-from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
-    get_3d_mrope_ids_text_tokens,
-    get_3d_mrope_ids_vae_tokens,
-)
+from diffusers_reference import reference_forward
 from safetensors.torch import save_file
 
 from cosmos3_gym.model import Cosmos3Config, Cosmos3Transformer
@@ -53,40 +50,10 @@ def _pair(kind: str, seed: int = 0) -> tuple[Cosmos3OmniTransformer, Cosmos3Tran
 
 
 def _reference_forward(ref, input_ids, vision, actions, timestep, num_cond_frames=1):
-    """diffusers' packed single-sample forward with positions from diffusers' own helpers."""
-    cfg = ref.config
-    length = input_ids.shape[0]
-    _, _, t, h, w = vision.shape
-    hp, wp = -(-h // 2), -(-w // 2)
-    n_vis, n_act = t * hp * wp, actions.shape[0]
-    text_ids, next_off = get_3d_mrope_ids_text_tokens(length, 0, use_float_positions=True)
-    offset = next_off + cfg.unified_3d_mrope_temporal_modality_margin
-    vis_ids, _ = get_3d_mrope_ids_vae_tokens(
-        t, hp, wp, offset, fps=FPS, base_fps=float(cfg.base_fps), temporal_compression_factor=4
+    return reference_forward(
+        ref, input_ids, vision, actions, timestep, domain=DOMAIN, fps=FPS,
+        num_cond_frames=num_cond_frames,
     )
-    act_ids, _ = get_3d_mrope_ids_vae_tokens(
-        n_act, 1, 1, offset, fps=FPS, base_fps=float(cfg.base_fps), temporal_compression_factor=1,
-        base_temporal_compression_factor=4, start_frame_offset=1,
-    )
-    position_ids = torch.cat([text_ids, vis_ids.float(), act_ids.float()], dim=1)
-    noisy_frames = torch.arange(num_cond_frames, t)
-    vis_loss = torch.cat([length + f * hp * wp + torch.arange(hp * wp) for f in noisy_frames])
-    act_idx = torch.arange(length + n_vis, length + n_vis + n_act)
-    out = ref(
-        input_ids=input_ids, text_indexes=torch.arange(length), position_ids=position_ids,
-        und_len=length, sequence_length=length + n_vis + n_act,
-        vision_tokens=[vision], vision_token_shapes=[(t, hp, wp)],
-        vision_sequence_indexes=torch.arange(length, length + n_vis),
-        vision_mse_loss_indexes=vis_loss,
-        vision_timesteps=torch.full((vis_loss.numel(),), float(timestep)),
-        vision_noisy_frame_indexes=[noisy_frames],
-        action_tokens=[actions], action_token_shapes=[(n_act, 1, 1)],
-        action_sequence_indexes=act_idx, action_mse_loss_indexes=act_idx,
-        action_timesteps=torch.full((n_act,), float(timestep)),
-        action_noisy_frame_indexes=[torch.arange(n_act)],
-        action_domain_ids=[torch.tensor(DOMAIN)],
-    )
-    return out.sample[0], out.action[0]
 
 
 def _ours_forward(model, input_ids, vision, actions, timestep, num_cond_frames=1):

@@ -1,1 +1,10 @@
-"""placeholder"""
+"""The batched action pipeline: uint8 images + prompts in, ``[B, H, D]`` action chunks out.
+
+Stages (one module each): admission -> preprocess -> prompt -> encode -> noise -> denoise ->
+decode, assembled and timed by ``Cosmos3ActionPipeline``.
+"""
+
+from cosmos3_gym.pipeline.output import ActionOutput
+from cosmos3_gym.pipeline.pipeline import Cosmos3ActionPipeline
+
+__all__ = ["ActionOutput", "Cosmos3ActionPipeline"]

@@ -18,7 +18,8 @@ class ActionOutput:
         normalized_actions: ``[B, H, D]`` float32, the sampler's output before un-normalisation.
         action_noise: ``[B, H, 64]`` float32, the initial action noise each item started from
             (what an RL learner needs to replay a chunk).
-        seeds: the per-item seeds the noise was drawn from (``None`` where noise was passed in).
+        seeds: the per-item seeds seeded noise was drawn from (``None`` when the caller passed
+            both ``action_noise`` and ``video_noise``).
         timings: per-stage seconds (``"<stage>_s"``), peak memory where measurable
             (``"<stage>_peak_bytes"``) and ``"total_s"``.
     """

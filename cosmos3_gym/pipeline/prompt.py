@@ -156,6 +156,7 @@ def tokenize_captions(
     captions: Sequence[str],
     *,
     max_sequence_length: int,
+    allow_empty: bool = False,
 ) -> TokenizedPrompts:
     """Chat-template each caption (no system turn), append eos and ``<|vision_start|>``, pad.
 
@@ -169,6 +170,8 @@ def tokenize_captions(
             ``<|vision_start|>``.
         captions: B captions (e.g. from :func:`build_action_caption`).
         max_sequence_length: the model's text budget per prompt, the two appended tokens included.
+        allow_empty: accept ``""`` (the default negative prompt of the unconditional CFG pass,
+            which is chat-templated as is, without the JSON caption, as diffusers does).
     """
     if isinstance(captions, str) or len(captions) == 0:
         raise ValueError(
@@ -181,7 +184,7 @@ def tokenize_captions(
     limit = max_sequence_length - 2
     sequences: list[list[int]] = []
     for i, caption in enumerate(captions):
-        if not isinstance(caption, str) or not caption:
+        if not isinstance(caption, str) or (not caption and not allow_empty):
             raise ValueError(f"caption {i}: expected a non-empty str, got {caption!r}")
         ids = _chat_template_ids(tokenizer, caption)
         if len(ids) > limit:

@@ -1,0 +1,266 @@
+"""``Cosmos3ActionPipeline``: uint8 images and prompts in, ``[B, H, D]`` action chunks out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cosmos3_gym import checkpoint as layout
+from cosmos3_gym.checkpoint import PolicyConfig
+from cosmos3_gym.model import Cosmos3Transformer
+from cosmos3_gym.pipeline.admission import admit
+from cosmos3_gym.pipeline.normalization import ActionStats
+from cosmos3_gym.pipeline.output import ActionOutput
+from cosmos3_gym.pipeline.preprocess import plan_canvas
+from cosmos3_gym.pipeline.stages import (
+    DecodeStage,
+    DenoiseStage,
+    EncodeStage,
+    MicroBatch,
+    NoiseStage,
+    PreprocessStage,
+    PromptStage,
+    SamplingParams,
+)
+from cosmos3_gym.timing import StageTimer
+
+DEFAULT_SEED = 0  # the official LIBERO server's seed
+
+
+class Cosmos3ActionPipeline:
+    """The batched Cosmos3 policy stack in one process.
+
+    ``pipe(images, prompts)`` runs admission once, then per micro-batch preprocess -> prompt ->
+    encode -> noise -> denoise -> decode, each timed by one ``StageTimer``. Items of one call
+    that need different canvases, or more than ``max_batch_size`` items, run as micro-batches;
+    results come back in the caller's order and do not depend on the split.
+
+    Example::
+
+        pipe = Cosmos3ActionPipeline.from_pretrained("/models/Cosmos3-Nano-LIBERO", device="cuda")
+        out = pipe(images_uint8_bhwc, ["put the bowl on the plate"] * len(images_uint8_bhwc))
+        out.actions            # float32 [B, 16, 10]
+        out.timings            # {"denoise_s": ..., "total_s": ...}
+    """
+
+    def __init__(
+        self,
+        transformer: Cosmos3Transformer,
+        vae: Any,
+        tokenizer: Any,
+        policy: PolicyConfig,
+        *,
+        max_batch_size: int | None = None,
+    ) -> None:
+        if not transformer.config.action_gen:
+            raise ValueError("this transformer has no action heads (action_gen is false)")
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
+        if policy.domain_id >= transformer.config.num_embodiment_domains:
+            raise ValueError(
+                f"domain_id {policy.domain_id} is outside the checkpoint's "
+                f"{transformer.config.num_embodiment_domains} embodiment domains"
+            )
+        self.transformer, self.vae, self.tokenizer = transformer, vae, tokenizer
+        self.policy = policy
+        self.max_batch_size = max_batch_size
+        self.device = transformer.device
+        stats = None if policy.normalization == "none" else ActionStats.from_dict(policy.stats)
+        self.preprocess = PreprocessStage(self.device, next(vae.parameters()).dtype)
+        self.prompt = PromptStage(transformer, tokenizer, policy)
+        self.encode = EncodeStage(vae)
+        self.noise = NoiseStage(policy, self.device)
+        self.denoise = DenoiseStage(transformer, policy)
+        self.decode = DecodeStage(policy, stats)
+        self.stages = (
+            self.preprocess, self.prompt, self.encode, self.noise, self.denoise, self.decode
+        )
+
+    @property
+    def action_horizon(self) -> int:
+        return self.policy.action_horizon
+
+    @property
+    def action_dim(self) -> int:
+        return self.policy.raw_action_dim
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        max_batch_size: int | None = None,
+        *,
+        policy: PolicyConfig | None = None,
+    ) -> Cosmos3ActionPipeline:
+        """Load a diffusers-layout checkpoint folder (or the name of a shipped checkpoint).
+
+        ``dtype`` defaults to bfloat16 on CUDA and float32 on CPU. ``policy`` overrides the
+        folder's ``action_policy.json`` (real ``nvidia/Cosmos3-*`` folders have none).
+        """
+        from diffusers import AutoencoderKLWan
+        from transformers import AutoTokenizer
+
+        root = layout.resolve_checkpoint(path)
+        layout.check_layout(root)
+        device = torch.device(device)
+        if dtype is None:
+            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        if policy is None:
+            policy_file = root / layout.POLICY_CONFIG
+            if not policy_file.exists():
+                raise FileNotFoundError(
+                    f"{root} has no {layout.POLICY_CONFIG}; pass policy=PolicyConfig(...) with the "
+                    "domain, raw action width, normalisation and statistics of this checkpoint"
+                )
+            policy = PolicyConfig.from_json_file(policy_file)
+        transformer = Cosmos3Transformer.from_pretrained(
+            root / layout.TRANSFORMER, device=device, dtype=dtype
+        )
+        # The VAE encodes one frame per request; fp32 keeps the conditioning latent exact.
+        vae = AutoencoderKLWan.from_pretrained(root / layout.VAE, torch_dtype=torch.float32)
+        vae = vae.to(device).eval().requires_grad_(False)
+        tokenizer = AutoTokenizer.from_pretrained(root / layout.TEXT_TOKENIZER)
+        return cls(transformer, vae, tokenizer, policy, max_batch_size=max_batch_size)
+
+    @torch.inference_mode()
+    def __call__(
+        self,
+        images: Any,
+        prompts: str | Sequence[str],
+        *,
+        seed: int | Sequence[int] | None = None,
+        num_inference_steps: int | None = None,
+        guidance_scale: float | None = None,
+        flow_shift: float | None = None,
+        action_noise: torch.Tensor | np.ndarray | None = None,
+        video_noise: torch.Tensor | np.ndarray | None = None,
+        progress: bool = True,
+    ) -> ActionOutput:
+        """Predict one action chunk per image.
+
+        Args:
+            images: uint8 ``[B, H, W, C]``, a list of uint8 ``[H, W, C]``/``[H, W]`` arrays or PIL
+                images, a single image, or a dict observation (``image`` / ``image_path`` /
+                ``input_reference`` / single-entry ``images``).
+            prompts: one task per image, or one string for all.
+            seed: one int for every item, or one per item (default 0). Item i's noise depends
+                only on its own seed.
+            action_noise / video_noise: ``[B, H, 64]`` / ``[B, 48, T, h, w]`` float noise that
+                replaces the seeded draw (RL replay, parity tests).
+            progress: show the denoising progress bar (rank 0 only).
+        """
+        timer = StageTimer(self.device)
+        with timer.stage("admission"):
+            admitted = admit(images, prompts)
+            count = admitted.batch_size
+            seeds = _seeds(seed, count)
+            action_noise = _noise_tensor("action_noise", action_noise, count)
+            video_noise = _noise_tensor("video_noise", video_noise, count)
+            params = SamplingParams(
+                num_inference_steps=_positive_int(
+                    "num_inference_steps", num_inference_steps, self.policy.num_inference_steps
+                ),
+                guidance_scale=float(
+                    self.policy.guidance_scale if guidance_scale is None else guidance_scale
+                ),
+                flow_shift=float(self.policy.flow_shift if flow_shift is None else flow_shift),
+                progress=progress,
+            )
+            batches = self._micro_batches(admitted.images, admitted.prompts, seeds)
+            for mb in batches:
+                if action_noise is not None:
+                    mb.action_noise = action_noise[mb.indices]
+                if video_noise is not None:
+                    mb.video_noise = video_noise[mb.indices]
+
+        results: list[MicroBatch] = []
+        for mb in batches:
+            for stage in self.stages:
+                with timer.stage(stage.name):
+                    mb = stage(mb, params)
+            results.append(mb)
+
+        def gather(key: str) -> np.ndarray:
+            first = results[0].result[key]
+            out = np.empty((count, *first.shape[1:]), dtype=first.dtype)
+            for mb in results:
+                out[mb.indices] = mb.result[key]
+            return out
+
+        return ActionOutput(
+            actions=gather("actions"),
+            normalized_actions=gather("normalized_actions"),
+            action_noise=gather("action_noise"),
+            # Seeds stay meaningful unless the caller replaced both noises.
+            seeds=[None if action_noise is not None and video_noise is not None else s
+                   for s in seeds],
+            timings=timer.as_dict(),
+        )
+
+    def _micro_batches(
+        self, images: list[np.ndarray], prompts: list[str], seeds: list[int]
+    ) -> list[MicroBatch]:
+        """Group items by canvas, in first-seen order, then split by ``max_batch_size``."""
+        groups: dict[Any, list[int]] = {}
+        for i, image in enumerate(images):
+            plan = plan_canvas(image.shape[0], image.shape[1], self.policy.resolution_tier)
+            groups.setdefault(plan, []).append(i)
+        limit = self.max_batch_size or len(images)
+        batches = []
+        for plan, members in groups.items():
+            for start in range(0, len(members), limit):
+                idx = members[start : start + limit]
+                batches.append(
+                    MicroBatch(
+                        indices=idx, images=[images[i] for i in idx],
+                        prompts=[prompts[i] for i in idx], seeds=[seeds[i] for i in idx],
+                        plan=plan,
+                    )
+                )
+        return batches
+
+
+def _seeds(seed: int | Sequence[int] | None, count: int) -> list[int]:
+    if seed is None:
+        return [DEFAULT_SEED] * count
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        return [int(seed)] * count
+    seeds = list(seed)
+    if len(seeds) != count:
+        raise ValueError(
+            f"seed: expected one int or {count} ints (one per image), got {len(seeds)}"
+        )
+    for i, s in enumerate(seeds):
+        if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
+            raise ValueError(f"seed[{i}]: expected an int, got {type(s).__name__}")
+    return [int(s) for s in seeds]
+
+
+def _noise_tensor(name: str, noise: Any, count: int) -> torch.Tensor | None:
+    if noise is None:
+        return None
+    tensor = torch.as_tensor(noise)
+    if tensor.ndim == 0 or tensor.shape[0] != count:
+        raise ValueError(
+            f"{name}: expected a leading batch axis of {count} (one per image), got shape "
+            f"{tuple(tensor.shape)}"
+        )
+    if not tensor.is_floating_point():
+        raise ValueError(f"{name}: expected floating-point noise, got {tensor.dtype}")
+    if not torch.isfinite(tensor).all():
+        raise ValueError(f"{name}: contains NaN or infinite values")
+    return tensor.detach().to("cpu", torch.float32)
+
+
+def _positive_int(name: str, value: int | None, default: int) -> int:
+    if value is None:
+        return default
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+    return int(value)

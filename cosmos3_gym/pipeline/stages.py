@@ -1,0 +1,285 @@
+"""The action pipeline's stages: each takes the request batch, does one job, and returns it.
+
+admission -> preprocess -> prompt -> encode -> noise -> denoise -> decode
+
+Admission runs once per call over all B items; the other stages run per micro-batch (items that
+share one canvas, at most ``max_batch_size`` of them). Every stage checks what it receives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from cosmos3_gym.checkpoint import PolicyConfig
+from cosmos3_gym.model import Cosmos3Transformer, TextKVCache
+from cosmos3_gym.pipeline.normalization import denormalize_actions
+from cosmos3_gym.pipeline.preprocess import CanvasPlan, latent_content_shape, preprocess
+from cosmos3_gym.pipeline.prompt import build_action_caption, tokenize_captions
+from cosmos3_gym.pipeline.scheduler import FlowUniPCScheduler
+from cosmos3_gym.pipeline.vae import encode_conditioning_frames
+from cosmos3_gym.progress import progress
+
+ACTION_CHANNELS = 64  # action tokens are zero-padded to this width in every checkpoint
+VAE_TEMPORAL_FACTOR = 4
+
+
+@dataclass
+class SamplingParams:
+    num_inference_steps: int
+    guidance_scale: float
+    flow_shift: float
+    progress: bool
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch as it moves through the stages (fields filled stage by stage)."""
+
+    indices: list[int]  # positions in the caller's batch
+    images: list[np.ndarray]  # uint8 [H, W, 3] each, one shared canvas plan
+    prompts: list[str]
+    seeds: list[int | None]
+    plan: CanvasPlan
+    action_noise: torch.Tensor | None = None  # caller-supplied [b, H, 64] float32
+    video_noise: torch.Tensor | None = None  # caller-supplied [b, 48, T, h, w] float32
+    pixels: torch.Tensor | None = None  # [b, 3, Hc, Wc] in [-1, 1]
+    text: TextKVCache | None = None
+    uncond_text: TextKVCache | None = None
+    cond_latent: torch.Tensor | None = None  # [b, 48, 1, h, w] normalised
+    vision: torch.Tensor | None = None  # [b, 48, T, h, w] float32 sampler state
+    actions: torch.Tensor | None = None  # [b, H, 64] float32 sampler state
+    initial_action_noise: torch.Tensor | None = None
+    result: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return len(self.indices)
+
+
+class Stage:
+    """One job of the pipeline: ``stage(batch, params) -> batch``."""
+
+    name = "stage"
+
+    def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
+        raise NotImplementedError
+
+
+class PreprocessStage(Stage):
+    """Official resolution tier: aspect-preserving resize without upscaling, reflect-pad."""
+
+    name = "preprocess"
+
+    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+        self.device, self.dtype = device, dtype
+
+    def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
+        batch.pixels = preprocess(batch.images, batch.plan, device=self.device, dtype=self.dtype)
+        return batch
+
+
+class PromptStage(Stage):
+    """Structured JSON caption per item, chat template, UND pathway once per request."""
+
+    name = "prompt"
+
+    def __init__(self, model: Cosmos3Transformer, tokenizer: Any, policy: PolicyConfig) -> None:
+        self.model, self.tokenizer, self.policy = model, tokenizer, policy
+
+    def _encode(self, captions: list[str], allow_empty: bool = False) -> TextKVCache:
+        tokens = tokenize_captions(
+            self.tokenizer, captions, max_sequence_length=self.policy.max_sequence_length,
+            allow_empty=allow_empty,
+        )
+        device = self.model.device
+        return self.model.encode_text(
+            tokens.input_ids.to(device), tokens.attention_mask.to(device)
+        )
+
+    def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
+        p = self.policy
+        captions = [
+            build_action_caption(
+                prompt, view_point=p.view_point, num_frames=p.num_frames, fps=p.fps,
+                canvas_h=batch.plan.target_h, canvas_w=batch.plan.target_w,
+            )
+            for prompt in batch.prompts
+        ]
+        batch.text = self._encode(captions)
+        if params.guidance_scale != 1.0:
+            # The unconditional prompt is the raw negative prompt, not a JSON caption.
+            batch.uncond_text = self._encode([p.negative_prompt] * batch.size, allow_empty=True)
+        return batch
+
+
+class EncodeStage(Stage):
+    """Wan2.2 VAE encode of the conditioning frame, cropped back to the content region."""
+
+    name = "encode"
+
+    def __init__(self, vae: Any) -> None:
+        self.vae = vae
+
+    def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
+        latent = encode_conditioning_frames(self.vae, batch.pixels)  # [b, 48, 1, Hc/16, Wc/16]
+        h, w = latent_content_shape(batch.plan)
+        batch.cond_latent = latent[:, :, :, :h, :w].float().contiguous()
+        batch.pixels = None  # no longer needed; free it before the denoising loop
+        return batch
+
+
+def _item_noise(seed: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """Standard normal fp32 noise from a CPU generator seeded for this item alone.
+
+    Drawn on the CPU in fp32 so that CPU and GPU runs start from the same numbers; each
+    modality uses a fresh generator, as the official framework does with ``RandomState(seed)``.
+    """
+    generator = torch.Generator(device="cpu").manual_seed(int(seed))
+    return torch.randn(shape, generator=generator, dtype=torch.float32)
+
+
+class NoiseStage(Stage):
+    """Per-item initial noise: item i's noise depends only on its own seed."""
+
+    name = "noise"
+
+    def __init__(self, policy: PolicyConfig, device: torch.device) -> None:
+        self.policy, self.device = policy, device
+
+    def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
+        p = self.policy
+        _, c, _, h, w = batch.cond_latent.shape
+        t = (p.num_frames - 1) // VAE_TEMPORAL_FACTOR + 1
+        vision_shape = (c, t, h, w)
+        action_shape = (p.action_horizon, ACTION_CHANNELS)
+        if batch.video_noise is not None:
+            _check_noise("video_noise", batch.video_noise, (batch.size, *vision_shape))
+            vision = batch.video_noise.float().clone()
+        else:
+            vision = torch.stack([_item_noise(s, vision_shape) for s in batch.seeds])
+        if batch.action_noise is not None:
+            _check_noise("action_noise", batch.action_noise, (batch.size, *action_shape))
+            actions = batch.action_noise.float().clone()
+        else:
+            actions = torch.stack([_item_noise(s, action_shape) for s in batch.seeds])
+        actions[..., p.raw_action_dim :] = 0.0  # padding channels carry nothing
+        batch.initial_action_noise = actions.clone()
+        vision = vision.to(self.device)
+        vision[:, :, :1] = batch.cond_latent  # latent frame 0 is the clean observation
+        batch.vision = vision
+        batch.actions = actions.to(self.device)
+        return batch
+
+
+def _check_noise(name: str, noise: torch.Tensor, expected: tuple[int, ...]) -> None:
+    if tuple(noise.shape) != expected:
+        raise ValueError(f"{name}: expected shape {expected}, got {tuple(noise.shape)}")
+    if not noise.is_floating_point():
+        raise ValueError(f"{name}: expected a floating-point tensor, got {noise.dtype}")
+
+
+class DenoiseStage(Stage):
+    """FlowUniPC over the joint [future video | action] state; frame 0 and padding re-imposed."""
+
+    name = "denoise"
+
+    def __init__(self, model: Cosmos3Transformer, policy: PolicyConfig) -> None:
+        self.model, self.policy = model, policy
+
+    def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
+        model, p = self.model, self.policy
+        b = batch.size
+        device, dtype = model.device, model.dtype
+        vision, actions = batch.vision, batch.actions
+        t = vision.shape[2]
+        cond = batch.cond_latent.to(device)
+        vision_noisy = (torch.arange(t, device=device) > 0)[None].expand(b, t)
+        action_noisy = torch.ones(b, p.action_horizon, dtype=torch.bool, device=device)
+        domain_ids = torch.full((b,), p.domain_id, dtype=torch.long, device=device)
+
+        cfg = params.guidance_scale != 1.0
+        text = batch.text
+        if cfg:
+            # Conditional and unconditional passes share one forward of 2B items; prompts of
+            # different lengths are fine because padded text keys are masked.
+            text = _concat_text(batch.text, batch.uncond_text)
+            vision_noisy = vision_noisy.repeat(2, 1)
+            action_noisy = action_noisy.repeat(2, 1)
+            domain_ids = domain_ids.repeat(2)
+        layout = model.gen_layout(
+            text, latent_shape=tuple(vision.shape[2:]), num_actions=p.action_horizon, fps=p.fps,
+            action_fps=p.action_fps,
+        )
+        scheduler = FlowUniPCScheduler(params.num_inference_steps, params.flow_shift)
+        timesteps = scheduler.timesteps.to(device=device, dtype=torch.float32)
+        raw = p.raw_action_dim
+        for i in progress(range(params.num_inference_steps), enabled=params.progress,
+                          desc="denoise", leave=False):
+            step_t = timesteps[i].expand(vision_noisy.shape[0])
+            model_vision, model_actions = vision.to(dtype), actions.to(dtype)
+            if cfg:
+                model_vision = model_vision.repeat(2, 1, 1, 1, 1)
+                model_actions = model_actions.repeat(2, 1, 1)
+            v_vision, v_action = model.forward_gen(
+                text, layout, model_vision, vision_noisy, model_actions, action_noisy, domain_ids,
+                step_t,
+            )
+            v_vision, v_action = v_vision.float(), v_action.float()
+            if cfg:
+                g = params.guidance_scale
+                v_vision = v_vision[b:] + g * (v_vision[:b] - v_vision[b:])
+                v_action = v_action[b:] + g * (v_action[:b] - v_action[b:])
+            v_action[..., raw:] = 0.0
+            vision, actions = scheduler.step((v_vision, v_action), i, (vision, actions))
+            vision[:, :, :1] = cond
+            actions[..., raw:] = 0.0
+        batch.vision, batch.actions = vision, actions
+        return batch
+
+
+def _concat_text(a: TextKVCache, b: TextKVCache) -> TextKVCache:
+    """Stack two caches along the batch, right-padding the shorter prompts (masked)."""
+    length = max(a.text_mask.shape[1], b.text_mask.shape[1])
+
+    def pad(x: torch.Tensor, dim: int) -> torch.Tensor:
+        extra = length - x.shape[dim]
+        if extra == 0:
+            return x
+        shape = list(x.shape)
+        shape[dim] = extra
+        return torch.cat([x, x.new_zeros(shape)], dim=dim)
+
+    return TextKVCache(
+        keys=[torch.cat([pad(x, 2), pad(y, 2)]) for x, y in zip(a.keys, b.keys, strict=True)],
+        values=[torch.cat([pad(x, 2), pad(y, 2)]) for x, y in zip(a.values, b.values, strict=True)],
+        lengths=torch.cat([a.lengths, b.lengths]),
+        text_mask=torch.cat([pad(a.text_mask, 1), pad(b.text_mask, 1)]),
+    )
+
+
+class DecodeStage(Stage):
+    """Raw action width of the 64 channels, un-normalised with the checkpoint's statistics."""
+
+    name = "decode"
+
+    def __init__(self, policy: PolicyConfig, stats: Any) -> None:
+        self.policy, self.stats = policy, stats
+
+    def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
+        p = self.policy
+        normalized = batch.actions[..., : p.raw_action_dim].float().cpu().numpy()
+        if p.normalization == "none":
+            actions = normalized.copy()
+        else:
+            actions = denormalize_actions(normalized, self.stats, p.normalization)
+        batch.result = {
+            "actions": np.asarray(actions, dtype=np.float32),
+            "normalized_actions": normalized.astype(np.float32),
+            "action_noise": batch.initial_action_noise.cpu().numpy().astype(np.float32),
+        }
+        batch.vision = batch.actions = None
+        return batch
