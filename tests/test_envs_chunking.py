@@ -7,9 +7,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-from cosmos3_gym.envs import ChunkedActionWrapper, EpisodeEndHold
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+
+from cosmos3_gym.envs import ChunkedActionWrapper, EpisodeEndHold
 
 
 class CountingEnv(gym.Env):

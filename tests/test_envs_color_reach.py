@@ -5,6 +5,9 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.utils.env_checker import check_env
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+
 from cosmos3_gym.envs import (
     COLOR_REACH_ID,
     ChunkedActionWrapper,
@@ -12,8 +15,6 @@ from cosmos3_gym.envs import (
     ColorReachExpert,
     make_color_reach_vector_env,
 )
-from gymnasium.utils.env_checker import check_env
-from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
 
 def run_episode(env: ColorReachEnv, seed: int, policy, target: str | None = None) -> bool:

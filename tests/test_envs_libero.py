@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+
 from cosmos3_gym.envs import ChunkedActionWrapper, LiberoEpisode, make_libero_vector_env
 from cosmos3_gym.envs.libero import _init_state_schedules, _quat_xyzw_to_axis_angle
 

@@ -6,9 +6,10 @@ import doctest
 import subprocess
 import sys
 
-import cosmos3_gym.envs
 import gymnasium as gym
 import pytest
+
+import cosmos3_gym.envs
 from cosmos3_gym.envs import chunking, color_reach, libero
 
 
