@@ -1,11 +1,101 @@
-"""The ``cosmos3-gym`` console script."""
+"""The ``cosmos3-gym`` console script: ``eval`` and ``rollout`` subcommands (argparse only).
+
+Examples:
+
+    cosmos3-gym eval --trials 10 --out runs/color_reach            # built-in env, tiny checkpoint
+    cosmos3-gym eval --checkpoint PATH --env libero --suite libero_10 --tasks 0,3 \\
+        --trials 50 --num-envs 8 --async-envs --seed 7 --out runs/libero_10
+    torchrun --nproc_per_node 2 -m cosmos3_gym.eval.cli eval ... --out DIR   # rank 0 merges
+    cosmos3-gym rollout --steps 256 --num-envs 4 --out runs/rollouts
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+
+from cosmos3_gym.eval.tasks import ENV_NAMES
+
+
+def _csv(text: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list; found {text!r}")
+    return items
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", default="tiny",
+                   help="checkpoint folder or shipped name (default: tiny)")
+    p.add_argument("--env", default="color_reach", choices=ENV_NAMES,
+                   help="env family (default: the built-in color_reach)")
+    p.add_argument("--suite", default=None, help="LIBERO suite, e.g. libero_10 (--env libero)")
+    p.add_argument("--tasks", type=_csv, default=None,
+                   help="comma-separated tasks: colours for color_reach, task ids for LIBERO "
+                        "(default: all)")
+    p.add_argument("--num-envs", type=int, default=4, help="parallel env slots (default: 4)")
+    p.add_argument("--async-envs", action="store_true",
+                   help="run sub-envs in worker processes (crash/hang recovery)")
+    p.add_argument("--seed", type=int, default=0, help="global seed (default: 0)")
+    p.add_argument("--image-size", type=int, default=None, help="env image size")
+    p.add_argument("--max-episode-steps", type=int, default=None, help="episode step limit")
+    p.add_argument("--num-inference-steps", type=int, default=None,
+                   help="denoising steps (default: the checkpoint's)")
+    p.add_argument("--n-action-steps", type=int, default=None,
+                   help="actions executed per chunk before replanning (default: whole chunk)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``cosmos3-gym`` argument parser."""
+    parser = argparse.ArgumentParser(prog="cosmos3-gym", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ev = sub.add_parser("eval", help="success-rate evaluation (resumable; torchrun-shardable)")
+    _common(ev)
+    ev.add_argument("--trials", type=int, default=10, help="episodes per task (default: 10)")
+    ev.add_argument("--out-of-range", choices=("report", "fail"), default="report",
+                    help="actions outside the action space: count them and let the env apply "
+                         "its own handling (report), or fail the episode (fail)")
+    ev.add_argument("--env-timeout", type=float, default=300.0,
+                    help="seconds before an async env step/reset counts as hung (default: 300)")
+    ev.add_argument("--videos", action="store_true", help="write a GIF per episode to OUT/videos")
+
+    ro = sub.add_parser("rollout", help="collect policy rollouts as .npz shards")
+    _common(ro)
+    ro.add_argument("--steps", type=int, required=True, help="vector env steps to collect")
+    ro.add_argument("--shard-steps", type=int, default=256, help="steps per .npz shard")
+    ro.add_argument("--deterministic", action="store_true",
+                    help="same noise for every chunk (default: fresh noise per chunk)")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="cosmos3-gym")
-    parser.parse_args(argv)
+    """Entry point of the ``cosmos3-gym`` console script."""
+    args = build_parser().parse_args(argv)
+    if args.command == "eval":
+        from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
+        from cosmos3_gym.eval.results import format_table
+
+        config = EvalConfig(
+            checkpoint=args.checkpoint, env=args.env, suite=args.suite, tasks=args.tasks,
+            trials=args.trials, seed=args.seed, num_envs=args.num_envs,
+            async_envs=args.async_envs, image_size=args.image_size,
+            max_episode_steps=args.max_episode_steps,
+            num_inference_steps=args.num_inference_steps, n_action_steps=args.n_action_steps,
+            out_of_range=args.out_of_range, env_timeout=args.env_timeout, videos=args.videos,
+            progress=not args.no_progress,
+        )
+        results = evaluate(config, args.out)
+        if results is not None:
+            print(format_table(results))
+        return 0
+    from cosmos3_gym.eval.rollout import run_rollout_command
+
+    run_rollout_command(args)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""torchrun support: which share of the episodes this process runs, and a barrier before merging.
+
+Under ``torchrun`` (``RANK`` / ``WORLD_SIZE`` set) rank ``r`` of ``w`` runs the episodes whose
+index in the canonical order is ``r`` mod ``w``. Ranks talk only through a gloo process group
+(CPU-only, so it works without GPUs and beside NCCL users) and only for the final barrier; every
+result travels through the output folder.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# Ranks finish at different times; a fast rank may wait hours at the barrier for a slow one.
+BARRIER_TIMEOUT = timedelta(days=2)
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """This process's place in the launch."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    @classmethod
+    def from_env(cls) -> RankInfo:
+        """From torchrun's ``RANK`` and ``WORLD_SIZE``; a plain run is rank 0 of 1."""
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        if not 0 <= rank < world:
+            raise ValueError(
+                f"expected 0 <= RANK < WORLD_SIZE; found RANK={rank} WORLD_SIZE={world}"
+            )
+        return cls(rank, world)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def shard(self, items: list[T]) -> list[T]:
+        """The items this rank runs: every ``world_size``-th, starting at ``rank``."""
+        return items[self.rank :: self.world_size]
+
+
+def init_process_group(info: RankInfo) -> None:
+    """Join the gloo group (only for ``world_size > 1``)."""
+    if info.world_size == 1:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=BARRIER_TIMEOUT)
+
+
+def barrier(info: RankInfo) -> None:
+    """Wait until every rank has written its results."""
+    if info.world_size == 1:
+        return
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+def destroy_process_group(info: RankInfo) -> None:
+    if info.world_size == 1:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

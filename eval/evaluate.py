@@ -1,0 +1,599 @@
+"""Success-rate evaluation: a pool of env slots over the run's episodes, resumable, fault tolerant.
+
+Scheduling. The vector env's sub-envs are slots. A slot whose episode ends is at once handed the
+next pending ``(task, trial)`` through a masked ``reset(options=...)`` of that sub-env alone, so
+tasks mix freely in one batch and no slot idles while others finish. Autoreset is disabled and
+each sub-env's :class:`~cosmos3_gym.envs.EpisodeEndHold` is armed: a finished sub-env stands
+still (no simulator step) until it is handed its next episode.
+
+Policy. The pipeline is driven directly, not through ``VectorPolicy``, whose noise seeds follow
+the env slot. Each slot keeps its own chunk queue; the slots whose queue is empty are replanned
+together in one pipeline call, chunk ``c`` of episode ``(task, trial)`` seeded with
+``derive_seed(seed, task, trial, chunk=c)``. The pipeline makes item ``i`` depend only on its own
+seed, image and prompt, so an episode's result does not depend on its slot, its batch mates or
+the rank running it: one process and a torchrun launch record the same episodes.
+
+Actions. Before every step each env action is checked against the env's action space. A
+non-finite action ends its episode as a failure (``invalid_action`` says why) and is never sent
+to the env. An action outside the space's bounds is counted (``out_of_range_steps``,
+``max_action_excess``) and then, with ``out_of_range="report"`` (default), sent unchanged: the
+env applies its own documented handling (both built-in envs clip to the box). With
+``out_of_range="fail"`` the episode ends as a failure instead. Nothing is clipped here.
+
+Resume. ``config.json`` stores the run's identity; a rerun into the same folder with another
+identity is refused. The JSONL logs (:mod:`cosmos3_gym.eval.results`) are read first and every
+finished ``(task, trial)`` is skipped, so a rerun after a crash or Ctrl-C finishes the run and
+never repeats or loses an episode.
+
+Faults. A sub-env that raises, dies (a simulator segfault kills its worker) or does not answer a
+step or reset within ``env_timeout`` seconds (async envs) is a fault: the vector env is thrown
+away (its workers killed) and rebuilt, every episode in flight is re-run from its start (same
+seed and init state, so the same episode), and an incident is recorded. An episode interrupted
+more than ``max_episode_restarts`` times is recorded as a failure with its ``error``; more than
+``max_consecutive_faults`` faults with no episode finishing in between abort the run.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gymnasium.spaces import Box
+from gymnasium.vector import AsyncVectorEnv, VectorEnv
+
+from cosmos3_gym.eval import results as results_io
+from cosmos3_gym.eval.distributed import (
+    RankInfo,
+    barrier,
+    destroy_process_group,
+    init_process_group,
+)
+from cosmos3_gym.eval.tasks import Episode, EvalEnv, derive_seed, make_eval_env
+from cosmos3_gym.policy.adapters import Adapter, get_adapter
+from cosmos3_gym.progress import progress_bar
+
+# The config keys that define which episodes a folder holds and how they were produced; a rerun
+# must match them to resume. num_envs, async_envs, timeouts and videos only change how fast or
+# how robustly the same episodes are produced, so they may change between sessions.
+IDENTITY_KEYS = (
+    "checkpoint", "env", "suite", "tasks", "trials", "seed", "image_size", "max_episode_steps",
+    "num_inference_steps", "n_action_steps", "out_of_range",
+)
+
+
+@dataclass
+class EvalConfig:
+    """Every knob of an evaluation, with its default and why."""
+
+    # A checkpoint folder, or the name of one shipped in the package ("tiny").
+    checkpoint: str = "tiny"
+    # "color_reach" (built in, runs anywhere) or "libero".
+    env: str = "color_reach"
+    # LIBERO suite (libero_10, libero_spatial, ...); None for color_reach.
+    suite: str | None = None
+    # Task names (color_reach: colours) or LIBERO task ids; None = all of the env's tasks.
+    tasks: list[str] | None = None
+    trials: int = 10
+    # Root of every episode's env seed and noise seeds.
+    seed: int = 0
+    num_envs: int = 4
+    # Sub-envs in worker processes: needed for crash and hang recovery of real simulators.
+    async_envs: bool = False
+    # None = the env's default (color_reach 128, LIBERO 256).
+    image_size: int | None = None
+    max_episode_steps: int | None = None
+    # None = the checkpoint's defaults.
+    num_inference_steps: int | None = None
+    # Actions executed per chunk before replanning; None = the whole chunk.
+    n_action_steps: int | None = None
+    out_of_range: str = "report"
+    # Seconds a step or reset of an async env may take before its worker counts as hung.
+    env_timeout: float = 300.0
+    max_episode_restarts: int = 2
+    max_consecutive_faults: int = 5
+    # Write one GIF per episode under videos/.
+    videos: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.out_of_range not in ("report", "fail"):
+            raise ValueError(
+                f"out_of_range must be 'report' or 'fail'; found {self.out_of_range!r}"
+            )
+        for name in ("trials", "num_envs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1; found {getattr(self, name)}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be non-negative; found {self.seed}")
+
+    def identity(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in IDENTITY_KEYS}
+
+
+class EnvFault(RuntimeError):
+    """A sub-env crashed, raised or hung; the vector env must be rebuilt."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind, self.detail = kind, detail
+
+
+@dataclass
+class _Slot:
+    """One sub-env's episode in flight."""
+
+    episode: Episode | None = None
+    queue: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    chunks: int = 0
+    steps: int = 0
+    started: float = 0.0
+    out_of_range_steps: int = 0
+    max_excess: float = 0.0
+    restarts: int = 0
+    needs_reset: bool = False
+    frames: list[np.ndarray] = field(default_factory=list)
+
+    def start(self, episode: Episode, restarts: int = 0) -> None:
+        self.episode, self.restarts, self.needs_reset = episode, restarts, True
+        self.queue = np.zeros((0, 0), np.float32)
+        self.chunks = self.steps = self.out_of_range_steps = 0
+        self.max_excess = 0.0
+        self.started = time.perf_counter()
+        self.frames = []
+
+
+def load_pipeline(checkpoint: str) -> Any:
+    """``Cosmos3ActionPipeline`` for a folder or a shipped name, with a clear error if absent."""
+    from cosmos3_gym.checkpoint import resolve_checkpoint
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline
+
+    try:
+        path = resolve_checkpoint(checkpoint)
+    except FileNotFoundError as err:
+        hint = ""
+        if checkpoint == "tiny":
+            hint = (
+                "; the tiny checkpoint is not shipped with this install (expected "
+                "cosmos3_gym/checkpoints/tiny/): pass --checkpoint PATH, e.g. a folder written by "
+                "cosmos3_gym.testing.write_tiny_checkpoint"
+            )
+        raise FileNotFoundError(f"{err}{hint}") from None
+    return Cosmos3ActionPipeline.from_pretrained(path)
+
+
+def check_config_file(out_dir: Path, config: EvalConfig) -> None:
+    """Write ``config.json``, or refuse to continue a folder that holds another run."""
+    path = out_dir / "config.json"
+    identity = config.identity()
+    if path.exists():
+        found = _read_json(path)
+        stored = found.get("identity", {})
+        if stored != identity:
+            diff = {
+                k: {"expected (stored)": stored.get(k), "found (this command)": identity.get(k)}
+                for k in sorted(set(stored) | set(identity))
+                if stored.get(k) != identity.get(k)
+            }
+            raise ValueError(
+                f"{out_dir} holds a different evaluation; refusing to mix results. "
+                f"Differences: {diff}. Use another --out folder, or rerun with the stored settings."
+            )
+        return
+    results_io.write_json_atomic(path, {"identity": identity, "session": asdict(config)})
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    import json
+
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+class Evaluator:
+    """Runs this process's share of an evaluation into ``out_dir``; see the module notes."""
+
+    def __init__(
+        self,
+        config: EvalConfig,
+        out_dir: str | Path,
+        *,
+        pipeline: Any = None,
+        eval_env: EvalEnv | None = None,
+        rank: RankInfo | None = None,
+    ) -> None:
+        self.config = config
+        self.out_dir = Path(out_dir)
+        self.rank = rank or RankInfo.from_env()
+        self.eval_env = eval_env or make_eval_env(
+            config.env,
+            suite=config.suite,
+            tasks=config.tasks,
+            image_size=config.image_size,
+            max_episode_steps=config.max_episode_steps,
+        )
+        self.adapter: Adapter = get_adapter(self.eval_env.adapter)
+        self.pipeline = pipeline
+        self.all_episodes = self.eval_env.episodes(config.trials, config.seed)
+        self.episode_log = self.out_dir / results_io.episode_log_name(
+            self.rank.rank, self.rank.world_size
+        )
+        self.incident_log = self.out_dir / results_io.incident_log_name(
+            self.rank.rank, self.rank.world_size
+        )
+        self.envs: VectorEnv | None = None
+        self.obs: Any = None
+        self.env_steps = 0
+        self.chunks = 0
+        self.finished = 0
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> dict[str, Any] | None:
+        """Run the pending episodes of this rank; on rank 0 return (and write) the results."""
+        cfg = self.config
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        init_process_group(self.rank)
+        try:
+            check_config_file(self.out_dir, cfg)
+            finished = results_io.read_episode_records(self.out_dir)
+            done = {(r["task"], int(r["trial"])) for r in finished}
+            mine = self.rank.shard(self.all_episodes)
+            pending = deque(e for e in mine if e.key not in done)
+            if pending and self.pipeline is None:
+                self.pipeline = load_pipeline(cfg.checkpoint)
+            start = time.perf_counter()
+            if pending:
+                self._run_pool(pending, already_done=len(mine) - len(pending))
+            wall = time.perf_counter() - start
+            results_io.write_json_atomic(
+                self.out_dir / self._throughput_name(),
+                {"episodes": self.finished, "env_steps": self.env_steps, "chunks": self.chunks,
+                 "wall_s": wall},
+            )
+            barrier(self.rank)
+            if not self.rank.is_main:
+                return None
+            return self.write_results(final=True)
+        finally:
+            self._discard_envs()
+            destroy_process_group(self.rank)
+
+    def _throughput_name(self) -> str:
+        ws = self.rank.world_size
+        return "throughput.json" if ws == 1 else f"throughput.rank{self.rank.rank}.json"
+
+    def write_results(self, final: bool = False) -> dict[str, Any]:
+        """Recompute results.json from every log in the folder and replace it atomically."""
+        records = results_io.read_episode_records(self.out_dir)
+        throughput = None
+        if final:
+            parts = [_read_json(p) for p in sorted(self.out_dir.glob("throughput*.json"))]
+            throughput = results_io.merge_throughput(parts)
+        results = results_io.summarize(
+            records,
+            config=self.config.identity(),
+            task_names=self.eval_env.tasks,
+            expected_episodes=len(self.all_episodes),
+            incidents=results_io.read_incidents(self.out_dir),
+            throughput=throughput,
+        )
+        results_io.write_json_atomic(self.out_dir / "results.json", results)
+        return results
+
+    def _run_pool(self, pending: deque[Episode], already_done: int) -> None:
+        cfg = self.config
+        num_slots = min(cfg.num_envs, len(pending))
+        slots = [_Slot() for _ in range(num_slots)]
+        successes = 0
+        bar = progress_bar(
+            enabled=cfg.progress, total=already_done + len(pending), initial=already_done,
+            desc="eval", unit="ep", dynamic_ncols=True,
+        )
+        consecutive_faults = 0
+        self._build_envs(num_slots)
+        try:
+            while True:
+                for slot in slots:
+                    if slot.episode is None and pending:
+                        slot.start(pending.popleft())
+                active = [i for i, s in enumerate(slots) if s.episode is not None]
+                if not active:
+                    break
+                try:
+                    self._reset_slots(slots)
+                    ended = self._plan(slots)
+                    if not ended:
+                        ended = self._step(slots)
+                except EnvFault as fault:
+                    consecutive_faults += 1
+                    if consecutive_faults > cfg.max_consecutive_faults:
+                        raise RuntimeError(
+                            f"{consecutive_faults} env faults in a row with no episode finishing; "
+                            f"last: {fault}. Giving up (see {self.incident_log})"
+                        ) from fault
+                    ended = self._recover(slots, fault)
+                for i, success, reason in ended:
+                    self._finish(slots[i], i, success, reason)
+                    consecutive_faults = 0
+                    successes += bool(success)
+                    done_now = self.finished
+                    bar.update(1)
+                    bar.set_postfix(success=f"{successes / done_now:.1%} ({successes}/{done_now})")
+        finally:
+            bar.close()
+
+    # ------------------------------------------------------------------ envs
+
+    def _build_envs(self, num_slots: int) -> None:
+        envs = self.eval_env.make(num_slots, self.config.async_envs)
+        self.envs = envs
+        if not isinstance(envs.single_action_space, Box):
+            raise TypeError(
+                f"evaluation needs a Box action space; found {envs.single_action_space}"
+            )
+        held = np.array(envs.call("has_wrapper_attr", "chunk_hold_armed"), dtype=bool)
+        if not held.all():
+            raise TypeError(
+                "every sub-env must be wrapped (outermost) in EpisodeEndHold; sub-envs without it: "
+                f"{np.flatnonzero(~held).tolist()}"
+            )
+        envs.set_attr("chunk_hold_armed", True)
+        self._reset_all()
+
+    def _discard_envs(self) -> None:
+        envs, self.envs = self.envs, None
+        if envs is None:
+            return
+        try:
+            envs.close(terminate=True) if isinstance(envs, AsyncVectorEnv) else envs.close()
+        except Exception:  # a dead worker's pipe can make close itself fail; kill what is left
+            for process in getattr(envs, "processes", []):
+                if process.is_alive():
+                    process.kill()
+                process.join(timeout=5)
+            envs.closed = True  # keep __del__ from closing the broken pipes a second time
+
+    def _guard(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except multiprocessing.TimeoutError as err:
+            raise EnvFault("hang", f"{what} took longer than {self.config.env_timeout} s") from err
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as err:
+            raise EnvFault("crash", f"{what} failed: {type(err).__name__}: {err}") from err
+
+    def _reset_slots(self, slots: list[_Slot]) -> None:
+        envs = self.envs
+        assert envs is not None
+        for i, slot in enumerate(slots):
+            if not slot.needs_reset:
+                continue
+            ep = slot.episode
+            assert ep is not None
+            mask = np.zeros(envs.num_envs, bool)
+            mask[i] = True
+            seeds = [ep.seed if j == i else None for j in range(envs.num_envs)]
+            options = {"reset_mask": mask, **self.eval_env.reset_options(ep)}
+            if isinstance(envs, AsyncVectorEnv):
+                self._guard(f"reset of env {i}", envs.reset_async, seed=seeds, options=options)
+                obs, _ = self._guard(
+                    f"reset of env {i}", envs.reset_wait, timeout=self.config.env_timeout
+                )
+            else:
+                obs, _ = self._guard(f"reset of env {i}", envs.reset, seed=seeds, options=options)
+            self.obs = obs
+            slot.needs_reset = False
+            if self.config.videos:
+                slot.frames.append(self.adapter.images(_take(obs, i))[0])
+
+    # ------------------------------------------------------------------ planning and stepping
+
+    def _plan(self, slots: list[_Slot]) -> list[tuple[int, bool, str | None]]:
+        """Replan every active slot with an empty queue; returns episodes ended by bad actions."""
+        cfg = self.config
+        need = [i for i, s in enumerate(slots) if s.episode is not None and len(s.queue) == 0]
+        if not need:
+            return []
+        idx = np.array(need)
+        images = self.adapter.images(_take(self.obs, idx))
+        prompts = [self.adapter.prompt(t) for t in self._tasks(idx)]
+        seeds = [
+            derive_seed(cfg.seed, slots[i].episode.task, slots[i].episode.trial, slots[i].chunks)
+            for i in need
+        ]
+        out = self.pipeline(
+            images, prompts, seed=seeds, num_inference_steps=cfg.num_inference_steps,
+            progress=False,
+        )
+        actions = np.asarray(self.adapter.actions(np.asarray(out.actions)), dtype=np.float32)
+        n_steps = cfg.n_action_steps or actions.shape[1]
+        self.chunks += len(need)
+        ended = []
+        for row, i in enumerate(need):
+            slot = slots[i]
+            slot.chunks += 1
+            slot.queue = actions[row, :n_steps]
+            bad = ~np.isfinite(slot.queue).all(axis=-1)
+            if bad.any():
+                k = int(np.argmax(bad))
+                ended.append((i, False, f"non-finite action at step {slot.steps + k}: "
+                                        f"{slot.queue[k].tolist()}"))
+        return ended
+
+    def _tasks(self, idx: np.ndarray) -> list[str]:
+        values = self._guard("task_description", self.envs.call, "task_description")
+        return [values[i] for i in idx]
+
+    def _step(self, slots: list[_Slot]) -> list[tuple[int, bool, str | None]]:
+        envs = self.envs
+        assert envs is not None
+        space = envs.single_action_space
+        actions = np.zeros((envs.num_envs, *space.shape), dtype=np.float32)
+        ended: list[tuple[int, bool, str | None]] = []
+        active = []
+        for i, slot in enumerate(slots):
+            if slot.episode is None:
+                continue
+            action, slot.queue = slot.queue[0], slot.queue[1:]
+            excess = float(np.max(np.maximum(action - space.high, space.low - action)))
+            if excess > 0:
+                slot.out_of_range_steps += 1
+                slot.max_excess = max(slot.max_excess, excess)
+                if self.config.out_of_range == "fail":
+                    ended.append((i, False, f"action out of range at step {slot.steps}: "
+                                            f"{action.tolist()} (exceeds the box by {excess:.3g})"))
+                    continue
+            actions[i] = action
+            active.append(i)
+        if ended:  # settle the failed episodes first; nobody steps with an unchecked action
+            for i in active:  # put the popped actions back
+                slots[i].queue = np.concatenate([actions[i][None], slots[i].queue])
+            return ended
+        if isinstance(envs, AsyncVectorEnv):
+            self._guard("step", envs.step_async, actions)
+            timeout = self.config.env_timeout
+            obs, _, _, _, info = self._guard("step", envs.step_wait, timeout=timeout)
+        else:
+            obs, _, _, _, info = self._guard("step", envs.step, actions)
+        self.obs = obs
+        for i in active:
+            slot = slots[i]
+            slot.steps += 1
+            self.env_steps += 1
+            if self.config.videos:
+                slot.frames.append(self.adapter.images(_take(obs, i))[0])
+            terminated = _info_flag(info, "episode_terminated", i)
+            truncated = _info_flag(info, "episode_truncated", i)
+            if terminated or truncated:
+                success = _info_flag(info, "is_success", i) if "is_success" in info else terminated
+                ended.append((i, success, None))
+        return ended
+
+    # ------------------------------------------------------------------ faults and records
+
+    def _recover(
+        self, slots: list[_Slot], fault: EnvFault
+    ) -> list[tuple[int, bool, str | None]]:
+        """Rebuild the envs and restart every episode in flight; give up on worn-out ones."""
+        in_flight = [(i, s.episode) for i, s in enumerate(slots) if s.episode is not None]
+        incident = {
+            "time": time.time(),
+            "kind": fault.kind,
+            "detail": fault.detail,
+            "rank": self.rank.rank,
+            "episodes": [{"task": e.task, "trial": e.trial, "env_slot": i} for i, e in in_flight],
+            "action": "rebuilt the vector env; re-running the episodes in flight from their start",
+        }
+        results_io.append_jsonl(self.incident_log, incident)
+        self._discard_envs()
+        self._build_envs(len(slots))
+        given_up = []
+        for i, slot in enumerate(slots):
+            if slot.episode is None:
+                continue
+            if slot.restarts >= self.config.max_episode_restarts:
+                given_up.append((i, False, f"abandoned after {slot.restarts + 1} env faults; "
+                                           f"last: {fault}"))
+                slot.restarts += 1
+            else:
+                slot.start(slot.episode, restarts=slot.restarts + 1)
+        return given_up
+
+    def _reset_all(self) -> None:
+        """Give a freshly built vector env a valid state in every sub-env (idle ones too)."""
+        envs = self.envs
+        assert envs is not None
+        seeds = [0] * envs.num_envs
+        if isinstance(envs, AsyncVectorEnv):
+            self._guard("reset", envs.reset_async, seed=seeds)
+            self.obs, _ = self._guard("reset", envs.reset_wait, timeout=self.config.env_timeout)
+        else:
+            self.obs, _ = self._guard("reset", envs.reset, seed=seeds)
+
+    def _finish(self, slot: _Slot, index: int, success: bool, reason: str | None) -> None:
+        ep = slot.episode
+        assert ep is not None
+        error = reason if reason and reason.startswith("abandoned") else None
+        record = {
+            "task": ep.task,
+            "task_index": ep.task_index,
+            "suite": ep.suite,
+            "trial": ep.trial,
+            "init_state_id": ep.init_state_id,
+            "seed": ep.seed,
+            "steps": slot.steps,
+            "chunks": slot.chunks,
+            "success": bool(success),
+            "wall_time_s": time.perf_counter() - slot.started,
+            "invalid_action": None if error else reason,
+            "error": error,
+            "out_of_range_steps": slot.out_of_range_steps,
+            "max_action_excess": slot.max_excess,
+            "restarts": slot.restarts,
+            "env_slot": index,
+            "rank": self.rank.rank,
+            "video": self._save_video(slot, ep, success) if self.config.videos else None,
+        }
+        results_io.append_jsonl(self.episode_log, record)
+        self.finished += 1
+        slot.episode = None
+        slot.queue = np.zeros((0, 0), np.float32)
+        slot.frames = []
+        if self.rank.is_main:
+            self.write_results()
+
+    def _save_video(self, slot: _Slot, ep: Episode, success: bool) -> str | None:
+        from PIL import Image
+
+        if not slot.frames:
+            return None
+        folder = self.out_dir / "videos"
+        folder.mkdir(exist_ok=True)
+        stem = (f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', ep.task)}__trial{ep.trial:03d}"
+                f"__seed{ep.seed}__{'success' if success else 'failure'}")
+        path = folder / f"{stem}.gif"
+        n = 1
+        while path.exists():  # a re-run episode (resume, fault) never overwrites a video
+            path = folder / f"{stem}__{n}.gif"
+            n += 1
+        frames = [Image.fromarray(f) for f in slot.frames]
+        frames[0].save(path, save_all=True, append_images=frames[1:], duration=100, loop=0)
+        return str(path.relative_to(self.out_dir))
+
+
+def _info_flag(info: dict[str, Any], key: str, i: int) -> bool:
+    if key not in info:
+        return False
+    mask = info.get(f"_{key}")
+    if mask is not None and not bool(mask[i]):
+        return False
+    return bool(info[key][i])
+
+
+def _take(obs: Any, idx: Any) -> Any:
+    """The observation rows ``idx`` (an int keeps a leading axis of 1)."""
+    idx = np.atleast_1d(np.asarray(idx))
+    if isinstance(obs, dict):
+        return {k: _take(v, idx) for k, v in obs.items()}
+    return obs[idx]
+
+
+def evaluate(
+    config: EvalConfig,
+    out_dir: str | Path,
+    *,
+    pipeline: Any = None,
+    eval_env: EvalEnv | None = None,
+) -> dict[str, Any] | None:
+    """Run (or resume) an evaluation into ``out_dir``; rank 0 returns the results.json document.
+
+    ``pipeline`` defaults to ``config.checkpoint`` loaded with :func:`load_pipeline` (only if
+    episodes remain); ``eval_env`` defaults to the env ``config`` names.
+    """
+    return Evaluator(config, out_dir, pipeline=pipeline, eval_env=eval_env).run()

@@ -1,0 +1,222 @@
+"""Evaluation results on disk: the per-episode JSONL logs, Wilson intervals, results.json.
+
+The JSONL logs are the source of truth. Every finished episode is one line, appended and fsynced
+before anything else learns of it, so a crash loses at most the episode that was running. A
+crash in the middle of a write leaves a partial last line; readers skip it and writers cut it off
+before appending. ``results.json`` is always a summary recomputed from the logs and replaced
+atomically, so it never holds a half-written state either.
+
+Layout of an output folder:
+
+- ``config.json``: the run's identity (see :mod:`cosmos3_gym.eval.evaluate`).
+- ``episodes.jsonl`` (one process) or ``episodes.rank{r}.jsonl`` (rank ``r`` of a torchrun
+  launch): one :data:`EpisodeRecord` per line. All of them are read together, so a run may be
+  resumed with a different number of processes.
+- ``incidents*.jsonl``: worker crashes and hangs, same naming.
+- ``throughput*.json``: each process's throughput for its last session.
+- ``results.json``: the summary (:func:`summarize`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+EpisodeRecord = dict[str, Any]
+
+SCHEMA_VERSION = 1
+Z_95 = 1.959963984540054  # two-sided 95% normal quantile
+
+
+def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95% by default).
+
+    Unlike the normal approximation it stays inside ``[0, 1]`` and is meaningful at 0 or
+    ``trials`` successes, which small per-task counts hit often. ``(0.0, 1.0)`` for no trials.
+
+    >>> [round(x, 4) for x in wilson_interval(5, 10)]
+    [0.2366, 0.7634]
+    """
+    if trials < 0 or not 0 <= successes <= trials:
+        raise ValueError(f"expected 0 <= successes <= trials; found {successes} of {trials}")
+    if trials == 0:
+        return 0.0, 1.0
+    p = successes / trials
+    z2 = z * z
+    centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / (1 + z2 / trials)
+    # At 0 or n successes the bound is exactly 0 or 1; floating point would miss it by an ulp.
+    lo = 0.0 if successes == 0 else max(0.0, centre - half)
+    hi = 1.0 if successes == trials else min(1.0, centre + half)
+    return lo, hi
+
+
+def episode_log_name(rank: int, world_size: int) -> str:
+    """``episodes.jsonl`` for a single process, ``episodes.rank{r}.jsonl`` under torchrun."""
+    return "episodes.jsonl" if world_size == 1 else f"episodes.rank{rank}.jsonl"
+
+
+def incident_log_name(rank: int, world_size: int) -> str:
+    """``incidents.jsonl`` for a single process, ``incidents.rank{r}.jsonl`` under torchrun."""
+    return "incidents.jsonl" if world_size == 1 else f"incidents.rank{rank}.jsonl"
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The complete lines of a JSONL file; a partial last line (a write cut by a crash) is
+    skipped. A corrupt line elsewhere is an error, since it means the file was edited."""
+    if not path.exists():
+        return []
+    lines = path.read_bytes().split(b"\n")
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):  # the unterminated tail of an interrupted append
+                continue
+            raise ValueError(
+                f"{path}:{number} is not valid JSON; expected one record per line"
+            ) from None
+    return records
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Append one record as a line and fsync it; first cut off any partial last line."""
+    if path.exists():
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with path.open("r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to a temporary file and rename it over ``path``: readers never see half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_episode_records(out_dir: Path) -> list[EpisodeRecord]:
+    """Every finished episode in ``out_dir``'s logs, one per ``(task, trial)``, sorted.
+
+    Should two logs hold the same episode (two runs racing on one folder), the first line read
+    wins; both lines came from the same deterministic episode.
+    """
+    seen: dict[tuple[str, int], EpisodeRecord] = {}
+    for path in sorted(out_dir.glob("episodes*.jsonl")):
+        for record in read_jsonl(path):
+            seen.setdefault((record["task"], int(record["trial"])), record)
+    return sorted(seen.values(), key=lambda r: (r["task_index"], r["trial"]))
+
+
+def read_incidents(out_dir: Path) -> list[dict[str, Any]]:
+    """Every recorded incident in ``out_dir``, in time order."""
+    incidents = [i for p in sorted(out_dir.glob("incidents*.jsonl")) for i in read_jsonl(p)]
+    return sorted(incidents, key=lambda i: i.get("time", 0.0))
+
+
+def _rate(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
+    n = len(records)
+    k = sum(bool(r["success"]) for r in records)
+    lo, hi = wilson_interval(k, n)
+    return {
+        "success_rate": k / n if n else None,
+        "successes": k,
+        "episodes": n,
+        "interval": [lo, hi],
+    }
+
+
+def summarize(
+    records: Sequence[EpisodeRecord],
+    *,
+    config: dict[str, Any],
+    task_names: Sequence[str],
+    expected_episodes: int,
+    incidents: Sequence[dict[str, Any]] = (),
+    throughput: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The results.json document.
+
+    Keys: ``schema_version``; ``complete`` (every expected episode finished);
+    ``episodes`` / ``episodes_expected`` / ``successes`` / ``success_rate`` / ``interval``
+    (Wilson 95%, ``[low, high]``) over the whole run; ``per_task`` and ``per_suite``: name ->
+    ``{success_rate, successes, episodes, interval}`` (tasks in the run's order);
+    ``invalid_action_episodes`` (episodes failed for a non-finite action);
+    ``out_of_range_episodes`` (episodes with at least one action outside the action space);
+    ``restarted_episodes``; ``incidents`` (list); ``throughput`` (or null); ``config``.
+    """
+    by_task = {name: [r for r in records if r["task"] == name] for name in task_names}
+    suites: dict[str, list[EpisodeRecord]] = {}
+    for r in records:
+        suites.setdefault(r["suite"], []).append(r)
+    overall = _rate(records)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "complete": len(records) == expected_episodes,
+        "episodes_expected": expected_episodes,
+        **overall,
+        "per_task": {name: _rate(rs) for name, rs in by_task.items()},
+        "per_suite": {name: _rate(rs) for name, rs in suites.items()},
+        "invalid_action_episodes": sum(r["invalid_action"] is not None for r in records),
+        "out_of_range_episodes": sum(r["out_of_range_steps"] > 0 for r in records),
+        "restarted_episodes": sum(r["restarts"] > 0 for r in records),
+        "incidents": list(incidents),
+        "throughput": throughput,
+        "config": config,
+    }
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """A short plain-text table: one row per task, one per suite, then the throughput."""
+    rows = [("task", "success", "n", "95% interval")]
+
+    def row(name: str, entry: dict[str, Any]) -> tuple[str, str, str, str]:
+        rate = entry["success_rate"]
+        lo, hi = entry["interval"]
+        shown = "-" if rate is None else f"{rate:.1%}"
+        return name, shown, str(entry["episodes"]), f"[{lo:.1%}, {hi:.1%}]"
+
+    rows += [row(name, e) for name, e in results["per_task"].items()]
+    rows += [row(f"suite {name}", e) for name, e in results["per_suite"].items()]
+    rows.append(row("all", results))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    t = results.get("throughput")
+    if t:
+        lines.append(
+            f"throughput: {t['episodes_per_s']:.3f} episodes/s, {t['steps_per_s']:.1f} steps/s, "
+            f"{t['chunks_per_s']:.2f} chunks/s over {t['wall_s']:.1f} s"
+        )
+    if results["incidents"]:
+        lines.append(f"incidents: {len(results['incidents'])} (see results.json)")
+    return "\n".join(lines)
+
+
+def merge_throughput(parts: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """Sum the counts of several processes' sessions; rates over the slowest process's wall."""
+    parts = list(parts)
+    if not parts:
+        return None
+    wall = max(p["wall_s"] for p in parts)
+    totals = {k: sum(p[k] for p in parts) for k in ("episodes", "env_steps", "chunks")}
+    rate = (lambda n: n / wall) if wall > 0 else (lambda n: 0.0)
+    return {
+        **totals,
+        "wall_s": wall,
+        "processes": len(parts),
+        "episodes_per_s": rate(totals["episodes"]),
+        "steps_per_s": rate(totals["env_steps"]),
+        "chunks_per_s": rate(totals["chunks"]),
+    }

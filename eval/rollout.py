@@ -1,0 +1,208 @@
+"""RL rollout collection: roll a VectorPolicy in a VectorEnv and save trajectories as .npz shards.
+
+Format (``SCHEMA_VERSION`` 1). ``out_dir/meta.json`` holds ``schema_version``, ``num_envs``,
+``autoreset_mode``, ``num_steps`` and the shard file names. Each ``shard-{k:05d}.npz`` holds
+``T`` vector steps (time-major, ``B`` envs):
+
+- ``obs`` (array obs) or ``obs.{key}`` (dict obs): the observation each action was chosen from,
+  ``[T, B, ...]``, images as uint8, exactly as the env returned it;
+- ``prompts``: unicode ``[T, B]``, each env's task string at that step;
+- ``actions``: float32 ``[T, B, D_env]`` sent to the env; ``raw_actions``: float32
+  ``[T, B, D_raw]``, the pipeline's action behind it (before the adapter);
+- ``rewards`` float32, ``terminations`` / ``truncations`` bool, ``[T, B]``;
+- ``valid``: bool ``[T, B]``, False where the env ignored the action (the reset step that follows
+  an episode end under ``NEXT_STEP`` autoreset);
+- ``chunk_ids``: int64 ``[T, B]``, the row of the chunk arrays the action came from (-1 if none);
+- chunk arrays, one row per planned chunk: ``chunk_env``, ``chunk_episode``, ``chunk_index``
+  (int64), ``chunk_seed`` (int64, -1 where noise was passed in), ``chunk_noise`` float32
+  ``[N, H, 64]`` (the initial noise, enough to replay the chunk), ``chunk_raw_actions``.
+
+The last shard also holds ``last_obs`` (``[B, ...]`` or ``last_obs.{key}``), the observation after
+the final step, for bootstrapping. :func:`load_rollouts` concatenates shards (chunk ids offset).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+SCHEMA_VERSION = 1
+
+
+def _flatten_obs(obs: Any, prefix: str) -> dict[str, np.ndarray]:
+    if isinstance(obs, dict):
+        return {f"{prefix}.{k}": np.asarray(v) for k, v in obs.items()}
+    return {prefix: np.asarray(obs)}
+
+
+def collect_rollouts(
+    policy: Any,
+    envs: VectorEnv,
+    num_steps: int,
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    shard_steps: int = 256,
+    progress: bool = False,
+) -> Path:
+    """Roll ``policy`` (a :class:`~cosmos3_gym.policy.VectorPolicy`) in ``envs`` for
+    ``num_steps`` vector steps and write the shards described in the module notes.
+
+    ``envs`` must autoreset (``NEXT_STEP`` or ``SAME_STEP``); it is attached to the policy here.
+    """
+    from cosmos3_gym.progress import progress_bar
+
+    if num_steps < 1 or shard_steps < 1:
+        raise ValueError(
+            f"num_steps and shard_steps must be >= 1; found {num_steps}, {shard_steps}"
+        )
+    mode = AutoresetMode(envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+    if mode == AutoresetMode.DISABLED:
+        raise ValueError("collect_rollouts needs an autoresetting env; found autoreset DISABLED")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "meta.json").exists():
+        raise FileExistsError(f"{out} already holds rollouts (meta.json); expected an empty folder")
+    feed = policy.attach(envs)
+    obs, _ = feed.reset(seed=seed)
+    num_envs = envs.num_envs
+    raw_queues: list[np.ndarray] = [np.zeros((0, 0), np.float32)] * num_envs
+    chunk_of_env = np.full(num_envs, -1, np.int64)
+    prev_done = np.zeros(num_envs, bool)
+    shards: list[str] = []
+    steps: list[dict[str, np.ndarray]] = []
+    chunks: dict[str, list[Any]] = {k: [] for k in
+                                    ("env", "episode", "index", "seed", "noise", "raw_actions")}
+    chunk_base = 0
+    bar = progress_bar(enabled=progress, total=num_steps, desc="rollout", unit="step")
+
+    def flush(last_obs: Any | None) -> None:
+        nonlocal steps, chunks, chunk_base
+        data = {k: np.stack([s[k] for s in steps]) for k in steps[0]}
+        data["chunk_ids"] = np.where(data["chunk_ids"] >= 0, data["chunk_ids"] - chunk_base, -1)
+        data.update({
+            "chunk_env": np.asarray(chunks["env"], np.int64),
+            "chunk_episode": np.asarray(chunks["episode"], np.int64),
+            "chunk_index": np.asarray(chunks["index"], np.int64),
+            "chunk_seed": np.asarray(chunks["seed"], np.int64),
+            "chunk_noise": np.asarray(chunks["noise"], np.float32).reshape(-1, *_tail(chunks)),
+            "chunk_raw_actions": np.asarray(chunks["raw_actions"], np.float32),
+        })
+        if last_obs is not None:
+            data.update(_flatten_obs(last_obs, "last_obs"))
+        name = f"shard-{len(shards):05d}.npz"
+        np.savez_compressed(out / name, **data)
+        shards.append(name)
+        chunk_base += len(chunks["env"])
+        steps = []
+        chunks = {k: [] for k in chunks}
+
+    for t in range(num_steps):
+        actions = policy.select_action(obs)
+        record = policy.last_chunk_record
+        if record is not None:
+            n = policy.n_action_steps
+            for row, env in enumerate(record.env_indices):
+                chunk_of_env[env] = chunk_base + len(chunks["env"])
+                raw_queues[env] = record.raw_actions[row, :n]
+                chunks["env"].append(int(env))
+                chunks["episode"].append(int(record.episode_indices[row]))
+                chunks["index"].append(int(record.chunk_indices[row]))
+                seed_k = record.seeds[row]
+                chunks["seed"].append(-1 if seed_k is None else int(seed_k))
+                chunks["noise"].append(record.action_noise[row])
+                chunks["raw_actions"].append(record.raw_actions[row])
+        valid = ~prev_done if mode == AutoresetMode.NEXT_STEP else np.ones(num_envs, bool)
+        raw_dim = max((q.shape[-1] for q in raw_queues if q.ndim == 2), default=0)
+        raw = np.zeros((num_envs, raw_dim), np.float32)
+        ids = np.full(num_envs, -1, np.int64)
+        for env in np.flatnonzero(valid):
+            if len(raw_queues[env]):
+                raw[env], raw_queues[env] = raw_queues[env][0], raw_queues[env][1:]
+                ids[env] = chunk_of_env[env]
+        step = {
+            **_flatten_obs(obs, "obs"),
+            "prompts": np.asarray(feed.tasks, dtype=str),
+            "actions": np.asarray(actions, np.float32),
+            "raw_actions": raw,
+            "chunk_ids": ids,
+            "valid": valid,
+        }
+        obs, rewards, terminations, truncations, _ = feed.step(actions)
+        step.update(rewards=np.asarray(rewards, np.float32),
+                    terminations=np.asarray(terminations, bool),
+                    truncations=np.asarray(truncations, bool))
+        steps.append(step)
+        prev_done = np.logical_or(terminations, truncations)
+        bar.update(1)
+        if len(steps) == shard_steps or t == num_steps - 1:
+            flush(obs if t == num_steps - 1 else None)
+    bar.close()
+    meta = {"schema_version": SCHEMA_VERSION, "num_envs": num_envs, "autoreset_mode": mode.value,
+            "num_steps": num_steps, "shards": shards}
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return out
+
+
+def _tail(chunks: dict[str, list[Any]]) -> tuple[int, ...]:
+    return tuple(chunks["noise"][0].shape) if chunks["noise"] else (0, 64)
+
+
+def load_rollouts(out_dir: str | Path) -> dict[str, Any]:
+    """All shards of ``out_dir`` concatenated (time-major), chunk ids made global; plus ``meta``."""
+    out = Path(out_dir)
+    meta_path = out / "meta.json"
+    if not meta_path.exists():
+        raise FileNotFoundError(f"no meta.json in {out}; expected a folder written by "
+                                "collect_rollouts")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"rollout schema_version {meta.get('schema_version')}; expected "
+                         f"{SCHEMA_VERSION}")
+    parts: dict[str, list[np.ndarray]] = {}
+    offset = 0
+    for name in meta["shards"]:
+        with np.load(out / name) as shard:
+            data = {k: shard[k] for k in shard.files}
+        data["chunk_ids"] = np.where(data["chunk_ids"] >= 0, data["chunk_ids"] + offset, -1)
+        offset += len(data["chunk_env"])
+        for k, v in data.items():
+            parts.setdefault(k, []).append(v)
+    merged: dict[str, Any] = {}
+    for k, vs in parts.items():
+        merged[k] = vs[-1] if k.startswith("last_obs") else np.concatenate(vs)
+    merged["meta"] = meta
+    return merged
+
+
+def run_rollout_command(args: Any) -> Path:
+    """``cosmos3-gym rollout``: the built env, the policy, then :func:`collect_rollouts`."""
+    from gymnasium.vector import AutoresetMode as Mode
+
+    from cosmos3_gym.eval.evaluate import load_pipeline
+    from cosmos3_gym.eval.tasks import make_eval_env
+    from cosmos3_gym.policy import VectorPolicy
+
+    eval_env = make_eval_env(args.env, suite=args.suite, tasks=args.tasks,
+                             image_size=args.image_size, max_episode_steps=args.max_episode_steps)
+    if args.env != "color_reach":
+        raise ValueError(f"rollout supports --env color_reach so far; found {args.env!r}")
+    from cosmos3_gym.envs import make_color_reach_vector_env
+
+    envs = make_color_reach_vector_env(
+        args.num_envs, async_=args.async_envs, autoreset_mode=Mode.NEXT_STEP,
+        image_size=eval_env.image_size, max_episode_steps=eval_env.max_episode_steps,
+    )
+    policy = VectorPolicy(load_pipeline(args.checkpoint), adapter=eval_env.adapter,
+                          n_action_steps=args.n_action_steps, seed=args.seed,
+                          stochastic=not args.deterministic,
+                          num_inference_steps=args.num_inference_steps)
+    try:
+        return collect_rollouts(policy, envs, args.steps, args.out, seed=args.seed,
+                                shard_steps=args.shard_steps, progress=not args.no_progress)
+    finally:
+        envs.close()

@@ -1,0 +1,214 @@
+"""What an evaluation runs: its tasks, its episodes and their seeds, and how to build its envs.
+
+An episode is ``(task, trial)``. Everything else about it derives from that pair and the run's
+global seed, never from the env slot, batch or rank that happens to run it:
+
+- ``seed``: the env's reset seed, ``derive_seed(global_seed, task, trial)``;
+- ``init_state_id``: LIBERO's init state, ``trial % 50`` (the suites ship 50 per task);
+  ``None`` for the built-in env, whose whole initial state follows from ``seed``;
+- chunk ``c``'s noise seed: ``derive_seed(global_seed, task, trial, chunk=c)``.
+
+So one process, eight env slots or a torchrun launch produce the same episode, byte for byte.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+from cosmos3_gym.envs import make_color_reach_vector_env, make_libero_vector_env
+from cosmos3_gym.envs.color_reach import COLORS
+
+LIBERO_INIT_STATES_PER_TASK = 50
+ENV_NAMES = ("color_reach", "libero")
+
+_ENV_SEED_TAG = 0  # keeps the env seed and the chunk seeds of one episode apart
+_CHUNK_SEED_TAG = 1
+
+
+def derive_seed(global_seed: int, task: str, trial: int, chunk: int | None = None) -> int:
+    """A 31-bit seed from ``(global seed, task name, trial[, chunk])``, mixed by SeedSequence.
+
+    The task enters by the CRC32 of its name, so adding or reordering tasks in a later run
+    leaves every other episode's seeds unchanged.
+    """
+    entropy = [int(global_seed), zlib.crc32(task.encode()), int(trial)]
+    entropy += [_ENV_SEED_TAG] if chunk is None else [_CHUNK_SEED_TAG, int(chunk)]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 1)
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One evaluation episode and everything needed to run it again exactly."""
+
+    task: str  # stable task name, e.g. "red" or "libero_10/3"
+    task_index: int  # position of the task in the run's task list
+    suite: str  # "color_reach" or the LIBERO suite
+    trial: int
+    seed: int  # env reset seed
+    init_state_id: int | None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.task, self.trial
+
+
+class EvalEnv:
+    """An evaluation env family: task names, episode reset options and a vector env factory.
+
+    Subclass it to evaluate on your own env (the tests do, to inject worker crashes): sub-envs
+    must be wrapped (outermost) in :class:`~cosmos3_gym.envs.EpisodeEndHold`, expose
+    ``task_description`` and report ``info["is_success"]``.
+    """
+
+    suite: str = ""
+    adapter: str = "generic"
+
+    def __init__(self, tasks: list[str]) -> None:
+        if not tasks:
+            raise ValueError("an evaluation needs at least one task; found none")
+        if len(set(tasks)) != len(tasks):
+            raise ValueError(f"tasks must be distinct; found {tasks}")
+        self.tasks = tasks
+
+    def episodes(self, trials: int, global_seed: int) -> list[Episode]:
+        """All episodes of the run, task-major: the canonical order ranks and resume share."""
+        if trials < 1:
+            raise ValueError(f"trials must be at least 1; found {trials}")
+        return [
+            Episode(
+                task=task,
+                task_index=i,
+                suite=self.suite,
+                trial=trial,
+                seed=derive_seed(global_seed, task, trial),
+                init_state_id=self.init_state_id(trial),
+            )
+            for i, task in enumerate(self.tasks)
+            for trial in range(trials)
+        ]
+
+    def init_state_id(self, trial: int) -> int | None:
+        return None
+
+    def reset_options(self, episode: Episode) -> dict[str, Any]:
+        """The ``reset(options=...)`` that makes a sub-env start ``episode``."""
+        raise NotImplementedError
+
+    def make(self, num_envs: int, async_: bool) -> VectorEnv:
+        """A fresh vector env of ``num_envs`` sub-envs with autoreset disabled."""
+        raise NotImplementedError
+
+
+class ColorReachEval(EvalEnv):
+    """The built-in env; a task is a target colour (``red``, ``green``, ``blue``, ``yellow``)."""
+
+    suite = "color_reach"
+    adapter = "generic"
+
+    def __init__(
+        self, tasks: list[str] | None = None, *, image_size: int = 128, max_episode_steps: int = 40
+    ) -> None:
+        tasks = list(COLORS) if tasks is None else tasks
+        unknown = [t for t in tasks if t not in COLORS]
+        if unknown:
+            raise ValueError(
+                f"unknown color_reach tasks {unknown}; expected some of {list(COLORS)}"
+            )
+        super().__init__(tasks)
+        self.image_size = image_size
+        self.max_episode_steps = max_episode_steps
+
+    def reset_options(self, episode: Episode) -> dict[str, Any]:
+        return {"target": episode.task}
+
+    def make(self, num_envs: int, async_: bool) -> VectorEnv:
+        return make_color_reach_vector_env(
+            num_envs,
+            async_=async_,
+            autoreset_mode=AutoresetMode.DISABLED,
+            image_size=self.image_size,
+            max_episode_steps=self.max_episode_steps,
+        )
+
+
+class LiberoEval(EvalEnv):
+    """LIBERO; a task is ``"{suite}/{task_id}"``; trial ``t`` starts from init state ``t % 50``.
+    """
+
+    adapter = "libero"
+
+    def __init__(
+        self,
+        suite: str,
+        task_ids: list[int],
+        *,
+        image_size: int = 256,
+        max_episode_steps: int | None = None,
+    ) -> None:
+        super().__init__([f"{suite}/{t}" for t in task_ids])
+        self.suite = suite
+        self.task_ids = task_ids
+        self.image_size = image_size
+        self.max_episode_steps = max_episode_steps
+
+    def init_state_id(self, trial: int) -> int | None:
+        return trial % LIBERO_INIT_STATES_PER_TASK
+
+    def reset_options(self, episode: Episode) -> dict[str, Any]:
+        task_id = self.task_ids[episode.task_index]
+        return {"task": (self.suite, task_id), "init_state_id": episode.init_state_id}
+
+    def make(self, num_envs: int, async_: bool) -> VectorEnv:
+        return make_libero_vector_env(
+            [(self.suite, t) for t in self.task_ids],
+            num_envs,
+            async_=async_,
+            image_size=self.image_size,
+            autoreset_mode=AutoresetMode.DISABLED,
+            max_episode_steps=self.max_episode_steps,
+        )
+
+
+def make_eval_env(
+    env: str,
+    *,
+    suite: str | None,
+    tasks: list[str] | None,
+    image_size: int | None,
+    max_episode_steps: int | None,
+) -> EvalEnv:
+    """The :class:`EvalEnv` the command line names (``tasks`` as given by ``--tasks``)."""
+    if env == "color_reach":
+        if suite not in (None, "color_reach"):
+            raise ValueError(f"--suite {suite!r} does not apply to --env color_reach")
+        return ColorReachEval(
+            tasks,
+            image_size=image_size or 128,
+            max_episode_steps=max_episode_steps or 40,
+        )
+    if env == "libero":
+        if suite is None:
+            raise ValueError("--env libero needs --suite (e.g. libero_10, libero_spatial)")
+        from cosmos3_gym.envs.libero import _suite
+
+        n_tasks = _suite(suite).n_tasks
+        ids = list(range(n_tasks)) if tasks is None else [_task_id(t, n_tasks) for t in tasks]
+        return LiberoEval(
+            suite, ids, image_size=image_size or 256, max_episode_steps=max_episode_steps
+        )
+    raise ValueError(f"unknown env {env!r}; expected one of {list(ENV_NAMES)}")
+
+
+def _task_id(text: str, n_tasks: int) -> int:
+    try:
+        task_id = int(text)
+    except ValueError:
+        raise ValueError(f"LIBERO tasks are task ids 0..{n_tasks - 1}; found {text!r}") from None
+    if not 0 <= task_id < n_tasks:
+        raise ValueError(f"LIBERO task id must be in 0..{n_tasks - 1}; found {task_id}")
+    return task_id
