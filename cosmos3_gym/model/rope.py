@@ -127,9 +127,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
     Both halves are written into one preallocated output instead of building ``rotate_half``
     with ``torch.cat``; the arithmetic per element is the same as ``x*cos + rotate_half(x)*sin``.
+    Under autograd (training), where ``out=`` writes are not differentiable, the two halves
+    are joined with one ``torch.cat`` instead: the same numbers either way.
     """
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
+    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad):
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
     out = torch.empty_like(x)
     torch.sub(x1 * cos, x2 * sin, out=out[..., :half])
     torch.add(x2 * cos, x1 * sin, out=out[..., half:])

@@ -45,13 +45,36 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.nemotron:
+        if self.nemotron or x.dtype == self.weight.dtype == torch.float32:
+            # One fused op; in fp32 both rounding orders are this same computation.
             return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
         variance = x.float().pow(2).mean(-1, keepdim=True)
         x = x * torch.rsqrt(variance + self.eps)
         if self.weight.dtype in (torch.float16, torch.bfloat16):
             x = x.to(self.weight.dtype)
         return x * self.weight
+
+
+def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several linears of the same input, without a second copy.
+
+    The weights are concatenated once and each linear's parameter becomes a view into the
+    fused tensor, so ``state_dict`` keeps the checkpoint's names and memory is not doubled.
+    Each output element is the same dot product, so fused and separate results are identical
+    (the tests check this bit for bit on CPU fp32).
+    """
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    bias = None
+    if linears[0].bias is not None:
+        bias = torch.cat([lin.bias.detach() for lin in linears])
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[start : start + rows], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[start : start + rows], requires_grad=False)
+        start += rows
+    return weight, bias
 
 
 class MLP(nn.Module):
@@ -64,10 +87,18 @@ class MLP(nn.Module):
             self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up: torch.Tensor | None = None  # set by fuse(): [gate ; up] rows
+
+    def fuse(self) -> None:
+        if self.hidden_act == "silu":
+            self.gate_up = fuse_linears([self.gate_proj, self.up_proj])[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.hidden_act == "relu2":
             return self.down_proj(torch.relu(self.up_proj(x)).square())
+        if self.gate_up is not None:
+            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -124,10 +155,28 @@ class MoTAttention(nn.Module):
         self.to_add_out = nn.Linear(hq * d, c, bias=bias)
         self.norm_added_q = RMSNorm(d, eps, nemotron)
         self.norm_added_k = RMSNorm(d, eps, nemotron)
+        self.gen_qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by fuse()
+
+    def fuse(self) -> None:
+        """One GEN Q/K/V projection instead of three (the GEN pathway runs every step)."""
+        self.gen_qkv = fuse_linears([self.add_q_proj, self.add_k_proj, self.add_v_proj])
+
+    def gen_projections(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """GEN ``q, k, v`` as ``[B, heads, N, D]`` (fused when :meth:`fuse` ran)."""
+        if self.gen_qkv is None:
+            q, k, v = self.add_q_proj(h), self.add_k_proj(h), self.add_v_proj(h)
+        else:
+            q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            q, k, v = F.linear(h, *self.gen_qkv).split([q_dim, kv_dim, kv_dim], dim=-1)
+        return (
+            self._heads(q, self.num_heads),
+            self._heads(k, self.num_kv_heads),
+            self._heads(v, self.num_kv_heads),
+        )
 
     def _heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         # [B, N, heads*D] -> [B, heads, N, D]
-        return x.view(x.shape[0], x.shape[1], heads, self.head_dim).transpose(1, 2)
+        return x.unflatten(-1, (heads, self.head_dim)).transpose(1, 2)
 
 
 class DecoderLayer(nn.Module):
@@ -181,17 +230,26 @@ class DecoderLayer(nn.Module):
         key_mask: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
+        kv_buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """GEN step over ``x`` ``[B, N, C]`` attending to ``[text ; gen]`` keys."""
+        """GEN step over ``x`` ``[B, N, C]`` attending to ``[text ; gen]`` keys.
+
+        ``kv_buffers`` (``[B, Hkv, L+N, D]`` each, text part already filled) receive this
+        step's GEN keys/values in place, instead of a fresh ``torch.cat`` per layer and step.
+        """
         attn = self.self_attn
         h = self.input_layernorm_moe_gen(x)
-        q = apply_rope(attn.norm_added_q(attn._heads(attn.add_q_proj(h), attn.num_heads)), cos, sin)
-        k = apply_rope(
-            attn.norm_added_k(attn._heads(attn.add_k_proj(h), attn.num_kv_heads)), cos, sin
-        )
-        v = attn._heads(attn.add_v_proj(h), attn.num_kv_heads)
-        k = torch.cat([k_text, k], dim=2)  # [B, Hkv, L+N, D]
-        v = torch.cat([v_text, v], dim=2)
+        q, k, v = attn.gen_projections(h)
+        q = apply_rope(attn.norm_added_q(q), cos, sin)
+        k = apply_rope(attn.norm_added_k(k), cos, sin)
+        if kv_buffers is None:
+            k = torch.cat([k_text, k], dim=2)  # [B, Hkv, L+N, D]
+            v = torch.cat([v_text, v], dim=2)
+        else:
+            length = k_text.shape[2]
+            kv_buffers[0][:, :, length:].copy_(k)
+            kv_buffers[1][:, :, length:].copy_(v)
+            k, v = kv_buffers
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=True)
         x = x + attn.to_add_out(out.transpose(1, 2).flatten(2))
         return x + self.mlp_moe_gen(self.post_attention_layernorm_moe_gen(x))
@@ -234,6 +292,8 @@ class GenLayout:
     grid: tuple[int, int, int]  # (T, Hp, Wp) patch grid
     latent_hw: tuple[int, int]  # unpadded latent (h, w)
     num_actions: int
+    # Per layer (K, V) [B, Hkv, L+N, D] with the text prefix written once (inference only).
+    kv_buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 class Cosmos3Transformer(nn.Module):
@@ -275,6 +335,18 @@ class Cosmos3Transformer(nn.Module):
             self.audio_proj_in = nn.Linear(config.sound_dim, c)
             self.audio_proj_out = nn.Linear(c, config.sound_dim)
             self.audio_modality_embed = nn.Parameter(torch.zeros(c))
+
+    def fuse_gen_projections(self) -> Cosmos3Transformer:
+        """Fuse each GEN layer's Q/K/V and gate/up projections (inference; same outputs).
+
+        The GEN pathway runs at every denoising step, so one matmul instead of three (and two)
+        per layer saves launches; parameters become views of the fused weights, so the
+        state dict and its memory are unchanged.
+        """
+        for layer in self.layers:
+            layer.self_attn.fuse()
+            layer.mlp_moe_gen.fuse()
+        return self
 
     @property
     def dtype(self) -> torch.dtype:
@@ -329,8 +401,13 @@ class Cosmos3Transformer(nn.Module):
         num_actions: int,
         fps: float,
         action_fps: float | None = None,
+        preallocate_kv: bool = False,
     ) -> GenLayout:
-        """RoPE tables and key mask for a GEN stream of ``latent_shape`` (T, h, w) + actions."""
+        """RoPE tables and key mask for a GEN stream of ``latent_shape`` (T, h, w) + actions.
+
+        ``preallocate_kv`` builds per-layer K/V buffers holding the text prefix once, which
+        every denoising step then fills in place (no autograd: inference only).
+        """
         p = self.config.latent_patch_size
         t, h, w = latent_shape
         grid = (t, -(-h // p), -(-w // p))
@@ -344,7 +421,17 @@ class Cosmos3Transformer(nn.Module):
             n = grid[0] * grid[1] * grid[2] + num_actions
             gen = torch.ones(text.text_mask.shape[0], n, dtype=torch.bool, device=cos.device)
             key_mask = torch.cat([text.text_mask, gen], dim=1)[:, None, None, :]
-        return GenLayout(cos, sin, key_mask, grid, (h, w), num_actions)
+        buffers = None
+        if preallocate_kv:
+            n = grid[0] * grid[1] * grid[2] + num_actions
+            buffers = []
+            for k_text, v_text in zip(text.keys, text.values, strict=True):
+                k_buf = k_text.new_empty((*k_text.shape[:2], k_text.shape[2] + n, k_text.shape[3]))
+                v_buf = torch.empty_like(k_buf)
+                k_buf[:, :, : k_text.shape[2]] = k_text
+                v_buf[:, :, : v_text.shape[2]] = v_text
+                buffers.append((k_buf, v_buf))
+        return GenLayout(cos, sin, key_mask, grid, (h, w), num_actions, buffers)
 
     # ------------------------------------------------------------------ GEN, every step
 
@@ -406,8 +493,13 @@ class Cosmos3Transformer(nn.Module):
         act = act + t_emb * action_noisy[:, :, None].to(dtype)
         x = torch.cat([vis, act], dim=1)  # [B, N, C]
 
-        for layer, k_text, v_text in zip(self.layers, text.keys, text.values, strict=True):
-            x = layer.forward_gen(x, k_text, v_text, layout.key_mask, layout.cos, layout.sin)
+        if layout.kv_buffers is not None and torch.is_grad_enabled():
+            raise RuntimeError("preallocated K/V buffers are for inference; run under no_grad")
+        buffers = layout.kv_buffers or [None] * len(self.layers)
+        for layer, k_text, v_text, kv in zip(
+            self.layers, text.keys, text.values, buffers, strict=True
+        ):
+            x = layer.forward_gen(x, k_text, v_text, layout.key_mask, layout.cos, layout.sin, kv)
         x = self.norm_moe_gen(x)
 
         n_vis = t * hp * wp

@@ -97,11 +97,14 @@ class Cosmos3ActionPipeline:
         max_batch_size: int | None = None,
         *,
         policy: PolicyConfig | None = None,
+        fuse_projections: bool = True,
     ) -> Cosmos3ActionPipeline:
         """Load a diffusers-layout checkpoint folder (or the name of a shipped checkpoint).
 
         ``dtype`` defaults to bfloat16 on CUDA and float32 on CPU. ``policy`` overrides the
         folder's ``action_policy.json`` (real ``nvidia/Cosmos3-*`` folders have none).
+        ``fuse_projections`` fuses the GEN layers' Q/K/V and gate/up matmuls at load time
+        (identical outputs; off only to measure it).
         """
         from diffusers import AutoencoderKLWan
         from transformers import AutoTokenizer
@@ -122,6 +125,8 @@ class Cosmos3ActionPipeline:
         transformer = Cosmos3Transformer.from_pretrained(
             root / layout.TRANSFORMER, device=device, dtype=dtype
         )
+        if fuse_projections:
+            transformer.fuse_gen_projections()
         # The VAE encodes one frame per request; fp32 keeps the conditioning latent exact.
         vae = AutoencoderKLWan.from_pretrained(root / layout.VAE, torch_dtype=torch.float32)
         vae = vae.to(device).eval().requires_grad_(False)

@@ -47,8 +47,9 @@ class MicroBatch:
     action_noise: torch.Tensor | None = None  # caller-supplied [b, H, 64] float32
     video_noise: torch.Tensor | None = None  # caller-supplied [b, 48, T, h, w] float32
     pixels: torch.Tensor | None = None  # [b, 3, Hc, Wc] in [-1, 1]
-    text: TextKVCache | None = None
-    uncond_text: TextKVCache | None = None
+    # Token rows: the b conditional prompts, then (with CFG) b negative prompts; right-padded.
+    text_inputs: tuple[torch.Tensor, torch.Tensor] | None = None  # ids, mask [b or 2b, L]
+    text: TextKVCache | None = None  # the UND pathway's K/V over text_inputs
     cond_latent: torch.Tensor | None = None  # [b, 48, 1, h, w] normalised
     vision: torch.Tensor | None = None  # [b, 48, T, h, w] float32 sampler state
     actions: torch.Tensor | None = None  # [b, H, 64] float32 sampler state
@@ -90,16 +91,6 @@ class PromptStage(Stage):
     def __init__(self, model: Cosmos3Transformer, tokenizer: Any, policy: PolicyConfig) -> None:
         self.model, self.tokenizer, self.policy = model, tokenizer, policy
 
-    def _encode(self, captions: list[str], allow_empty: bool = False) -> TextKVCache:
-        tokens = tokenize_captions(
-            self.tokenizer, captions, max_sequence_length=self.policy.max_sequence_length,
-            allow_empty=allow_empty,
-        )
-        device = self.model.device
-        return self.model.encode_text(
-            tokens.input_ids.to(device), tokens.attention_mask.to(device)
-        )
-
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
         p = self.policy
         captions = [
@@ -109,10 +100,17 @@ class PromptStage(Stage):
             )
             for prompt in batch.prompts
         ]
-        batch.text = self._encode(captions)
         if params.guidance_scale != 1.0:
-            # The unconditional prompt is the raw negative prompt, not a JSON caption.
-            batch.uncond_text = self._encode([p.negative_prompt] * batch.size, allow_empty=True)
+            # The unconditional rows use the raw negative prompt (chat-templated, no JSON
+            # caption), as diffusers does; both halves run through UND in one batch.
+            captions += [p.negative_prompt] * batch.size
+        tokens = tokenize_captions(
+            self.tokenizer, captions, max_sequence_length=p.max_sequence_length,
+            allow_empty=params.guidance_scale != 1.0,
+        )
+        device = self.model.device
+        batch.text_inputs = (tokens.input_ids.to(device), tokens.attention_mask.to(device))
+        batch.text = self.model.encode_text(*batch.text_inputs)
         return batch
 
 
@@ -189,6 +187,12 @@ class DenoiseStage(Stage):
 
     def __init__(self, model: Cosmos3Transformer, policy: PolicyConfig) -> None:
         self.model, self.policy = model, policy
+        # False recomputes the text (UND) pathway at every step, as diffusers' reference does;
+        # it exists to measure what the cache saves (``cosmos3-gym bench``).
+        self.text_cache = True
+        # True writes each step's GEN K/V into per-layer buffers that hold the text prefix,
+        # instead of concatenating [text ; gen] per layer and step (same values).
+        self.preallocate_kv = True
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
         model, p = self.model, self.policy
@@ -206,13 +210,12 @@ class DenoiseStage(Stage):
         if cfg:
             # Conditional and unconditional passes share one forward of 2B items; prompts of
             # different lengths are fine because padded text keys are masked.
-            text = _concat_text(batch.text, batch.uncond_text)
             vision_noisy = vision_noisy.repeat(2, 1)
             action_noisy = action_noisy.repeat(2, 1)
             domain_ids = domain_ids.repeat(2)
         layout = model.gen_layout(
             text, latent_shape=tuple(vision.shape[2:]), num_actions=p.action_horizon, fps=p.fps,
-            action_fps=p.action_fps,
+            action_fps=p.action_fps, preallocate_kv=self.preallocate_kv,
         )
         scheduler = FlowUniPCScheduler(params.num_inference_steps, params.flow_shift)
         timesteps = scheduler.timesteps.to(device=device, dtype=torch.float32)
@@ -220,6 +223,8 @@ class DenoiseStage(Stage):
         for i in progress(range(params.num_inference_steps), enabled=params.progress,
                           desc="denoise", leave=False):
             step_t = timesteps[i].expand(vision_noisy.shape[0])
+            if not self.text_cache:
+                text = model.encode_text(*batch.text_inputs)
             model_vision, model_actions = vision.to(dtype), actions.to(dtype)
             if cfg:
                 model_vision = model_vision.repeat(2, 1, 1, 1, 1)
@@ -239,26 +244,6 @@ class DenoiseStage(Stage):
             actions[..., raw:] = 0.0
         batch.vision, batch.actions = vision, actions
         return batch
-
-
-def _concat_text(a: TextKVCache, b: TextKVCache) -> TextKVCache:
-    """Stack two caches along the batch, right-padding the shorter prompts (masked)."""
-    length = max(a.text_mask.shape[1], b.text_mask.shape[1])
-
-    def pad(x: torch.Tensor, dim: int) -> torch.Tensor:
-        extra = length - x.shape[dim]
-        if extra == 0:
-            return x
-        shape = list(x.shape)
-        shape[dim] = extra
-        return torch.cat([x, x.new_zeros(shape)], dim=dim)
-
-    return TextKVCache(
-        keys=[torch.cat([pad(x, 2), pad(y, 2)]) for x, y in zip(a.keys, b.keys, strict=True)],
-        values=[torch.cat([pad(x, 2), pad(y, 2)]) for x, y in zip(a.values, b.values, strict=True)],
-        lengths=torch.cat([a.lengths, b.lengths]),
-        text_mask=torch.cat([pad(a.text_mask, 1), pad(b.text_mask, 1)]),
-    )
 
 
 class DecodeStage(Stage):

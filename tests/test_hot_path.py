@@ -1,0 +1,115 @@
+"""Every hot-path optimisation leaves outputs bit-identical on CPU fp32."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cosmos3_gym import Cosmos3ActionPipeline
+from cosmos3_gym.model.rope import apply_rope
+from cosmos3_gym.model.transformer import RMSNorm
+from cosmos3_gym.testing import build_tiny_transformer, write_tiny_checkpoint
+
+
+def _rotate_half_reference(x, cos, sin):
+    """The textbook NeoX rotation with torch.cat, over full-width tables."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * torch.cat([cos, cos], -1) + rotated * torch.cat([sin, sin], -1)
+
+
+def test_rope_without_cat_equals_rotate_half_bit_for_bit() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, 37, 16, generator=gen)
+    angles = torch.randn(3, 1, 37, 8, generator=gen) * 50
+    expected = _rotate_half_reference(x, angles.cos(), angles.sin())
+    assert torch.equal(apply_rope(x, angles.cos(), angles.sin()), expected)
+    # The autograd path (training) gives the same numbers and a gradient.
+    x.requires_grad_(True)
+    trained = apply_rope(x, angles.cos(), angles.sin())
+    assert torch.equal(trained.detach(), expected)
+    trained.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_fused_rms_norm_equals_the_written_out_formula() -> None:
+    norm = RMSNorm(16, 1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 1.5, 16))
+    x = torch.randn(4, 8, 37, 16, generator=torch.Generator().manual_seed(1))
+    expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight
+    assert torch.equal(norm(x), expected)
+
+
+def _gen_inputs(model, lengths, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    b = len(lengths)
+    ids = torch.zeros(b, max(lengths), dtype=torch.long)
+    mask = torch.zeros(b, max(lengths), dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(1, model.config.vocab_size, (n,), generator=gen)
+        mask[i, :n] = True
+    vision = torch.randn(b, 48, 2, 4, 6, generator=gen)
+    actions = torch.randn(b, 4, 64, generator=gen)
+    return dict(
+        ids=ids, mask=mask, vision=vision, vision_noisy=(torch.arange(2) > 0)[None].expand(b, 2),
+        actions=actions, action_noisy=torch.ones(b, 4, dtype=torch.bool),
+        domains=torch.full((b,), 5), timesteps=torch.full((b,), 731.0),
+    )
+
+
+def _gen_forward(model, inp, preallocate_kv):
+    text = model.encode_text(inp["ids"], inp["mask"])
+    layout = model.gen_layout(text, latent_shape=(2, 4, 6), num_actions=4, fps=20.0,
+                              preallocate_kv=preallocate_kv)
+    outs = []
+    for _ in range(2):  # buffers are reused across steps
+        outs.append(model.forward_gen(text, layout, inp["vision"], inp["vision_noisy"],
+                                      inp["actions"], inp["action_noisy"], inp["domains"],
+                                      inp["timesteps"]))
+    return outs
+
+
+@pytest.mark.parametrize("hidden_act", ["silu", "relu2"])
+def test_fused_projections_and_kv_buffers_are_bit_identical(hidden_act: str) -> None:
+    plain = build_tiny_transformer(97, seed=3, hidden_act=hidden_act)
+    fused = build_tiny_transformer(97, seed=3, hidden_act=hidden_act).fuse_gen_projections()
+    inp = _gen_inputs(plain, [9, 5, 12])
+    with torch.no_grad():
+        reference = _gen_forward(plain, inp, preallocate_kv=False)
+        optimised = _gen_forward(fused, inp, preallocate_kv=True)
+    for (ref_vis, ref_act), (opt_vis, opt_act) in zip(reference, optimised, strict=True):
+        assert torch.equal(ref_vis, opt_vis) and torch.equal(ref_act, opt_act)
+    # Fusion keeps the checkpoint's names and values.
+    assert plain.state_dict().keys() == fused.state_dict().keys()
+    for key, value in plain.state_dict().items():
+        assert torch.equal(value, fused.state_dict()[key]), key
+
+
+def test_kv_buffers_refuse_autograd() -> None:
+    model = build_tiny_transformer(97)
+    inp = _gen_inputs(model, [4])
+    with pytest.raises(RuntimeError, match="no_grad"):
+        _gen_forward(model, inp, preallocate_kv=True)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
+
+
+def test_pipeline_optimisations_leave_actions_bit_identical(checkpoint) -> None:
+    images = np.random.default_rng(0).integers(0, 256, (3, 64, 64, 3), dtype=np.uint8)
+    prompts = ["pick up the bowl", "open the top drawer and put the bowl inside", "push"]
+    kwargs = dict(seed=[4, 5, 6], num_inference_steps=3, progress=False)
+
+    fast = Cosmos3ActionPipeline.from_pretrained(checkpoint)
+    slow = Cosmos3ActionPipeline.from_pretrained(checkpoint, fuse_projections=False)
+    slow.denoise.text_cache = False
+    slow.denoise.preallocate_kv = False
+    expected = slow(images, prompts, **kwargs).actions
+    assert np.array_equal(fast(images, prompts, **kwargs).actions, expected)
+    for attr in ("text_cache", "preallocate_kv"):  # each switch alone changes nothing either
+        setattr(slow.denoise, attr, True)
+        assert np.array_equal(slow(images, prompts, **kwargs).actions, expected), attr
