@@ -18,6 +18,7 @@ from .libero import (
     LIBERO_SETTLE_STEPS,
     LiberoEnv,
     LiberoEpisode,
+    libero_num_tasks,
     make_libero_vector_env,
 )
 
@@ -38,6 +39,7 @@ __all__ = [
     "EpisodeEndHold",
     "LiberoEnv",
     "LiberoEpisode",
+    "libero_num_tasks",
     "make_color_reach_vector_env",
     "make_libero_vector_env",
 ]

@@ -55,6 +55,11 @@ def _suite(name: str) -> Any:
     return suites[name]()
 
 
+def libero_num_tasks(suite: str) -> int:
+    """How many tasks a LIBERO suite has (e.g. 10 for libero_10, 90 for libero_90)."""
+    return int(_suite(suite).n_tasks)
+
+
 def _task(suite: str, task_id: int) -> Any:
     tasks = _suite(suite)
     if not 0 <= task_id < tasks.n_tasks:

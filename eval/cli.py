@@ -1,4 +1,4 @@
-"""The ``cosmos3-gym`` console script: ``eval`` and ``rollout`` subcommands (argparse only).
+"""The ``cosmos3-gym`` console script: ``eval``, ``rollout`` and ``bench`` (argparse only).
 
 Examples:
 
@@ -7,6 +7,7 @@ Examples:
         --trials 50 --num-envs 8 --async-envs --seed 7 --out runs/libero_10
     torchrun --nproc_per_node 2 -m cosmos3_gym.eval.cli eval ... --out DIR   # rank 0 merges
     cosmos3-gym rollout --steps 256 --num-envs 4 --out runs/rollouts
+    cosmos3-gym bench --checkpoint PATH --out bench.json          # add --device cuda on a GPU
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     ro.add_argument("--shard-steps", type=int, default=256, help="steps per .npz shard")
     ro.add_argument("--deterministic", action="store_true",
                     help="same noise for every chunk (default: fresh noise per chunk)")
+
+    from cosmos3_gym.eval import bench
+
+    bench.add_arguments(sub.add_parser(
+        "bench", help="latency/throughput of the action stack: batched vs serial, cache on/off"
+    ))
     return parser
 
 
@@ -90,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         results = evaluate(config, args.out)
         if results is not None:
             print(format_table(results))
+        return 0
+    if args.command == "bench":
+        from cosmos3_gym.eval import bench
+
+        bench.run(args)
         return 0
     from cosmos3_gym.eval.rollout import run_rollout_command
 

@@ -194,9 +194,9 @@ def make_eval_env(
     if env == "libero":
         if suite is None:
             raise ValueError("--env libero needs --suite (e.g. libero_10, libero_spatial)")
-        from cosmos3_gym.envs.libero import _suite
+        from cosmos3_gym.envs import libero_num_tasks
 
-        n_tasks = _suite(suite).n_tasks
+        n_tasks = libero_num_tasks(suite)
         ids = list(range(n_tasks)) if tasks is None else [_task_id(t, n_tasks) for t in tasks]
         return LiberoEval(
             suite, ids, image_size=image_size or 256, max_episode_steps=max_episode_steps

@@ -1,0 +1,229 @@
+"""``cosmos3-gym bench``: the action stack measured in isolation (no env, no server).
+
+What it measures, all in one process and one run so ratios are side by side:
+
+- latency and actions/s per batch size, batched versus the same work as serial B=1 calls
+  (``speedup_vs_serial``: batched actions/s over serial actions/s, the headline);
+- the text (UND) K/V cache on versus off (``text_cache_speedup``);
+- prompts of mixed token lengths versus equal lengths in one batch;
+- each hot-path optimisation switched off alone (fused projections, K/V buffers);
+- per-stage seconds (admission ... decode) and peak memory: CUDA max-allocated on GPU, process
+  peak RSS on CPU.
+
+Every figure is the median over ``repeats`` timed calls after ``warmup`` untimed ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:  # torch and the model stack load when the benchmark runs, not with the CLI
+    import torch
+
+    from cosmos3_gym import Cosmos3ActionPipeline
+
+PROMPTS = [
+    "put the black bowl on the plate",
+    "open the top drawer of the cabinet and put the bowl inside it",
+    "turn on the stove",
+    "pick up the alphabet soup and place it in the basket next to the cream cheese box",
+]
+EQUAL_PROMPT = PROMPTS[0]
+
+
+def _median_call(
+    fn: Callable[[], Any], warmup: int, repeats: int
+) -> tuple[float, dict[str, float]]:
+    """Median wall seconds of ``fn()`` and the median of each of its per-stage timings."""
+    for _ in range(warmup):
+        fn()
+    times, stages = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+        stages.append(out.timings)
+    keys = [k[:-2] for k in stages[0] if k.endswith("_s") and k != "total_s"]
+    return statistics.median(times), {
+        k: statistics.median(s[f"{k}_s"] for s in stages) for k in keys
+    }
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def run_benchmark(
+    checkpoint: str,
+    *,
+    device: str = "cpu",
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
+    image_size: tuple[int, int] = (256, 512),
+    num_inference_steps: int | None = None,
+    warmup: int = 1,
+    repeats: int = 3,
+    compare_batch: int = 8,
+) -> dict[str, Any]:
+    """Run the benchmark and return its JSON-ready result (see the module docstring)."""
+    import torch
+
+    from cosmos3_gym import Cosmos3ActionPipeline
+
+    dev = torch.device(device)
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, device=dev)
+    horizon = pipe.action_horizon
+    rng = np.random.default_rng(0)
+    max_b = max(*batch_sizes, compare_batch)
+    images = rng.integers(0, 256, size=(max_b, *image_size, 3), dtype=np.uint8)
+    mixed = [PROMPTS[i % len(PROMPTS)] for i in range(max_b)]
+
+    def call(p: Cosmos3ActionPipeline, b: int, prompts: list[str]):
+        return lambda: p(images[:b], prompts[:b], seed=list(range(b)),
+                         num_inference_steps=num_inference_steps, progress=False)
+
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    serial_latency, serial_stages = _median_call(call(pipe, 1, mixed), warmup, repeats)
+    serial_aps = horizon / serial_latency
+    per_batch: dict[str, Any] = {}
+    for b in batch_sizes:
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        latency, stages = _median_call(call(pipe, b, mixed), warmup, repeats)
+        per_batch[str(b)] = {
+            "latency_s": latency,
+            "actions_per_s": b * horizon / latency,
+            "serial_latency_s": b * serial_latency,
+            "stages_s": stages,
+            # The model's share alone: the denoising loop, batched vs b serial loops.
+            "denoise_speedup_vs_serial": b * serial_stages["denoise"] / stages["denoise"],
+            "peak_memory_mb": _peak_memory_mb(dev),
+        }
+
+    def ratio_at(b: int, configure: Callable[[Cosmos3ActionPipeline], None],
+                 prompts: list[str], other: Cosmos3ActionPipeline | None = None
+                 ) -> dict[str, float]:
+        """Time with the switch off (or ``other``) over time as shipped, at batch ``b``:
+        the whole call (``total``) and the denoising stage alone (``denoise``)."""
+        variant = other or pipe
+        configure(variant)
+        try:
+            slow, slow_stages = _median_call(call(variant, b, prompts), warmup, repeats)
+        finally:
+            variant.denoise.text_cache = True
+            variant.denoise.preallocate_kv = True
+        fast, fast_stages = _median_call(call(pipe, b, prompts), warmup, repeats)
+        return {"total": slow / fast, "denoise": slow_stages["denoise"] / fast_stages["denoise"]}
+
+    b = compare_batch
+    unfused = Cosmos3ActionPipeline.from_pretrained(checkpoint, device=dev, fuse_projections=False)
+    mixed_latency, _ = _median_call(call(pipe, b, mixed), warmup, repeats)
+    equal_latency, _ = _median_call(call(pipe, b, [EQUAL_PROMPT] * max_b), warmup, repeats)
+    # Each optimisation switched off alone: slowdown factors, i.e. its speedup as shipped.
+    optimisations = {
+        "text_cache": ratio_at(b, lambda p: setattr(p.denoise, "text_cache", False), mixed),
+        "kv_buffers": ratio_at(b, lambda p: setattr(p.denoise, "preallocate_kv", False), mixed),
+        "fused_projections": ratio_at(b, lambda p: None, mixed, other=unfused),
+    }
+    return {
+        "checkpoint": str(checkpoint),
+        "device": str(dev),
+        "host": platform.node(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "image_size": list(image_size),
+        "action_horizon": horizon,
+        "num_inference_steps": num_inference_steps or pipe.policy.num_inference_steps,
+        "warmup": warmup,
+        "repeats": repeats,
+        "statistic": "median",
+        "serial": {"latency_s": serial_latency, "actions_per_s": serial_aps},
+        "batched": per_batch,
+        "speedup_vs_serial": {k: v["actions_per_s"] / serial_aps for k, v in per_batch.items()},
+        "compare_batch": b,
+        "text_cache_speedup": optimisations["text_cache"]["total"],
+        "optimisations": optimisations,
+        "mixed_vs_equal_prompt_latency": mixed_latency / equal_latency,
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """A short plain-text table of a benchmark result."""
+    lines = [
+        f"cosmos3-gym bench: {result['checkpoint']} on {result['device']}, "
+        f"H={result['action_horizon']}, steps={result['num_inference_steps']}, "
+        f"median of {result['repeats']} (warmup {result['warmup']})",
+        f"{'B':>4} {'latency s':>10} {'actions/s':>10} {'vs serial':>10} {'denoise s':>10} "
+        f"{'encode s':>9} {'peak MB':>8} {'denoise vs serial':>8}",
+    ]
+    for b, row in result["batched"].items():
+        lines.append(
+            f"{b:>4} {row['latency_s']:>10.3f} {row['actions_per_s']:>10.1f} "
+            f"{result['speedup_vs_serial'][b]:>9.2f}x {row['stages_s']['denoise']:>10.3f} "
+            f"{row['stages_s']['encode']:>9.3f} {row['peak_memory_mb']:>8.0f} "
+            f"{row['denoise_speedup_vs_serial']:>8.2f}x"
+        )
+    b = result["compare_batch"]
+    lines += [
+        f"at B={b} (whole call / denoise stage): "
+        f"text K/V cache {result['text_cache_speedup']:.2f}x / "
+        f"{result['optimisations']['text_cache']['denoise']:.2f}x, "
+        f"K/V buffers {result['optimisations']['kv_buffers']['total']:.2f}x / "
+        f"{result['optimisations']['kv_buffers']['denoise']:.2f}x, "
+        f"fused projections {result['optimisations']['fused_projections']['total']:.2f}x / "
+        f"{result['optimisations']['fused_projections']['denoise']:.2f}x",
+        f"mixed/equal prompt lengths: latency ratio {result['mixed_vs_equal_prompt_latency']:.2f}",
+    ]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", default="tiny", help="checkpoint folder or shipped name")
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32",
+                        help="comma-separated batch sizes (default: 1,2,4,8,16,32)")
+    parser.add_argument("--image-size", default="256x512",
+                        help="HxW of the synthetic observations (default: LIBERO's 256x512)")
+    parser.add_argument("--num-inference-steps", type=int, default=None,
+                        help="denoising steps (default: the checkpoint's)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed calls first (default 1)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls (default 3)")
+    parser.add_argument("--compare-batch", type=int, default=8,
+                        help="batch size of the on/off comparisons (default 8)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's choice). On a shared or busy "
+                             "machine, 1 avoids OpenMP oversubscription skewing every number")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    height, width = (int(x) for x in args.image_size.lower().split("x"))
+    result = run_benchmark(
+        args.checkpoint, device=args.device,
+        batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")),
+        image_size=(height, width), num_inference_steps=args.num_inference_steps,
+        warmup=args.warmup, repeats=args.repeats, compare_batch=args.compare_batch,
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(format_table(result))
+    return result
