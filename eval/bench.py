@@ -77,6 +77,9 @@ def run_benchmark(
     warmup: int = 1,
     repeats: int = 3,
     compare_batch: int = 8,
+    overlap_env: str | None = None,
+    overlap_envs: int = 4,
+    overlap_rounds: int = 4,
 ) -> dict[str, Any]:
     """Run the benchmark and return its JSON-ready result (see the module docstring)."""
     import torch
@@ -139,6 +142,14 @@ def run_benchmark(
         "kv_buffers": ratio_at(b, lambda p: setattr(p.denoise, "preallocate_kv", False), mixed),
         "fused_projections": ratio_at(b, lambda p: None, mixed, other=unfused),
     }
+    env_overlap = None
+    if overlap_env is not None:
+        from cosmos3_gym.eval.overlap import measure_overlap
+
+        env_overlap = measure_overlap(
+            pipe, env=overlap_env, num_envs=overlap_envs, num_rounds=overlap_rounds,
+            num_inference_steps=num_inference_steps,
+        )
     return {
         "checkpoint": str(checkpoint),
         "device": str(dev),
@@ -158,6 +169,7 @@ def run_benchmark(
         "text_cache_speedup": optimisations["text_cache"]["total"],
         "optimisations": optimisations,
         "mixed_vs_equal_prompt_latency": mixed_latency / equal_latency,
+        "env_overlap": env_overlap,
     }
 
 
@@ -188,6 +200,13 @@ def format_table(result: dict[str, Any]) -> str:
         f"{result['optimisations']['fused_projections']['denoise']:.2f}x",
         f"mixed/equal prompt lengths: latency ratio {result['mixed_vs_equal_prompt_latency']:.2f}",
     ]
+    overlap = result.get("env_overlap")
+    if overlap:
+        lines.append(
+            f"env overlap ({overlap['env']}, {overlap['num_envs']} envs in 2 groups): "
+            f"{overlap['sequential_steps_per_s']:.1f} -> {overlap['overlapped_steps_per_s']:.1f} "
+            f"env steps/s ({overlap['overlap_speedup']:.2f}x)"
+        )
     return "\n".join(lines)
 
 
@@ -205,6 +224,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed calls (default 3)")
     parser.add_argument("--compare-batch", type=int, default=8,
                         help="batch size of the on/off comparisons (default 8)")
+    parser.add_argument("--overlap-env", choices=("color_reach", "libero"), default=None,
+                        help="also measure env throughput with/without inference-env overlap")
+    parser.add_argument("--overlap-envs", type=int, default=4,
+                        help="envs for the overlap measurement, split in 2 groups (default 4)")
+    parser.add_argument("--overlap-rounds", type=int, default=4,
+                        help="chunks per group for the overlap measurement (default 4)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice). On a shared or busy "
                              "machine, 1 avoids OpenMP oversubscription skewing every number")
@@ -221,6 +246,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")),
         image_size=(height, width), num_inference_steps=args.num_inference_steps,
         warmup=args.warmup, repeats=args.repeats, compare_batch=args.compare_batch,
+        overlap_env=args.overlap_env, overlap_envs=args.overlap_envs,
+        overlap_rounds=args.overlap_rounds,
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
