@@ -113,3 +113,17 @@ def test_pipeline_optimisations_leave_actions_bit_identical(checkpoint) -> None:
     for attr in ("text_cache", "preallocate_kv"):  # each switch alone changes nothing either
         setattr(slow.denoise, attr, True)
         assert np.array_equal(slow(images, prompts, **kwargs).actions, expected), attr
+
+
+@pytest.mark.slow
+def test_compiled_gen_layers_match_eager_mode() -> None:
+    """torch.compile (CPU inductor here) fuses kernels: equal to float rounding, not bitwise."""
+    eager = build_tiny_transformer(97, seed=5).fuse_gen_projections()
+    compiled = build_tiny_transformer(97, seed=5).fuse_gen_projections().compile_gen_layers()
+    inp = _gen_inputs(eager, [7, 11])
+    with torch.no_grad():
+        expected = _gen_forward(eager, inp, preallocate_kv=True)
+        actual = _gen_forward(compiled, inp, preallocate_kv=True)
+    for (e_vis, e_act), (a_vis, a_act) in zip(expected, actual, strict=True):
+        torch.testing.assert_close(a_vis, e_vis, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a_act, e_act, rtol=1e-5, atol=1e-5)

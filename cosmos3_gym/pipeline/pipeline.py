@@ -98,13 +98,15 @@ class Cosmos3ActionPipeline:
         *,
         policy: PolicyConfig | None = None,
         fuse_projections: bool = True,
+        compile_gen: bool = False,
     ) -> Cosmos3ActionPipeline:
         """Load a diffusers-layout checkpoint folder (or the name of a shipped checkpoint).
 
         ``dtype`` defaults to bfloat16 on CUDA and float32 on CPU. ``policy`` overrides the
         folder's ``action_policy.json`` (real ``nvidia/Cosmos3-*`` folders have none).
         ``fuse_projections`` fuses the GEN layers' Q/K/V and gate/up matmuls at load time
-        (identical outputs; off only to measure it).
+        (identical outputs; off only to measure it). ``compile_gen`` runs the GEN layers
+        through ``torch.compile`` (first call per shape compiles; float-rounding differences).
         """
         from diffusers import AutoencoderKLWan
         from transformers import AutoTokenizer
@@ -127,6 +129,8 @@ class Cosmos3ActionPipeline:
         )
         if fuse_projections:
             transformer.fuse_gen_projections()
+        if compile_gen:
+            transformer.compile_gen_layers()
         # The VAE encodes one frame per request; fp32 keeps the conditioning latent exact.
         vae = AutoencoderKLWan.from_pretrained(root / layout.VAE, torch_dtype=torch.float32)
         vae = vae.to(device).eval().requires_grad_(False)
