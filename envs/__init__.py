@@ -19,6 +19,7 @@ from .libero import (
     LiberoEnv,
     LiberoEpisode,
     libero_num_tasks,
+    libero_task_description,
     make_libero_vector_env,
 )
 
@@ -40,6 +41,7 @@ __all__ = [
     "LiberoEnv",
     "LiberoEpisode",
     "libero_num_tasks",
+    "libero_task_description",
     "make_color_reach_vector_env",
     "make_libero_vector_env",
 ]

@@ -60,6 +60,11 @@ def libero_num_tasks(suite: str) -> int:
     return int(_suite(suite).n_tasks)
 
 
+def libero_task_description(suite: str, task_id: int) -> str:
+    """The language instruction of one LIBERO task (what ``task_description`` will say)."""
+    return str(_task(suite, task_id).language)
+
+
 def _task(suite: str, task_id: int) -> Any:
     tasks = _suite(suite)
     if not 0 <= task_id < tasks.n_tasks:

@@ -1,4 +1,4 @@
-"""The ``cosmos3-gym`` console script: ``eval``, ``rollout`` and ``bench`` (argparse only).
+"""The ``cosmos3-gym`` console script: ``eval``, ``rollout``, ``bench``, ``train`` (argparse only).
 
 Examples:
 
@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--env-timeout", type=float, default=300.0,
                     help="seconds before an async env step/reset counts as hung (default: 300)")
     ev.add_argument("--videos", action="store_true", help="write a GIF per episode to OUT/videos")
+    ev.add_argument("--shuffle-prompts", action="store_true",
+                    help="diagnostic: give each episode another task's prompt; a policy that "
+                         "reads its prompt should then drop to chance")
 
     ro = sub.add_parser("rollout", help="collect policy rollouts as .npz shards")
     _common(ro)
@@ -69,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     ro.add_argument("--shard-steps", type=int, default=256, help="steps per .npz shard")
     ro.add_argument("--deterministic", action="store_true",
                     help="same noise for every chunk (default: fresh noise per chunk)")
+
+    tr = sub.add_parser("train", add_help=False,
+                        help="train the tiny checkpoint on ColorReach demos (see train --help)")
+    tr.add_argument("train_args", nargs=argparse.REMAINDER)
 
     from cosmos3_gym.eval import bench
 
@@ -92,12 +99,16 @@ def main(argv: list[str] | None = None) -> int:
             max_episode_steps=args.max_episode_steps,
             num_inference_steps=args.num_inference_steps, n_action_steps=args.n_action_steps,
             out_of_range=args.out_of_range, env_timeout=args.env_timeout, videos=args.videos,
-            progress=not args.no_progress,
+            shuffle_prompts=args.shuffle_prompts, progress=not args.no_progress,
         )
         results = evaluate(config, args.out)
         if results is not None:
             print(format_table(results))
         return 0
+    if args.command == "train":
+        from cosmos3_gym.eval.train import main as train_main
+
+        return train_main(args.train_args)
     if args.command == "bench":
         from cosmos3_gym.eval import bench
 

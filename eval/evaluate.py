@@ -63,7 +63,7 @@ from cosmos3_gym.progress import progress_bar
 # how robustly the same episodes are produced, so they may change between sessions.
 IDENTITY_KEYS = (
     "checkpoint", "env", "suite", "tasks", "trials", "seed", "image_size", "max_episode_steps",
-    "num_inference_steps", "n_action_steps", "out_of_range",
+    "num_inference_steps", "n_action_steps", "out_of_range", "shuffle_prompts",
 )
 
 
@@ -99,6 +99,9 @@ class EvalConfig:
     max_consecutive_faults: int = 5
     # Write one GIF per episode under videos/.
     videos: bool = False
+    # Diagnostic: give every episode another task's prompt. A policy that reads its prompt
+    # should then fail (near chance); one that ignores it keeps its success rate.
+    shuffle_prompts: bool = False
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -402,7 +405,11 @@ class Evaluator:
             return []
         idx = np.array(need)
         images = self.adapter.images(_take(self.obs, idx))
-        prompts = [self.adapter.prompt(t) for t in self._tasks(idx)]
+        if cfg.shuffle_prompts:
+            tasks = [self.eval_env.shuffled_prompt(slots[i].episode.task_index) for i in need]
+        else:
+            tasks = self._tasks(idx)
+        prompts = [self.adapter.prompt(t) for t in tasks]
         seeds = [
             derive_seed(cfg.seed, slots[i].episode.task, slots[i].episode.trial, slots[i].chunks)
             for i in need

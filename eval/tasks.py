@@ -20,8 +20,12 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from cosmos3_gym.envs import make_color_reach_vector_env, make_libero_vector_env
-from cosmos3_gym.envs.color_reach import COLORS
+from cosmos3_gym.envs import (
+    libero_task_description,
+    make_color_reach_vector_env,
+    make_libero_vector_env,
+)
+from cosmos3_gym.envs.color_reach import COLORS, prompt_for
 
 LIBERO_INIT_STATES_PER_TASK = 50
 ENV_NAMES = ("color_reach", "libero")
@@ -103,6 +107,23 @@ class EvalEnv:
         """A fresh vector env of ``num_envs`` sub-envs with autoreset disabled."""
         raise NotImplementedError
 
+    def task_prompt(self, task_index: int) -> str:
+        """The instruction an env shows for task ``task_index`` (its ``task_description``)."""
+        raise NotImplementedError
+
+    def shuffled_prompt(self, task_index: int) -> str:
+        """Another task's instruction: the prompt-reading check of ``--shuffle-prompts``.
+
+        Episodes of task k are given task k+1's prompt (cyclically), so every episode gets a
+        wrong prompt, deterministically: the check resumes and shards like a normal run.
+        """
+        if len(self.tasks) < 2:
+            raise ValueError(
+                f"--shuffle-prompts needs at least 2 tasks to swap prompts between; "
+                f"found {self.tasks}"
+            )
+        return self.task_prompt((task_index + 1) % len(self.tasks))
+
 
 class ColorReachEval(EvalEnv):
     """The built-in env; a task is a target colour (``red``, ``green``, ``blue``, ``yellow``)."""
@@ -125,6 +146,9 @@ class ColorReachEval(EvalEnv):
 
     def reset_options(self, episode: Episode) -> dict[str, Any]:
         return {"target": episode.task}
+
+    def task_prompt(self, task_index: int) -> str:
+        return prompt_for(self.tasks[task_index])
 
     def make(self, num_envs: int, async_: bool) -> VectorEnv:
         return make_color_reach_vector_env(
@@ -158,6 +182,9 @@ class LiberoEval(EvalEnv):
 
     def init_state_id(self, trial: int) -> int | None:
         return trial % LIBERO_INIT_STATES_PER_TASK
+
+    def task_prompt(self, task_index: int) -> str:
+        return libero_task_description(self.suite, self.task_ids[task_index])
 
     def reset_options(self, episode: Episode) -> dict[str, Any]:
         task_id = self.task_ids[episode.task_index]

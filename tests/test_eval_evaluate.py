@@ -262,3 +262,24 @@ def test_out_of_range_actions_are_counted_or_fail(
     failed = [r for r in read_episode_records(tmp_path) if r["invalid_action"]]
     assert failed and all("out of range" in r["invalid_action"] for r in failed)
     assert all(not r["success"] for r in failed) and results["episodes"] == 6
+
+
+def test_shuffled_prompts_give_every_episode_another_tasks_prompt(
+    checkpoint: Path, pipeline, tmp_path: Path
+) -> None:
+    seen: list[str] = []
+
+    def recording(images, prompts, **kwargs):
+        seen.extend(prompts)
+        return pipeline(images, prompts, **kwargs)
+
+    results = evaluate(small_config(checkpoint, shuffle_prompts=True, trials=1), tmp_path,
+                       pipeline=recording)
+    assert results["episodes"] == 3 and results["config"]["shuffle_prompts"] is True
+    # red episodes see green's prompt, green -> blue, blue -> red: never their own.
+    assert set(seen) == {f"reach the {c} target" for c in TASKS}
+    records = read_episode_records(tmp_path)
+    assert {r["task"] for r in records} == set(TASKS)
+    with pytest.raises(ValueError, match="at least 2 tasks"):
+        evaluate(small_config(checkpoint, shuffle_prompts=True, tasks=["red"]), tmp_path / "one",
+                 pipeline=pipeline)
