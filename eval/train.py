@@ -34,12 +34,10 @@ writes the checkpoint folder and ``train_log.json`` (loss curve, wall time) insi
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
 import json
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -63,9 +61,9 @@ class TrainConfig:
     seed: int = 0
     # Demo collection: episodes, the chance of a random detour per step, and the chance that
     # a visited state is kept as a sample (fewer samples per layout, more layouts per VAE second).
-    episodes: int = 200
+    episodes: int = 1400
     detour_prob: float = 0.3
-    keep_prob: float = 0.4
+    keep_prob: float = 0.3
     image_size: int = 128
     # Model: the real architecture at tiny widths.
     hidden_size: int = 128
@@ -79,15 +77,19 @@ class TrainConfig:
     num_inference_steps: int = 8
     flow_shift: float = 1.0
     # Optimisation.
-    steps: int = 1000
+    steps: int = 2400
     batch_size: int = 64
-    lr: float = 1e-3
+    lr: float = 2e-3
     weight_decay: float = 0.01
-    warmup_steps: int = 100
-    video_loss_weight: float = 0.25
+    warmup_steps: int = 150
+    video_loss_weight: float = 0.1
     log_every: int = 25
     encode_batch_size: int = 32
-    threads: int = 2
+    # Demos whose latents set the VAE's per-channel normalisation statistics.
+    stats_samples: int = 64
+    # One intra-op thread: the result does not depend on how busy a shared machine is, and
+    # two threads on two shared cores are slower than one.
+    threads: int = 1
 
 
 def transformer_overrides(cfg: TrainConfig) -> dict[str, Any]:
@@ -208,6 +210,20 @@ def encode_demos(pipe: Any, demos: Demos, batch_size: int) -> EncodedDemos:
     )
 
 
+def latent_statistics(
+    pipe: Any, demos: Demos, samples: int, batch_size: int
+) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std of the VAE posterior mode over the first ``samples`` demos."""
+    from cosmos3_gym.pipeline.vae import latent_normalization
+
+    subset = Demos(demos.images[:samples], demos.colors[:samples], demos.chunks[:samples])
+    normalized = encode_demos(pipe, subset, batch_size).latents  # [n, 48, 1, h, w]
+    mean, inv_std = latent_normalization(pipe.vae)
+    raw = normalized / inv_std.view(1, -1, 1, 1, 1) + mean.view(1, -1, 1, 1, 1)
+    channels = raw.transpose(0, 1).reshape(raw.shape[1], -1)  # [48, n*h*w]
+    return channels.mean(1).tolist(), channels.std(1).clamp_min(1e-6).tolist()
+
+
 # ---------------------------------------------------------------------- loss
 
 
@@ -271,30 +287,6 @@ def flow_matching_loss(
     video_loss = (v_vision[:, :, 1:] - video_target).square().mean()
     loss = action_loss + video_loss_weight * video_loss
     return loss, {"action": action_loss.item(), "video": video_loss.item()}
-
-
-def _rope_with_autograd(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``apply_rope``'s arithmetic, element for element, in a form autograd can differentiate.
-
-    The model's ``apply_rope`` writes into a preallocated tensor with ``out=`` (an inference
-    optimisation), which autograd refuses; training swaps this in for the duration of a run.
-    """
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
-
-@contextlib.contextmanager
-def differentiable_rope() -> Iterator[None]:
-    """Use :func:`_rope_with_autograd` inside the transformer while the block runs."""
-    from cosmos3_gym.model import transformer
-
-    original = transformer.apply_rope
-    transformer.apply_rope = _rope_with_autograd
-    try:
-        yield
-    finally:
-        transformer.apply_rope = original
 
 
 def _lr_factor(step: int, warmup: int, total: int) -> float:
@@ -402,9 +394,10 @@ def evaluate_success(
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Collect, encode, train and write the checkpoint to ``cfg.out``; returns the log."""
+    from cosmos3_gym.model import Cosmos3Transformer
     from cosmos3_gym.model.weights import save_transformer
     from cosmos3_gym.pipeline import Cosmos3ActionPipeline
-    from cosmos3_gym.testing import write_tiny_checkpoint
+    from cosmos3_gym.testing import write_tiny_checkpoint, write_tiny_vae
 
     start = time.perf_counter()
     torch.manual_seed(cfg.seed)
@@ -417,21 +410,28 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     write_tiny_checkpoint(
         out, seed=cfg.seed, policy_overrides=policy_overrides(cfg), **transformer_overrides(cfg)
     )
+    demos = collect_demos(cfg)
+    # The random VAE's latents barely move between frames under the test statistics; like the
+    # real Wan2.2 VAE, the shipped one normalises with per-channel statistics of its data.
+    mean, std = latent_statistics(
+        Cosmos3ActionPipeline.from_pretrained(out), demos, cfg.stats_samples,
+        cfg.encode_batch_size,
+    )
+    write_tiny_vae(out / "vae", seed=cfg.seed, latents_mean=mean, latents_std=std)
     pipe = Cosmos3ActionPipeline.from_pretrained(out)
     policy = pipe.policy
-
-    demos = collect_demos(cfg)
     data = encode_demos(pipe, demos, cfg.encode_batch_size)
     encoded_at = time.perf_counter()
     print(f"{len(demos)} samples from {cfg.episodes} episodes, encoded in "
           f"{encoded_at - start:.1f}s", flush=True)
 
-    model = copy.deepcopy(pipe.transformer)
-    with differentiable_rope():
-        curve = train_transformer(
-            model, data, cfg, raw_action_dim=policy.raw_action_dim, domain_id=policy.domain_id,
-            fps=policy.fps,
-        )
+    # The pipeline fuses the GEN projections for inference (fused weights are plain tensors that
+    # autograd would not train), so training loads its own unfused copy of the same weights.
+    model = Cosmos3Transformer.from_pretrained(out / "transformer")
+    curve = train_transformer(
+        model, data, cfg, raw_action_dim=policy.raw_action_dim, domain_id=policy.domain_id,
+        fps=policy.fps,
+    )
     save_transformer(model.eval(), out / "transformer")
     wall = time.perf_counter() - start
     log = {

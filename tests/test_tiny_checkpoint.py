@@ -1,0 +1,94 @@
+"""The shipped ``tiny`` checkpoint: it loads offline, it solves ColorReach only when the prompt is
+right, and the training entry point that produced it is reproducible."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from cosmos3_gym.checkpoint import resolve_checkpoint
+from cosmos3_gym.eval.train import (
+    TrainConfig,
+    evaluate_success,
+    main,
+    train,
+    transformer_overrides,
+)
+from cosmos3_gym.pipeline import Cosmos3ActionPipeline
+from cosmos3_gym.testing import build_tiny_transformer
+
+# A fixed episode set, disjoint from the training seeds (0..episodes-1).
+EVAL_SEED = 50_000
+EVAL_EPISODES = 24
+EVAL_ENVS = 8
+EVAL_ACTION_STEPS = 2  # replan every 2 of the 4 actions: closed loop near the target
+
+
+@pytest.fixture(scope="module")
+def tiny_pipe() -> Cosmos3ActionPipeline:
+    return Cosmos3ActionPipeline.from_pretrained("tiny")
+
+
+def test_tiny_checkpoint_loads_offline_by_name(tiny_pipe: Cosmos3ActionPipeline) -> None:
+    root = resolve_checkpoint("tiny")
+    assert root.parent.name == "checkpoints" and (root / "transformer").is_dir()
+    assert tiny_pipe.policy.raw_action_dim == 2
+    assert tiny_pipe.action_horizon % 4 == 0
+    training = json.loads((root / "training.json").read_text())
+    assert training["command"].startswith("python -m cosmos3_gym.eval.train")
+
+
+@pytest.mark.slow
+def test_tiny_checkpoint_reaches_the_named_target(tiny_pipe: Cosmos3ActionPipeline) -> None:
+    right = evaluate_success(
+        tiny_pipe, episodes=EVAL_EPISODES, num_envs=EVAL_ENVS, seed=EVAL_SEED, prompts="right",
+        n_action_steps=EVAL_ACTION_STEPS,
+    )
+    shuffled = evaluate_success(
+        tiny_pipe, episodes=EVAL_EPISODES, num_envs=EVAL_ENVS, seed=EVAL_SEED, prompts="shuffled",
+        n_action_steps=EVAL_ACTION_STEPS,
+    )
+    assert right["success_rate"] >= 0.8, right
+    # Another env's prompt names the same colour ~1/4 of the time: near chance, far below 0.8.
+    assert shuffled["success_rate"] <= 0.4, shuffled
+
+
+def _small_run(out: Path) -> TrainConfig:
+    return TrainConfig(
+        out=str(out), seed=3, episodes=2, keep_prob=0.5, hidden_size=64, head_dim=16,
+        intermediate_size=64, steps=4, batch_size=4, warmup_steps=2, log_every=1,
+    )
+
+
+def test_training_is_bit_reproducible(tmp_path: Path) -> None:
+    logs, weights = [], []
+    for name in ("first", "second"):
+        cfg = _small_run(tmp_path / name)
+        logs.append(train(cfg))
+        folder = Path(cfg.out) / "transformer"
+        weights.append(load_file(str(folder / "diffusion_pytorch_model.safetensors")))
+    assert [p["loss"] for p in logs[0]["loss_curve"]] == [p["loss"] for p in logs[1]["loss_curve"]]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    # Training moved the weights away from the checkpoint's random initialisation.
+    cfg = _small_run(tmp_path / "first")
+    vocab = len(Cosmos3ActionPipeline.from_pretrained(cfg.out).tokenizer)
+    initial = build_tiny_transformer(vocab, seed=cfg.seed, **transformer_overrides(cfg))
+    assert not torch.equal(initial.proj_out.weight, weights[0]["proj_out.weight"])
+
+
+def test_train_main_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
+    out = tmp_path / "ckpt"
+    argv = ["--out", str(out), "--seed", "1", "--episodes", "1", "--steps", "2",
+            "--batch-size", "2", "--hidden-size", "64", "--head-dim", "16",
+            "--intermediate-size", "64", "--warmup-steps", "1", "--log-every", "1"]
+    assert main(argv) == 0
+    log = json.loads((out / "train_log.json").read_text())
+    assert len(log["loss_curve"]) == 2 and log["wall_s"] > 0
+    pipe = Cosmos3ActionPipeline.from_pretrained(out)
+    assert pipe(torch.zeros(1, 128, 128, 3, dtype=torch.uint8).numpy(), "reach the red target",
+                progress=False).actions.shape == (1, 4, 2)
