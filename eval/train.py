@@ -6,7 +6,10 @@ The recipe, end to end:
    folder (tokenizer, frozen random tiny VAE, randomly initialised transformer, scheduler,
    ``action_policy.json``), and training loads it back through
    :meth:`Cosmos3ActionPipeline.from_pretrained`, so train and inference share one tokenizer, one
-   VAE and one policy head description.
+   VAE and one policy head description. The VAE stays random and frozen, but its per-channel
+   ``latents_mean``/``latents_std`` are set from the demos' latents (as Wan2.2's are from its
+   data): with the test statistics, frames differ by ~0.03 in latent space and learning stalls.
+   The transformer is trained from its own unfused copy (the pipeline fuses GEN projections).
 2. **Demos.** ColorReach episodes from fixed seeds, driven by the scripted expert with random
    detours (DAgger-lite: with probability ``detour_prob`` a random velocity is executed instead,
    so off-expert states are visited); every visited state is labelled with the expert's
