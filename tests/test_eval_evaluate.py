@@ -154,12 +154,14 @@ def test_finished_run_rerun_does_nothing(reference: Path, checkpoint: Path, monk
     assert (reference / "episodes.jsonl").read_text() == before
 
 
-def test_missing_tiny_checkpoint_is_a_clear_error(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
+def test_missing_checkpoints_are_clear_errors(tmp_path: Path, monkeypatch) -> None:
+    with pytest.raises(FileNotFoundError, match="no checkpoint folder at .*nope"):
+        load_pipeline(str(tmp_path / "nope"))
     import cosmos3_gym.checkpoint as layout
 
-    if (Path(layout.__file__).parent / "checkpoints" / "tiny").is_dir():
-        pytest.skip("the tiny checkpoint is shipped in this install")
+    # An install without the shipped checkpoint: the error says what is missing and what to do.
+    monkeypatch.setattr(layout, "__file__", str(tmp_path / "checkpoint.py"))
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match="tiny checkpoint is not shipped"):
         load_pipeline("tiny")
 
