@@ -132,7 +132,9 @@ class Cosmos3ActionPipeline:
         if compile_gen:
             transformer.compile_gen_layers()
         # The VAE encodes one frame per request; fp32 keeps the conditioning latent exact.
-        vae = AutoencoderKLWan.from_pretrained(root / layout.VAE, torch_dtype=torch.float32)
+        vae = AutoencoderKLWan.from_pretrained(
+            root / layout.VAE, torch_dtype=torch.float32, low_cpu_mem_usage=False
+        )
         vae = vae.to(device).eval().requires_grad_(False)
         tokenizer = AutoTokenizer.from_pretrained(root / layout.TEXT_TOKENIZER)
         return cls(transformer, vae, tokenizer, policy, max_batch_size=max_batch_size)
