@@ -109,7 +109,7 @@ def measure_overlap(
     num_envs: int = 4,
     num_rounds: int = 4,
     adapter: str | None = None,
-    suite_or_tasks: Any = ("libero_spatial",),
+    suite_or_tasks: Any = "libero_spatial",
     image_size: int | None = None,
     num_inference_steps: int | None = None,
 ) -> dict[str, float]:
@@ -139,7 +139,7 @@ def measure_overlap(
             )
         elif env == "libero":
             vec = make_libero_vector_env(
-                list(suite_or_tasks), half, async_=True, autoreset_mode=AutoresetMode.SAME_STEP,
+                suite_or_tasks, half, async_=True, autoreset_mode=AutoresetMode.SAME_STEP,
                 image_size=image_size or 256,
             )
         else:
