@@ -6,7 +6,8 @@ What it measures, all in one process and one run so ratios are side by side:
   (``speedup_vs_serial``: batched actions/s over serial actions/s, the headline);
 - the text (UND) K/V cache on versus off (``text_cache_speedup``);
 - prompts of mixed token lengths versus equal lengths in one batch;
-- each hot-path optimisation switched off alone (fused projections, K/V buffers);
+- each hot-path optimisation switched off alone (fused projections, K/V buffers), and the RoPE
+  and RMSNorm kernels against their textbook forms at Cosmos3-Nano shapes;
 - per-stage seconds (admission ... decode) and peak memory: CUDA max-allocated on GPU, process
   peak RSS on CPU.
 
@@ -57,6 +58,54 @@ def _median_call(
     return statistics.median(times), {
         k: statistics.median(s[f"{k}_s"] for s in stages) for k in keys
     }
+
+
+def kernel_microbench(device: str = "cpu", batch: int = 8, repeats: int = 10) -> dict[str, Any]:
+    """RoPE and RMSNorm at Cosmos3-Nano GEN shapes (32 heads x 128, 266 tokens): the textbook
+    form (``rotate_half`` + ``torch.cat``; RMSNorm as five ops) against ours, with a check that
+    both give the same bits."""
+    import torch
+
+    from cosmos3_gym.model.rope import apply_rope
+    from cosmos3_gym.model.transformer import RMSNorm
+
+    dev = torch.device(device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(batch, 32, 266, 128, generator=gen).to(dev)
+    angles = torch.randn(batch, 1, 266, 64, generator=gen).to(dev)
+    cos, sin = angles.cos(), angles.sin()
+    cos_full, sin_full = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+    norm = RMSNorm(128, 1e-6).to(dev)
+
+    def rotate_half() -> torch.Tensor:
+        return x * cos_full + torch.cat([-x[..., 64:], x[..., :64]], -1) * sin_full
+
+    def rms_five_ops() -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight
+
+    def ms(fn: Callable[[], Any]) -> float:
+        fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return (time.perf_counter() - start) / repeats * 1e3
+
+    with torch.no_grad():
+        rope_ref, rope_ms = ms(rotate_half), ms(lambda: apply_rope(x, cos, sin))
+        norm_ref, norm_ms = ms(rms_five_ops), ms(lambda: norm(x))
+        return {
+            "shape": [batch, 32, 266, 128],
+            "rope_rotate_half_ms": rope_ref, "rope_no_cat_ms": rope_ms,
+            "rope_speedup": rope_ref / rope_ms,
+            "rope_bit_identical": bool(torch.equal(rotate_half(), apply_rope(x, cos, sin))),
+            "rmsnorm_five_ops_ms": norm_ref, "rmsnorm_fused_ms": norm_ms,
+            "rmsnorm_speedup": norm_ref / norm_ms,
+            "rmsnorm_bit_identical": bool(torch.equal(rms_five_ops(), norm(x))),
+        }
 
 
 def _peak_memory_mb(device: torch.device) -> float:
@@ -169,6 +218,7 @@ def run_benchmark(
         "text_cache_speedup": optimisations["text_cache"]["total"],
         "optimisations": optimisations,
         "mixed_vs_equal_prompt_latency": mixed_latency / equal_latency,
+        "kernels": kernel_microbench(device, batch=b),
         "env_overlap": env_overlap,
     }
 
@@ -200,6 +250,12 @@ def format_table(result: dict[str, Any]) -> str:
         f"{result['optimisations']['fused_projections']['denoise']:.2f}x",
         f"mixed/equal prompt lengths: latency ratio {result['mixed_vs_equal_prompt_latency']:.2f}",
     ]
+    k = result["kernels"]
+    lines.append(
+        f"kernels at Nano shapes {k['shape']}: RoPE without cat {k['rope_speedup']:.2f}x "
+        f"(bit-identical: {k['rope_bit_identical']}), one-op RMSNorm {k['rmsnorm_speedup']:.2f}x "
+        f"(bit-identical: {k['rmsnorm_bit_identical']})"
+    )
     overlap = result.get("env_overlap")
     if overlap:
         lines.append(

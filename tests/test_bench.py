@@ -29,4 +29,7 @@ def test_bench_writes_speedups_stages_and_optimisation_ratios(tmp_path, capsys) 
     ratios = [result["text_cache_speedup"], result["mixed_vs_equal_prompt_latency"]]
     ratios += [r[k] for r in result["optimisations"].values() for k in ("total", "denoise")]
     assert all(math.isfinite(r) and r > 0 for r in ratios)
+    kernels = result["kernels"]
+    assert kernels["rope_bit_identical"] and kernels["rmsnorm_bit_identical"]
+    assert kernels["rope_speedup"] > 0 and kernels["rmsnorm_speedup"] > 0
     assert "vs serial" in capsys.readouterr().out
