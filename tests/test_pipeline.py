@@ -222,3 +222,17 @@ def test_pipeline_matches_diffusers_transformer_and_scheduler(checkpoint, pipe, 
     out = pipe(images[:1], PROMPTS[:1], seed=21, num_inference_steps=num_steps, progress=False)
     assert np.abs(expected).max() > 0.1
     np.testing.assert_allclose(out.actions[0], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_return_video_decodes_the_predicted_clip_and_changes_no_action(pipe, images) -> None:
+    plain = _run(pipe, images[:2], PROMPTS[:2], [1, 2])
+    with_video = _run(pipe, images[:2], PROMPTS[:2], [1, 2], return_video=True)
+    assert plain.video is None
+    np.testing.assert_array_equal(with_video.actions, plain.actions)
+    plan = plan_canvas(*images.shape[1:3], pipe.policy.resolution_tier)
+    h, w = latent_content_shape(plan)
+    assert len(with_video.video) == 2
+    for clip in with_video.video:
+        assert clip.dtype == np.uint8
+        assert clip.shape == (pipe.action_horizon + 1, h * 16, w * 16, 3)
+        assert clip.std() > 0  # decoded content, not a blank buffer

@@ -75,7 +75,7 @@ class Cosmos3ActionPipeline:
         self.encode = EncodeStage(vae)
         self.noise = NoiseStage(policy, self.device)
         self.denoise = DenoiseStage(transformer, policy)
-        self.decode = DecodeStage(policy, stats)
+        self.decode = DecodeStage(policy, stats, vae)
         self.stages = (
             self.preprocess, self.prompt, self.encode, self.noise, self.denoise, self.decode
         )
@@ -152,6 +152,7 @@ class Cosmos3ActionPipeline:
         action_noise: torch.Tensor | np.ndarray | None = None,
         video_noise: torch.Tensor | np.ndarray | None = None,
         progress: bool = True,
+        return_video: bool = False,
     ) -> ActionOutput:
         """Predict one action chunk per image.
 
@@ -165,6 +166,8 @@ class Cosmos3ActionPipeline:
             action_noise / video_noise: ``[B, H, 64]`` / ``[B, 48, T, h, w]`` float noise that
                 replaces the seeded draw (RL replay, parity tests).
             progress: show the denoising progress bar (rank 0 only).
+            return_video: also decode the predicted future frames (``out.video``); policy
+                serving never needs them, so the VAE decoder runs only when asked.
         """
         timer = StageTimer(self.device)
         with timer.stage("admission"):
@@ -182,6 +185,7 @@ class Cosmos3ActionPipeline:
                 ),
                 flow_shift=float(self.policy.flow_shift if flow_shift is None else flow_shift),
                 progress=progress,
+                return_video=bool(return_video),
             )
             batches = self._micro_batches(admitted.images, admitted.prompts, seeds)
             for mb in batches:
@@ -212,6 +216,7 @@ class Cosmos3ActionPipeline:
             seeds=[None if action_noise is not None and video_noise is not None else s
                    for s in seeds],
             timings=timer.as_dict(),
+            video=_ordered_videos(results, count) if return_video else None,
         )
 
     def _micro_batches(
@@ -235,6 +240,15 @@ class Cosmos3ActionPipeline:
                     )
                 )
         return batches
+
+
+def _ordered_videos(results: list[MicroBatch], count: int) -> list[np.ndarray]:
+    """Per-item clips in the caller's order (micro-batches may differ in canvas size)."""
+    videos: list[np.ndarray | None] = [None] * count
+    for mb in results:
+        for row, index in enumerate(mb.indices):
+            videos[index] = mb.result["video"][row]
+    return videos
 
 
 def _seeds(seed: int | Sequence[int] | None, count: int) -> list[int]:

@@ -20,7 +20,7 @@ from cosmos3_gym.pipeline.normalization import denormalize_actions
 from cosmos3_gym.pipeline.preprocess import CanvasPlan, latent_content_shape, preprocess
 from cosmos3_gym.pipeline.prompt import build_action_caption, tokenize_captions
 from cosmos3_gym.pipeline.scheduler import FlowUniPCScheduler
-from cosmos3_gym.pipeline.vae import encode_conditioning_frames
+from cosmos3_gym.pipeline.vae import decode_latents, encode_conditioning_frames
 from cosmos3_gym.progress import progress
 
 ACTION_CHANNELS = 64  # action tokens are zero-padded to this width in every checkpoint
@@ -33,6 +33,7 @@ class SamplingParams:
     guidance_scale: float
     flow_shift: float
     progress: bool
+    return_video: bool = False
 
 
 @dataclass
@@ -247,12 +248,13 @@ class DenoiseStage(Stage):
 
 
 class DecodeStage(Stage):
-    """Raw action width of the 64 channels, un-normalised with the checkpoint's statistics."""
+    """Raw action width of the 64 channels, un-normalised with the checkpoint's statistics;
+    on request, the predicted future video through the VAE decoder."""
 
     name = "decode"
 
-    def __init__(self, policy: PolicyConfig, stats: Any) -> None:
-        self.policy, self.stats = policy, stats
+    def __init__(self, policy: PolicyConfig, stats: Any, vae: Any) -> None:
+        self.policy, self.stats, self.vae = policy, stats, vae
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
         p = self.policy
@@ -266,5 +268,9 @@ class DecodeStage(Stage):
             "normalized_actions": normalized.astype(np.float32),
             "action_noise": batch.initial_action_noise.cpu().numpy().astype(np.float32),
         }
+        if params.return_video:
+            clip = decode_latents(self.vae, batch.vision)  # [b, 3, H + 1, h, w] in [-1, 1]
+            clip = ((clip + 1.0) * 127.5).round_().clamp_(0, 255).to(torch.uint8)
+            batch.result["video"] = clip.permute(0, 2, 3, 4, 1).cpu().numpy()
         batch.vision = batch.actions = None
         return batch
