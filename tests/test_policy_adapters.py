@@ -40,7 +40,7 @@ def libero_obs(batch: int = 2, size: int = 6) -> dict[str, np.ndarray]:
 def test_libero_images_are_rotated_180_and_agentview_sits_left():
     obs = libero_obs()
     original = {k: v.copy() for k, v in obs.items()}
-    images = LiberoAdapter().images(obs)
+    images = LiberoAdapter(view_size=None).images(obs)
     assert images.shape == (2, 6, 12, 3) and images.dtype == np.uint8
     for b in range(2):
         # np.rot90 twice in the image plane is an independent spelling of a 180-degree rotation.
@@ -54,10 +54,26 @@ def test_libero_rotation_moves_the_top_left_pixel_to_the_bottom_right():
     obs = {k: np.zeros((1, 4, 4, 3), np.uint8) for k in ("agentview_image", "wrist_image")}
     obs["agentview_image"][0, 0, 0] = (255, 0, 0)
     obs["wrist_image"][0, 0, 0] = (0, 255, 0)
-    images = LiberoAdapter().images(obs)
+    images = LiberoAdapter(view_size=None).images(obs)
     assert tuple(images[0, 3, 3]) == (255, 0, 0)  # agentview corner: bottom right of left half
     assert tuple(images[0, 3, 7]) == (0, 255, 0)  # wrist corner: bottom right of right half
     assert images.sum() == 510
+
+
+def test_libero_views_are_resized_to_the_trained_256_square():
+    from PIL import Image
+
+    obs = libero_obs(batch=2, size=128)
+    images = LiberoAdapter().images(obs)
+    assert images.shape == (2, 256, 512, 3) and images.dtype == np.uint8
+    for b in range(2):
+        for key, half in (("agentview_image", slice(0, 256)), ("wrist_image", slice(256, 512))):
+            rotated = np.ascontiguousarray(np.rot90(obs[key][b], 2))
+            expected = np.asarray(Image.fromarray(rotated).resize((256, 256), Image.BILINEAR))
+            np.testing.assert_array_equal(images[b, :, half], expected)
+    same = libero_obs(batch=1, size=256)  # already 256: no resampling at all
+    np.testing.assert_array_equal(LiberoAdapter().images(same)[0, :, :256],
+                                  np.rot90(same["agentview_image"][0], 2))
 
 
 @pytest.mark.parametrize(

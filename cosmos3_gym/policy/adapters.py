@@ -30,6 +30,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from cosmos3_gym.policy.rotations import rot6d_to_axis_angle
 
@@ -158,8 +159,9 @@ class LiberoAdapter(Adapter):
     """LIBERO conventions for the Cosmos3 LIBERO checkpoints (cosmos-framework's recipe).
 
     - Images: agentview and wrist frames, each rotated 180 degrees (the simulator renders them
-      upside down relative to the training videos), side by side with agentview on the left:
-      ``[B, S, S, 3]`` x 2 -> ``[B, S, 2S, 3]``.
+      upside down relative to the training videos), resized to ``view_size`` squares (bilinear,
+      as the official client does; 256 is what the recipe trained on) unless already that size,
+      side by side with agentview on the left: ``[B, S, S, 3]`` x 2 -> ``[B, 256, 512, 3]``.
     - Prompt: the task plus the two concat-view sentences the checkpoint was trained with.
     - Actions: raw 10-D ``[dpos(3), rot6d(6), gripper(1)]`` -> 7-D ``[dpos, axis-angle, gripper]``;
       rot6d is projected onto SO(3) by SVD; the gripper goes from the data's ``[0, 1]`` to
@@ -170,6 +172,7 @@ class LiberoAdapter(Adapter):
         wrist_key: observation key of the wrist camera batch.
         binarize_gripper: send ``sign(g')`` instead of ``g'``; the i4 / cosmos-rl reference does
             this, which is more forgiving of weak checkpoints. The official client does not.
+        view_size: side of each camera view fed to the model; ``None`` keeps the rendered size.
     """
 
     name = "libero"
@@ -181,10 +184,12 @@ class LiberoAdapter(Adapter):
         agentview_key: str = "agentview_image",
         wrist_key: str = "wrist_image",
         binarize_gripper: bool = False,
+        view_size: int | None = 256,
     ) -> None:
         self.agentview_key = agentview_key
         self.wrist_key = wrist_key
         self.binarize_gripper = binarize_gripper
+        self.view_size = view_size
 
     def images(self, obs: Any) -> np.ndarray:
         if not isinstance(obs, Mapping):
@@ -206,7 +211,18 @@ class LiberoAdapter(Adapter):
                 f"by side; found {list(agent.shape)} and {list(wrist.shape)}"
             )
         # [B, H, W, C]: reversing H and W is a 180-degree rotation.
-        return np.concatenate([agent[:, ::-1, ::-1], wrist[:, ::-1, ::-1]], axis=2)
+        views = [self._resize(agent[:, ::-1, ::-1]), self._resize(wrist[:, ::-1, ::-1])]
+        return np.concatenate(views, axis=2)
+
+    def _resize(self, batch: np.ndarray) -> np.ndarray:
+        size = self.view_size
+        if size is None or batch.shape[1:3] == (size, size):
+            return batch
+        return np.stack([
+            np.asarray(Image.fromarray(np.ascontiguousarray(img)).resize(
+                (size, size), Image.Resampling.BILINEAR))
+            for img in batch
+        ])
 
     def prompt(self, task: str) -> str:
         for sentence in LIBERO_VIEW_SENTENCES:
