@@ -166,18 +166,21 @@ def test_missing_checkpoints_are_clear_errors(tmp_path: Path, monkeypatch) -> No
         load_pipeline("tiny")
 
 
-def _crashing_env(marker: str, image_size: int, max_episode_steps: int) -> EpisodeEndHold:
-    return EpisodeEndHold(_CrashOnce(marker, image_size=image_size,
+def _crashing_env(marker: str, image_size: int, max_episode_steps: int,
+                  hang: bool = False) -> EpisodeEndHold:
+    return EpisodeEndHold(_CrashOnce(marker, hang=hang, image_size=image_size,
                                      max_episode_steps=max_episode_steps))
 
 
 class _CrashOnce(ColorReachEnv):
     """Kills its own worker process (like a simulator segfault) at the 3rd step of 'green'
-    trial 1, the first time only (a marker file remembers it across worker restarts)."""
+    trial 1, the first time only (a marker file remembers it across worker restarts).
+    With ``hang=True`` it stops answering instead (a simulator stuck in a step)."""
 
-    def __init__(self, marker: str, **kwargs) -> None:
+    def __init__(self, marker: str, hang: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
         self.marker = marker
+        self.hang = hang
 
     def reset(self, *, seed=None, options=None):
         self._crash_here = (options or {}).get("target") == "green" and seed == derive_seed(
@@ -187,14 +190,17 @@ class _CrashOnce(ColorReachEnv):
     def step(self, action):
         if self._crash_here and self._elapsed == 2 and not os.path.exists(self.marker):
             Path(self.marker).touch()
+            if self.hang:
+                time.sleep(600)  # far past env_timeout; the evaluator must kill this worker
             os.kill(os.getpid(), signal.SIGKILL)
         return super().step(action)
 
 
 class _CrashingColorReach(ColorReachEval):
-    def __init__(self, marker: Path, **kwargs) -> None:
+    def __init__(self, marker: Path, hang: bool = False, **kwargs) -> None:
         super().__init__(TASKS, **kwargs)
         self.marker = str(marker)
+        self.hang = hang
 
     def make(self, num_envs: int, async_: bool):
         import functools
@@ -203,7 +209,7 @@ class _CrashingColorReach(ColorReachEval):
         from gymnasium.vector import AutoresetMode
 
         fn = functools.partial(_crashing_env, self.marker, self.image_size,
-                               self.max_episode_steps)
+                               self.max_episode_steps, self.hang)
         return gym.vector.AsyncVectorEnv([fn] * num_envs, autoreset_mode=AutoresetMode.DISABLED)
 
 
@@ -226,6 +232,47 @@ def test_killed_env_worker_is_restarted_and_every_episode_recorded_once(
     assert ("green", 1) in restarted and results["restarted_episodes"] == len(restarted)
     # Re-run from the same seed: the same episodes as the run without faults.
     assert episode_table(out) == episode_table(reference)
+
+
+def test_hung_env_worker_is_killed_restarted_and_its_episode_rerun(
+    reference: Path, checkpoint: Path, pipeline, tmp_path: Path
+) -> None:
+    marker = tmp_path / "hung"
+    eval_env = _CrashingColorReach(marker, hang=True, image_size=32, max_episode_steps=6)
+    out = tmp_path / "out"
+    start = time.perf_counter()
+    results = evaluate(small_config(checkpoint, async_envs=True, env_timeout=3), out,
+                       pipeline=pipeline, eval_env=eval_env)
+    assert marker.exists(), "the injected hang never happened"
+    assert time.perf_counter() - start < 120  # the 600 s sleep was cut short
+    assert results["complete"] and results["episodes"] == 6
+    assert log_keys(out) == sorted((t, k) for t in TASKS for k in range(2))
+    [incident] = results["incidents"]
+    assert incident["kind"] == "hang"
+    assert episode_table(out) == episode_table(reference)
+
+
+def test_videos_are_named_by_task_trial_seed_and_outcome_and_never_overwritten(
+    checkpoint: Path, pipeline, tmp_path: Path
+) -> None:
+    evaluate(small_config(checkpoint, videos=True, trials=1), tmp_path, pipeline=pipeline)
+    records = read_episode_records(tmp_path)
+    names = sorted(p.name for p in (tmp_path / "videos").iterdir())
+    expected = sorted(
+        f"{r['task']}__trial{r['trial']:03d}__seed{r['seed']}__"
+        f"{'success' if r['success'] else 'failure'}.gif" for r in records
+    )
+    assert names == expected
+    # The same episodes again into a folder whose videos/ already holds those names (as after
+    # a resume or a fault re-run): the old files stay byte for byte, the new ones get a suffix.
+    again = tmp_path / "again"
+    (again / "videos").mkdir(parents=True)
+    for name in names:
+        (again / "videos" / name).write_bytes(b"earlier video")
+    evaluate(small_config(checkpoint, videos=True, trials=1), again, pipeline=pipeline)
+    for name in names:
+        assert (again / "videos" / name).read_bytes() == b"earlier video"
+        assert (again / "videos" / name.replace(".gif", "__1.gif")).stat().st_size > 0
 
 
 class _NaNForBlue:
