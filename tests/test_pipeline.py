@@ -66,6 +66,14 @@ def test_batched_output_matches_single_requests(pipe, images) -> None:
         np.testing.assert_allclose(batched.actions[i], alone.actions[0], rtol=1e-5, atol=1e-5)
 
 
+def test_noise_is_the_official_arch_invariant_draw(pipe, images) -> None:
+    out = _run(pipe, images[:2], PROMPTS[:2], [123, 2**40 + 5])
+    expected = np.random.RandomState(123).standard_normal((pipe.action_horizon, 64))
+    expected[:, pipe.action_dim :] = 0  # padding channels are zeroed
+    np.testing.assert_array_equal(out.action_noise[0], expected.astype(np.float32))
+    assert np.isfinite(out.action_noise[1]).all()  # a seed past 2**32 works too
+
+
 def test_item_noise_depends_only_on_its_own_seed(pipe, images) -> None:
     same = _run(pipe, images, PROMPTS, 5)
     again = _run(pipe, images[[2, 0]], [PROMPTS[2], PROMPTS[0]], 5)
@@ -123,6 +131,7 @@ def test_classifier_free_guidance_batches_cond_and_uncond(pipe, images) -> None:
         ({"prompts": ["a", "b"]}, r"2 prompt\(s\).*3 image\(s\)"),
         ({"prompts": ["a", "", "c"]}, "empty"),
         ({"seed": [1, 2]}, "one per image"),
+        ({"seed": [1, -2, 3]}, r"seed\[1\]: expected an int in \[0, 2\*\*64\)"),
         ({"action_noise": np.zeros((2, 4, 64), np.float32)}, "batch axis of 3"),
         ({"num_inference_steps": 0}, "num_inference_steps"),
     ],
@@ -193,9 +202,11 @@ def _reference_chunk(checkpoint, pipe, image, prompt, seed, num_steps):
     cond = ((mu - mean) / std)[..., :h, :w]
 
     t = policy.action_horizon // 4 + 1
-    vision = torch.randn((48, t, h, w), generator=torch.Generator().manual_seed(seed))[None]
-    generator = torch.Generator().manual_seed(seed)  # a fresh generator per modality
-    actions = torch.randn((policy.action_horizon, 64), generator=generator)
+    # The official arch-invariant draw: a fresh RandomState(seed) per modality, fp32.
+    vision = np.random.RandomState(seed).standard_normal((48, t, h, w)).astype(np.float32)
+    vision = torch.from_numpy(vision)[None]
+    actions = np.random.RandomState(seed).standard_normal((policy.action_horizon, 64))
+    actions = torch.from_numpy(actions.astype(np.float32))
     actions[:, policy.raw_action_dim :] = 0
     vision[:, :, :1] = cond
     vision_sched = _diffusers_scheduler(num_steps, policy.flow_shift)

@@ -255,7 +255,7 @@ def _seeds(seed: int | Sequence[int] | None, count: int) -> list[int]:
     if seed is None:
         return [DEFAULT_SEED] * count
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-        return [int(seed)] * count
+        return [_check_seed_range(int(seed), "seed")] * count
     seeds = list(seed)
     if len(seeds) != count:
         raise ValueError(
@@ -264,7 +264,13 @@ def _seeds(seed: int | Sequence[int] | None, count: int) -> list[int]:
     for i, s in enumerate(seeds):
         if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
             raise ValueError(f"seed[{i}]: expected an int, got {type(s).__name__}")
-    return [int(s) for s in seeds]
+    return [_check_seed_range(int(s), f"seed[{i}]") for i, s in enumerate(seeds)]
+
+
+def _check_seed_range(seed: int, name: str) -> int:
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"{name}: expected an int in [0, 2**64), got {seed}")
+    return seed
 
 
 def _noise_tensor(name: str, noise: Any, count: int) -> torch.Tensor | None:

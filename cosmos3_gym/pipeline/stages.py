@@ -132,13 +132,17 @@ class EncodeStage(Stage):
 
 
 def _item_noise(seed: int, shape: tuple[int, ...]) -> torch.Tensor:
-    """Standard normal fp32 noise from a CPU generator seeded for this item alone.
+    """Standard normal fp32 noise for one item, from its own seed alone.
 
-    Drawn on the CPU in fp32 so that CPU and GPU runs start from the same numbers; each
-    modality uses a fresh generator, as the official framework does with ``RandomState(seed)``.
+    The official framework's architecture-invariant draw: a fresh
+    ``numpy.random.RandomState(seed)`` per item and modality, ``standard_normal`` cast to fp32,
+    on the host, so CPU and GPU runs (and our runs and the official ones, for seeds below 2**32)
+    start from the same numbers. Seeds of 2**32 and more are passed as two 32-bit words.
     """
-    generator = torch.Generator(device="cpu").manual_seed(int(seed))
-    return torch.randn(shape, generator=generator, dtype=torch.float32)
+    seed = int(seed)
+    state = seed if seed < 2**32 else [seed & 0xFFFFFFFF, seed >> 32]
+    noise = np.random.RandomState(state).standard_normal(shape).astype(np.float32)
+    return torch.from_numpy(noise)
 
 
 class NoiseStage(Stage):
