@@ -189,14 +189,8 @@ def run_rollout_command(args: Any) -> Path:
 
     eval_env = make_eval_env(args.env, suite=args.suite, tasks=args.tasks,
                              image_size=args.image_size, max_episode_steps=args.max_episode_steps)
-    if args.env != "color_reach":
-        raise ValueError(f"rollout supports --env color_reach so far; found {args.env!r}")
-    from cosmos3_gym.envs import make_color_reach_vector_env
-
-    envs = make_color_reach_vector_env(
-        args.num_envs, async_=args.async_envs, autoreset_mode=Mode.NEXT_STEP,
-        image_size=eval_env.image_size, max_episode_steps=eval_env.max_episode_steps,
-    )
+    # Tasks are assigned to envs round-robin; episodes follow each other by autoreset.
+    envs = eval_env.make(args.num_envs, args.async_envs, autoreset_mode=Mode.NEXT_STEP)
     policy = VectorPolicy(load_pipeline(args.checkpoint), adapter=eval_env.adapter,
                           n_action_steps=args.n_action_steps, seed=args.seed,
                           stochastic=not args.deterministic,

@@ -103,8 +103,11 @@ class EvalEnv:
         """The ``reset(options=...)`` that makes a sub-env start ``episode``."""
         raise NotImplementedError
 
-    def make(self, num_envs: int, async_: bool) -> VectorEnv:
-        """A fresh vector env of ``num_envs`` sub-envs with autoreset disabled."""
+    def make(
+        self, num_envs: int, async_: bool, autoreset_mode: AutoresetMode = AutoresetMode.DISABLED
+    ) -> VectorEnv:
+        """A fresh vector env of ``num_envs`` sub-envs (evaluation: autoreset disabled, the
+        evaluator resets each slot itself; rollouts: an autoresetting mode)."""
         raise NotImplementedError
 
     def task_prompt(self, task_index: int) -> str:
@@ -150,11 +153,13 @@ class ColorReachEval(EvalEnv):
     def task_prompt(self, task_index: int) -> str:
         return prompt_for(self.tasks[task_index])
 
-    def make(self, num_envs: int, async_: bool) -> VectorEnv:
+    def make(
+        self, num_envs: int, async_: bool, autoreset_mode: AutoresetMode = AutoresetMode.DISABLED
+    ) -> VectorEnv:
         return make_color_reach_vector_env(
             num_envs,
             async_=async_,
-            autoreset_mode=AutoresetMode.DISABLED,
+            autoreset_mode=autoreset_mode,
             image_size=self.image_size,
             max_episode_steps=self.max_episode_steps,
         )
@@ -190,13 +195,15 @@ class LiberoEval(EvalEnv):
         task_id = self.task_ids[episode.task_index]
         return {"task": (self.suite, task_id), "init_state_id": episode.init_state_id}
 
-    def make(self, num_envs: int, async_: bool) -> VectorEnv:
+    def make(
+        self, num_envs: int, async_: bool, autoreset_mode: AutoresetMode = AutoresetMode.DISABLED
+    ) -> VectorEnv:
         return make_libero_vector_env(
             [(self.suite, t) for t in self.task_ids],
             num_envs,
             async_=async_,
             image_size=self.image_size,
-            autoreset_mode=AutoresetMode.DISABLED,
+            autoreset_mode=autoreset_mode,
             max_episode_steps=self.max_episode_steps,
         )
 

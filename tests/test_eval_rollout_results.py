@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -72,3 +73,23 @@ def test_rollouts_round_trip_through_the_loader(tmp_path: Path) -> None:
                    for row in data["chunk_raw_actions"][c])
     assert (data["chunk_seed"] >= 0).all() and data["chunk_noise"].shape[1:] == (4, 64)
     assert not data["valid"][3].any() and (data["chunk_ids"][3] == -1).all()
+
+
+@pytest.mark.slow
+@pytest.mark.libero
+def test_libero_rollout_command_saves_dict_observations_and_both_tasks(tmp_path) -> None:
+    pytest.importorskip("libero.libero")
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    from cosmos3_gym.eval.cli import main
+
+    checkpoint = write_tiny_checkpoint(tmp_path / "ckpt")  # LIBERO-like 10-D head
+    out = tmp_path / "rollouts"
+    assert main(["rollout", "--checkpoint", str(checkpoint), "--env", "libero",
+                 "--suite", "libero_spatial", "--tasks", "0,1", "--num-envs", "2",
+                 "--async-envs", "--steps", "3", "--num-inference-steps", "1",
+                 "--no-progress", "--out", str(out)]) == 0
+    data = load_rollouts(out)
+    assert data["obs.agentview_image"].shape == (3, 2, 256, 256, 3)
+    assert data["obs.agentview_image"].dtype == np.uint8
+    assert data["actions"].shape == (3, 2, 7) and data["raw_actions"].shape == (3, 2, 10)
+    assert data["prompts"][0, 0] != data["prompts"][0, 1]  # two tasks, one prompt each
