@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,12 @@ from cosmos3_gym.eval.results import read_episode_records
 from cosmos3_gym.testing import write_tiny_checkpoint
 
 FIELDS = ("task", "trial", "seed", "steps", "chunks", "success", "out_of_range_steps")
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -29,7 +36,8 @@ def test_two_rank_torchrun_matches_single_process(tmp_path: Path) -> None:
                    check=True, env=env, timeout=120)
     run = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_port", "29731", "-m", "cosmos3_gym.eval.cli", *args, "--out", str(multi)],
+         "--master_addr", "127.0.0.1", "--master_port", str(_free_loopback_port()),
+         "-m", "cosmos3_gym.eval.cli", *args, "--out", str(multi)],
         env=env, timeout=180, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert sorted(p.name for p in multi.glob("episodes*.jsonl")) == [
