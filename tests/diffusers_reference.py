@@ -40,22 +40,23 @@ def reference_forward(
         n_act, 1, 1, offset, fps=fps, base_fps=float(cfg.base_fps), temporal_compression_factor=1,
         base_temporal_compression_factor=4, start_frame_offset=1,
     )
-    position_ids = torch.cat([text_ids, vis_ids.float(), act_ids.float()], dim=1)
+    dev = next(ref.parameters()).device
+    position_ids = torch.cat([text_ids, vis_ids.float(), act_ids.float()], dim=1).to(dev)
     noisy_frames = torch.arange(num_cond_frames, t)
     vis_loss = torch.cat([length + f * hp * wp + torch.arange(hp * wp) for f in noisy_frames])
     act_idx = torch.arange(length + n_vis, length + n_vis + n_act)
     out = ref(
-        input_ids=input_ids, text_indexes=torch.arange(length), position_ids=position_ids,
-        und_len=length, sequence_length=length + n_vis + n_act,
+        input_ids=input_ids.to(dev), text_indexes=torch.arange(length, device=dev),
+        position_ids=position_ids, und_len=length, sequence_length=length + n_vis + n_act,
         vision_tokens=[vision], vision_token_shapes=[(t, hp, wp)],
-        vision_sequence_indexes=torch.arange(length, length + n_vis),
-        vision_mse_loss_indexes=vis_loss,
-        vision_timesteps=torch.full((vis_loss.numel(),), float(timestep)),
-        vision_noisy_frame_indexes=[noisy_frames],
+        vision_sequence_indexes=torch.arange(length, length + n_vis, device=dev),
+        vision_mse_loss_indexes=vis_loss.to(dev),
+        vision_timesteps=torch.full((vis_loss.numel(),), float(timestep), device=dev),
+        vision_noisy_frame_indexes=[noisy_frames.to(dev)],
         action_tokens=[actions], action_token_shapes=[(n_act, 1, 1)],
-        action_sequence_indexes=act_idx, action_mse_loss_indexes=act_idx,
-        action_timesteps=torch.full((n_act,), float(timestep)),
-        action_noisy_frame_indexes=[torch.arange(n_act)],
-        action_domain_ids=[torch.tensor(domain)],
+        action_sequence_indexes=act_idx.to(dev), action_mse_loss_indexes=act_idx.to(dev),
+        action_timesteps=torch.full((n_act,), float(timestep), device=dev),
+        action_noisy_frame_indexes=[torch.arange(n_act, device=dev)],
+        action_domain_ids=[torch.tensor(domain, device=dev)],
     )
     return out.sample[0], out.action[0]

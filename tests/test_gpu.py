@@ -1,0 +1,90 @@
+"""Device checks, run where CUDA is present (`python -m pytest -q -m gpu` on a GPU machine).
+
+CI machines have no GPU, so these skip there; they are the prepared script for a GPU session:
+bf16 parity of the generator with diffusers' reference, and CPU/GPU agreement of the pipeline
+(noise is drawn on the host, so both devices start from the same numbers).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from diffusers import Cosmos3OmniTransformer
+from diffusers_reference import reference_forward
+
+from cosmos3_gym import Cosmos3ActionPipeline
+from cosmos3_gym.model import Cosmos3Config, Cosmos3Transformer
+from cosmos3_gym.testing import write_tiny_checkpoint
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+CONFIG = dict(
+    hidden_size=256, head_dim=64, num_attention_heads=4, num_key_value_heads=2,
+    num_hidden_layers=4, intermediate_size=512, vocab_size=97, rope_axes_dim=[12, 10, 10],
+    action_gen=True, action_dim=64,
+)
+
+
+def test_bf16_generator_tracks_diffusers_bf16() -> None:
+    """Both in bf16 on the GPU, compared with the fp32 reference as the yardstick."""
+    torch.manual_seed(0)
+    ref = Cosmos3OmniTransformer(**CONFIG).eval()
+    ours = Cosmos3Transformer(Cosmos3Config.from_dict(dict(ref.config))).eval()
+    ours.load_state_dict(
+        {k: v for k, v in ref.state_dict().items() if k not in ours.UNUSED_CHECKPOINT_KEYS}
+    )
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 97, (40,), generator=gen)
+    vision = torch.randn(1, 48, 3, 6, 10, generator=gen)
+    actions = torch.randn(16, 64, generator=gen)
+    with torch.no_grad():
+        exact, exact_act = reference_forward(ref, ids, vision, actions, 604.0, domain=5, fps=20.0)
+        ref_bf16 = ref.to("cuda", torch.bfloat16)
+        ref_vis, ref_act = reference_forward(
+            ref_bf16, ids.cuda(), vision.cuda().bfloat16(), actions.cuda().bfloat16(), 604.0,
+            domain=5, fps=20.0,
+        )
+        ours = ours.to("cuda", torch.bfloat16).fuse_gen_projections()
+        ours.time_embedder.float()
+        our_vis, our_act = ours(
+            ids[None].cuda(), torch.ones(1, 40, dtype=torch.bool, device="cuda"),
+            vision.cuda(), (torch.arange(3, device="cuda") > 0)[None], actions[None].cuda(),
+            torch.ones(1, 16, dtype=torch.bool, device="cuda"), torch.tensor([5], device="cuda"),
+            torch.tensor([604.0], device="cuda"), fps=20.0,
+        )
+    ref_err = (ref_vis.float().cpu() - exact).abs().max()
+    our_err = (our_vis.float().cpu() - exact).abs().max()
+    # Ours may differ from diffusers' bf16 rounding, but not be worse than it by much.
+    assert our_err <= 2 * ref_err + 1e-3, (our_err, ref_err)
+    act_ref_err = (ref_act.float().cpu() - exact_act).abs().max()
+    act_our_err = (our_act[0].float().cpu() - exact_act).abs().max()
+    assert act_our_err <= 2 * act_ref_err + 1e-3, (act_our_err, act_ref_err)
+
+
+def test_pipeline_fp32_on_gpu_matches_cpu(tmp_path) -> None:
+    path = write_tiny_checkpoint(tmp_path / "tiny")
+    images = np.random.default_rng(0).integers(0, 256, (4, 256, 512, 3), dtype=np.uint8)
+    prompts = ["put the bowl on the plate", "open the drawer", "turn on the stove", "push"]
+    kwargs = dict(seed=[1, 2, 3, 4], num_inference_steps=8, progress=False)
+    cpu = Cosmos3ActionPipeline.from_pretrained(path)(images, prompts, **kwargs)
+    gpu_pipe = Cosmos3ActionPipeline.from_pretrained(path, device="cuda", dtype=torch.float32)
+    gpu = gpu_pipe(images, prompts, **kwargs)
+    np.testing.assert_allclose(gpu.actions, cpu.actions, rtol=1e-3, atol=1e-3)
+    assert gpu.timings["denoise_peak_bytes"] > 0
+
+
+def test_bf16_pipeline_is_batch_invariant_on_gpu(tmp_path) -> None:
+    path = write_tiny_checkpoint(tmp_path / "tiny")
+    pipe = Cosmos3ActionPipeline.from_pretrained(path, device="cuda")  # bf16 default on CUDA
+    images = np.random.default_rng(0).integers(0, 256, (3, 256, 512, 3), dtype=np.uint8)
+    prompts = ["put the bowl on the plate", "open the top drawer and put the bowl inside", "go"]
+    batched = pipe(images, prompts, seed=[1, 2, 3], num_inference_steps=8, progress=False)
+    for i in range(3):
+        alone = pipe(images[i : i + 1], prompts[i : i + 1], seed=[i + 1], num_inference_steps=8,
+                     progress=False)
+        # bf16 kernels may pick other tilings per batch size: a loose bound, stated.
+        np.testing.assert_allclose(batched.actions[i], alone.actions[0], rtol=5e-2, atol=5e-2)
