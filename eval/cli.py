@@ -86,8 +86,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``cosmos3-gym`` console script."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the ``cosmos3-gym`` console script.
+
+    Bad input (a missing checkpoint, a mismatched resume folder, an unknown task...) ends with
+    one ``error:`` line and exit status 2, like argparse's own errors; other exceptions keep their
+    traceback, since they are bugs to report.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except (ValueError, FileNotFoundError) as err:
+        parser.exit(2, f"cosmos3-gym {args.command}: error: {err}\n")
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "eval":
         from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
         from cosmos3_gym.eval.results import format_table

@@ -332,3 +332,14 @@ def test_shuffled_prompts_give_every_episode_another_tasks_prompt(
     with pytest.raises(ValueError, match="at least 2 tasks"):
         evaluate(small_config(checkpoint, shuffle_prompts=True, tasks=["red"]), tmp_path / "one",
                  pipeline=pipeline)
+
+
+def test_cli_reports_bad_input_as_one_error_line(tmp_path: Path, capsys) -> None:
+    from cosmos3_gym.eval.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cosmos3-gym eval: error: no checkpoint folder at")
+    assert "Traceback" not in err
