@@ -180,21 +180,19 @@ class EncodedDemos:
 
 def encode_demos(pipe: Any, demos: Demos, batch_size: int) -> EncodedDemos:
     """Turn demos into the pipeline's exact tensors (canvas, caption tokens, VAE latent crop)."""
-    from cosmos3_gym.pipeline.preprocess import latent_content_shape, plan_canvas, preprocess
+    from cosmos3_gym.pipeline.preprocess import crop_latent_to_content, plan_canvas, preprocess
     from cosmos3_gym.pipeline.prompt import build_action_caption, tokenize_captions
-    from cosmos3_gym.pipeline.stages import ACTION_CHANNELS
     from cosmos3_gym.pipeline.vae import encode_conditioning_frames
 
     policy = pipe.policy
     size = demos.images.shape[1]
     plan = plan_canvas(size, demos.images.shape[2], policy.resolution_tier)
-    h, w = latent_content_shape(plan)
     latents = []
     for start in range(0, len(demos), batch_size):
         batch = list(demos.images[start : start + batch_size])
         pixels = preprocess(batch, plan)  # [b, 3, Hc, Wc] in [-1, 1]
         latent = encode_conditioning_frames(pipe.vae, pixels)  # [b, 48, 1, Hc/16, Wc/16]
-        latents.append(latent[:, :, :, :h, :w].float().contiguous())
+        latents.append(crop_latent_to_content(latent, plan))
     captions = [
         build_action_caption(
             prompt_for(color), view_point=policy.view_point, num_frames=policy.num_frames,
@@ -205,7 +203,7 @@ def encode_demos(pipe: Any, demos: Demos, batch_size: int) -> EncodedDemos:
     tokens = tokenize_captions(
         pipe.tokenizer, captions, max_sequence_length=policy.max_sequence_length
     )
-    actions = torch.zeros(len(demos), policy.action_horizon, ACTION_CHANNELS)
+    actions = torch.zeros(len(demos), policy.action_horizon, pipe.transformer.config.action_dim)
     actions[..., : policy.raw_action_dim] = torch.from_numpy(demos.chunks)
     return EncodedDemos(
         latents=torch.cat(latents), colors=torch.from_numpy(demos.colors), actions=actions,

@@ -73,7 +73,10 @@ class Cosmos3ActionPipeline:
         self.preprocess = PreprocessStage(self.device, next(vae.parameters()).dtype)
         self.prompt = PromptStage(transformer, tokenizer, policy)
         self.encode = EncodeStage(vae)
-        self.noise = NoiseStage(policy, self.device)
+        self.noise = NoiseStage(
+            policy, self.device, action_dim=transformer.config.action_dim,
+            temporal_factor=int(vae.config.scale_factor_temporal),
+        )
         self.denoise = DenoiseStage(transformer, policy)
         self.decode = DecodeStage(policy, stats, vae)
         self.stages = (
@@ -202,11 +205,7 @@ class Cosmos3ActionPipeline:
             results.append(mb)
 
         def gather(key: str) -> np.ndarray:
-            first = results[0].result[key]
-            out = np.empty((count, *first.shape[1:]), dtype=first.dtype)
-            for mb in results:
-                out[mb.indices] = mb.result[key]
-            return out
+            return np.stack(_in_caller_order(results, key, count))
 
         return ActionOutput(
             actions=gather("actions"),
@@ -216,7 +215,8 @@ class Cosmos3ActionPipeline:
             seeds=[None if action_noise is not None and video_noise is not None else s
                    for s in seeds],
             timings=timer.as_dict(),
-            video=_ordered_videos(results, count) if return_video else None,
+            # Clips stay a list: micro-batches of other canvases give other frame sizes.
+            video=_in_caller_order(results, "video", count) if return_video else None,
         )
 
     def _micro_batches(
@@ -242,35 +242,34 @@ class Cosmos3ActionPipeline:
         return batches
 
 
-def _ordered_videos(results: list[MicroBatch], count: int) -> list[np.ndarray]:
-    """Per-item clips in the caller's order (micro-batches may differ in canvas size)."""
-    videos: list[np.ndarray | None] = [None] * count
+def _in_caller_order(results: list[MicroBatch], key: str, count: int) -> list[np.ndarray]:
+    """Item rows of every micro-batch's ``result[key]``, back in the caller's order."""
+    rows: list[np.ndarray | None] = [None] * count
     for mb in results:
         for row, index in enumerate(mb.indices):
-            videos[index] = mb.result["video"][row]
-    return videos
+            rows[index] = mb.result[key][row]
+    return rows
 
 
 def _seeds(seed: int | Sequence[int] | None, count: int) -> list[int]:
     if seed is None:
         return [DEFAULT_SEED] * count
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-        return [_check_seed_range(int(seed), "seed")] * count
+        return [_checked_seed(seed, "seed")] * count
     seeds = list(seed)
     if len(seeds) != count:
         raise ValueError(
             f"seed: expected one int or {count} ints (one per image), got {len(seeds)}"
         )
-    for i, s in enumerate(seeds):
-        if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
-            raise ValueError(f"seed[{i}]: expected an int, got {type(s).__name__}")
-    return [_check_seed_range(int(s), f"seed[{i}]") for i, s in enumerate(seeds)]
+    return [_checked_seed(s, f"seed[{i}]") for i, s in enumerate(seeds)]
 
 
-def _check_seed_range(seed: int, name: str) -> int:
+def _checked_seed(seed: Any, name: str) -> int:
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+        raise ValueError(f"{name}: expected an int, got {type(seed).__name__}")
     if not 0 <= seed < 2**64:
         raise ValueError(f"{name}: expected an int in [0, 2**64), got {seed}")
-    return seed
+    return int(seed)
 
 
 def _noise_tensor(name: str, noise: Any, count: int) -> torch.Tensor | None:

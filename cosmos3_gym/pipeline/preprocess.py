@@ -99,6 +99,12 @@ def latent_content_shape(plan: CanvasPlan, spatial_factor: int = 16) -> tuple[in
     return max(plan.content_h // spatial_factor, 1), max(plan.content_w // spatial_factor, 1)
 
 
+def crop_latent_to_content(latent: torch.Tensor, plan: CanvasPlan) -> torch.Tensor:
+    """``[B, C, T, H_c/16, W_c/16]`` canvas latents -> float32 ``[B, C, T, h, w]`` content."""
+    h, w = latent_content_shape(plan)
+    return latent[..., :h, :w].float().contiguous()
+
+
 def preprocess(
     images: Sequence[np.ndarray],
     plan: CanvasPlan,

@@ -17,14 +17,11 @@ import torch
 from cosmos3_gym.checkpoint import PolicyConfig
 from cosmos3_gym.model import Cosmos3Transformer, TextKVCache
 from cosmos3_gym.pipeline.normalization import denormalize_actions
-from cosmos3_gym.pipeline.preprocess import CanvasPlan, latent_content_shape, preprocess
+from cosmos3_gym.pipeline.preprocess import CanvasPlan, crop_latent_to_content, preprocess
 from cosmos3_gym.pipeline.prompt import build_action_caption, tokenize_captions
 from cosmos3_gym.pipeline.scheduler import FlowUniPCScheduler
 from cosmos3_gym.pipeline.vae import decode_latents, encode_conditioning_frames
 from cosmos3_gym.progress import progress
-
-ACTION_CHANNELS = 64  # action tokens are zero-padded to this width in every checkpoint
-VAE_TEMPORAL_FACTOR = 4
 
 
 @dataclass
@@ -43,7 +40,7 @@ class MicroBatch:
     indices: list[int]  # positions in the caller's batch
     images: list[np.ndarray]  # uint8 [H, W, 3] each, one shared canvas plan
     prompts: list[str]
-    seeds: list[int | None]
+    seeds: list[int]
     plan: CanvasPlan
     action_noise: torch.Tensor | None = None  # caller-supplied [b, H, 64] float32
     video_noise: torch.Tensor | None = None  # caller-supplied [b, 48, T, h, w] float32
@@ -125,8 +122,7 @@ class EncodeStage(Stage):
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
         latent = encode_conditioning_frames(self.vae, batch.pixels)  # [b, 48, 1, Hc/16, Wc/16]
-        h, w = latent_content_shape(batch.plan)
-        batch.cond_latent = latent[:, :, :, :h, :w].float().contiguous()
+        batch.cond_latent = crop_latent_to_content(latent, batch.plan)
         batch.pixels = None  # no longer needed; free it before the denoising loop
         return batch
 
@@ -150,15 +146,20 @@ class NoiseStage(Stage):
 
     name = "noise"
 
-    def __init__(self, policy: PolicyConfig, device: torch.device) -> None:
+    def __init__(
+        self, policy: PolicyConfig, device: torch.device, action_dim: int, temporal_factor: int
+    ) -> None:
         self.policy, self.device = policy, device
+        # Width of the (zero-padded) action tokens and the VAE's temporal compression, from
+        # the checkpoint's transformer and VAE configs.
+        self.action_dim, self.temporal_factor = action_dim, temporal_factor
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
         p = self.policy
         _, c, _, h, w = batch.cond_latent.shape
-        t = (p.num_frames - 1) // VAE_TEMPORAL_FACTOR + 1
+        t = (p.num_frames - 1) // self.temporal_factor + 1
         vision_shape = (c, t, h, w)
-        action_shape = (p.action_horizon, ACTION_CHANNELS)
+        action_shape = (p.action_horizon, self.action_dim)
         if batch.video_noise is not None:
             _check_noise("video_noise", batch.video_noise, (batch.size, *vision_shape))
             vision = batch.video_noise.float().clone()
