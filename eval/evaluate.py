@@ -56,6 +56,7 @@ from cosmos3_gym.eval.distributed import (
 )
 from cosmos3_gym.eval.tasks import Episode, EvalEnv, derive_seed, make_eval_env
 from cosmos3_gym.policy.adapters import Adapter, get_adapter
+from cosmos3_gym.policy.vector_policy import take_envs
 from cosmos3_gym.progress import progress_bar
 
 # The config keys that define which episodes a folder holds and how they were produced; a rerun
@@ -393,7 +394,7 @@ class Evaluator:
             self.obs = obs
             slot.needs_reset = False
             if self.config.videos:
-                slot.frames.append(self.adapter.images(_take(obs, i))[0])
+                slot.frames.append(self.adapter.images(take_envs(obs, i))[0])
 
     # ------------------------------------------------------------------ planning and stepping
 
@@ -404,7 +405,7 @@ class Evaluator:
         if not need:
             return []
         idx = np.array(need)
-        images = self.adapter.images(_take(self.obs, idx))
+        images = self.adapter.images(take_envs(self.obs, idx))
         if cfg.shuffle_prompts:
             tasks = [self.eval_env.shuffled_prompt(slots[i].episode.task_index) for i in need]
         else:
@@ -474,7 +475,7 @@ class Evaluator:
             slot.steps += 1
             self.env_steps += 1
             if self.config.videos:
-                slot.frames.append(self.adapter.images(_take(obs, i))[0])
+                slot.frames.append(self.adapter.images(take_envs(obs, i))[0])
             terminated = _info_flag(info, "episode_terminated", i)
             truncated = _info_flag(info, "episode_truncated", i)
             if terminated or truncated:
@@ -581,14 +582,6 @@ def _info_flag(info: dict[str, Any], key: str, i: int) -> bool:
     if mask is not None and not bool(mask[i]):
         return False
     return bool(info[key][i])
-
-
-def _take(obs: Any, idx: Any) -> Any:
-    """The observation rows ``idx`` (an int keeps a leading axis of 1)."""
-    idx = np.atleast_1d(np.asarray(idx))
-    if isinstance(obs, dict):
-        return {k: _take(v, idx) for k, v in obs.items()}
-    return obs[idx]
 
 
 def evaluate(

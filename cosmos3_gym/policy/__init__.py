@@ -11,6 +11,7 @@ from cosmos3_gym.policy.vector_policy import (
     VectorPolicy,
     VectorPolicyConfig,
     chunk_seed,
+    take_envs,
 )
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "VectorPolicyConfig",
     "chunk_seed",
     "get_adapter",
+    "take_envs",
 ]

@@ -280,7 +280,7 @@ class VectorPolicy:
         else:
             # Nothing to plan, but a malformed observation should fail now, not at the next
             # replan: one env's slice through the adapter is a cheap check of the format.
-            self._model_images(_take(obs, np.arange(1)), 1)
+            self._model_images(take_envs(obs, np.arange(1)), 1)
             record = None
         self._commit(record, num_envs)
         if record is not None:
@@ -444,7 +444,7 @@ class VectorPolicy:
         n = int(envs.size)
         full = self._num_envs is None or n == self._num_envs
         adapter = self.adapter
-        images = self._model_images(obs if full else _take(obs, envs), n)
+        images = self._model_images(obs if full else take_envs(obs, envs), n)
         env_tasks = [tasks[e] for e in envs]
         prompts = [adapter.prompt(t) for t in env_tasks]
         for e, p in zip(envs, prompts, strict=True):
@@ -654,14 +654,16 @@ def _arrays(obs: Observation, path: str = "obs") -> list[tuple[str, np.ndarray]]
     return []
 
 
-def _take(obs: Observation, envs: np.ndarray) -> Observation:
-    """The observation of ``envs`` only (a copy; the caller's arrays are never written)."""
+def take_envs(obs: Observation, envs: np.ndarray | int) -> Observation:
+    """The vector observation of ``envs`` only, leading axis kept (an int gives a batch of 1);
+    a copy, so the caller's arrays are never written."""
+    envs = np.atleast_1d(np.asarray(envs))
     if isinstance(obs, np.ndarray):
         return obs[envs]
     if isinstance(obs, Mapping):
-        return {k: _take(v, envs) for k, v in obs.items()}
+        return {k: take_envs(v, envs) for k, v in obs.items()}
     if isinstance(obs, tuple):
-        return tuple(_take(v, envs) for v in obs)
+        return tuple(take_envs(v, envs) for v in obs)
     return obs
 
 
