@@ -16,6 +16,7 @@ import torch
 
 from cosmos3_gym.checkpoint import PolicyConfig
 from cosmos3_gym.model import Cosmos3Transformer, TextKVCache
+from cosmos3_gym.model.wan_frame_encoder import WanFrameEncoder
 from cosmos3_gym.pipeline.normalization import denormalize_actions
 from cosmos3_gym.pipeline.preprocess import CanvasPlan, crop_latent_to_content, preprocess
 from cosmos3_gym.pipeline.prompt import build_action_caption, tokenize_captions
@@ -119,9 +120,17 @@ class EncodeStage(Stage):
 
     def __init__(self, vae: Any) -> None:
         self.vae = vae
+        # The single-frame encode as 2-D convolutions, sharing the VAE's parameters; False
+        # runs diffusers' causal 3-D encode instead (same latents up to float summation
+        # order; ``cosmos3-gym bench`` measures the difference).
+        self.frame_encoder = WanFrameEncoder(vae)
+        self.use_frame_encoder = True
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
-        latent = encode_conditioning_frames(self.vae, batch.pixels)  # [b, 48, 1, Hc/16, Wc/16]
+        encoder = self.frame_encoder if self.use_frame_encoder else None
+        latent = encode_conditioning_frames(  # [b, 48, 1, Hc/16, Wc/16]
+            self.vae, batch.pixels, frame_encoder=encoder
+        )
         batch.cond_latent = crop_latent_to_content(latent, batch.plan)
         batch.pixels = None  # no longer needed; free it before the denoising loop
         return batch
