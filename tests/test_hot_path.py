@@ -72,8 +72,11 @@ def _gen_forward(model, inp, preallocate_kv):
 
 
 @pytest.mark.parametrize("hidden_act", ["silu", "relu2"])
-def test_fused_projections_and_kv_buffers_are_bit_identical(hidden_act: str) -> None:
+def test_fused_projections_kv_buffers_and_folded_groups_are_bit_identical(hidden_act: str) -> None:
     plain = build_tiny_transformer(97, seed=3, hidden_act=hidden_act)
+    for layer in plain.layers:  # SDPA with enable_gqa, as diffusers calls it
+        layer.self_attn.fold_query_groups = False
+    assert plain.config.num_attention_heads > plain.config.num_key_value_heads  # GQA is on
     fused = build_tiny_transformer(97, seed=3, hidden_act=hidden_act).fuse_gen_projections()
     inp = _gen_inputs(plain, [9, 5, 12])
     with torch.no_grad():
@@ -108,11 +111,16 @@ def test_pipeline_optimisations_leave_actions_bit_identical(checkpoint) -> None:
     slow = Cosmos3ActionPipeline.from_pretrained(checkpoint, fuse_projections=False)
     slow.denoise.text_cache = False
     slow.denoise.preallocate_kv = False
+    for layer in slow.transformer.layers:
+        layer.self_attn.fold_query_groups = False
     expected = slow(images, prompts, **kwargs).actions
     assert np.array_equal(fast(images, prompts, **kwargs).actions, expected)
     for attr in ("text_cache", "preallocate_kv"):  # each switch alone changes nothing either
         setattr(slow.denoise, attr, True)
         assert np.array_equal(slow(images, prompts, **kwargs).actions, expected), attr
+    for layer in slow.transformer.layers:
+        layer.self_attn.fold_query_groups = True
+    assert np.array_equal(slow(images, prompts, **kwargs).actions, expected)
 
 
 @pytest.mark.slow

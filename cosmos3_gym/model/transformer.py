@@ -156,6 +156,9 @@ class MoTAttention(nn.Module):
         self.norm_added_q = RMSNorm(d, eps, nemotron)
         self.norm_added_k = RMSNorm(d, eps, nemotron)
         self.gen_qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by fuse()
+        # GEN attention with grouped query heads folded into the query length (see
+        # ``gen_attention``); False passes the K/V heads to SDPA with ``enable_gqa``.
+        self.fold_query_groups = True
 
     def fuse(self) -> None:
         """One GEN Q/K/V projection instead of three (the GEN pathway runs every step)."""
@@ -173,6 +176,29 @@ class MoTAttention(nn.Module):
             self._heads(k, self.num_kv_heads),
             self._heads(v, self.num_kv_heads),
         )
+
+    def gen_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Bidirectional GEN attention: ``q`` ``[B, Hq, N, D]`` over ``k``/``v``
+        ``[B, Hkv, L+N, D]`` -> ``[B, N, Hq*D]``.
+
+        Query heads ``j*G .. j*G+G-1`` share K/V head ``j`` (``G = Hq / Hkv``). With
+        ``fold_query_groups`` the ``G`` heads of a group become one head of ``G*N`` queries,
+        a free reshape of a contiguous ``q``: SDPA then reads each K/V head once instead of
+        expanding it ``G`` times. Each query row sees the same keys, values and mask, so the
+        result is the same (bit for bit on CPU fp32, tested). Not for causal attention, whose
+        mask depends on the query position.
+        """
+        b, hq, n, d = q.shape
+        groups = hq // self.num_kv_heads
+        if self.fold_query_groups and groups > 1:
+            q = q.reshape(b, self.num_kv_heads, groups * n, d)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
+            out = out.view(b, hq, n, d)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=True)
+        return out.transpose(1, 2).flatten(2)
 
     def _heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         # [B, N, heads*D] -> [B, heads, N, D]
@@ -241,17 +267,16 @@ class DecoderLayer(nn.Module):
         h = self.input_layernorm_moe_gen(x)
         q, k, v = attn.gen_projections(h)
         q = apply_rope(attn.norm_added_q(q), cos, sin)
-        k = apply_rope(attn.norm_added_k(k), cos, sin)
+        k = attn.norm_added_k(k)
         if kv_buffers is None:
-            k = torch.cat([k_text, k], dim=2)  # [B, Hkv, L+N, D]
+            k = torch.cat([k_text, apply_rope(k, cos, sin)], dim=2)  # [B, Hkv, L+N, D]
             v = torch.cat([v_text, v], dim=2)
         else:
             length = k_text.shape[2]
-            kv_buffers[0][:, :, length:].copy_(k)
+            apply_rope(k, cos, sin, out=kv_buffers[0][:, :, length:])  # rotated in place
             kv_buffers[1][:, :, length:].copy_(v)
             k, v = kv_buffers
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=True)
-        x = x + attn.to_add_out(out.transpose(1, 2).flatten(2))
+        x = x + attn.to_add_out(attn.gen_attention(q, k, v, key_mask))
         return x + self.mlp_moe_gen(self.post_attention_layernorm_moe_gen(x))
 
 
