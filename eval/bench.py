@@ -2,16 +2,20 @@
 
 What it measures, all in one process and one run so ratios are side by side:
 
-- latency and actions/s per batch size, batched versus the same work as serial B=1 calls
+- latency and actions/s per batch size, batched versus the same items as serial B=1 calls
   (``speedup_vs_serial``: batched actions/s over serial actions/s, the headline);
 - the text (UND) K/V cache on versus off (``text_cache_speedup``);
 - prompts of mixed token lengths versus equal lengths in one batch;
-- each hot-path optimisation switched off alone (fused projections, K/V buffers), and the RoPE
-  and RMSNorm kernels against their textbook forms at Cosmos3-Nano shapes;
+- each hot-path optimisation switched off alone (fused projections, K/V buffers, folded query
+  groups, the single-frame VAE encoder), and the RoPE and RMSNorm kernels against their
+  textbook forms at Cosmos3-Nano shapes;
 - per-stage seconds (admission ... decode) and peak memory: CUDA max-allocated on GPU, process
   peak RSS on CPU.
 
-Every figure is the median over ``repeats`` timed calls after ``warmup`` untimed ones.
+Every comparison alternates its two sides (serial pass, batched call, serial pass, ...;
+switch off, as shipped, ...) for ``repeats`` pairs after ``warmup`` untimed pairs, and reports
+the median of each side and the median of the per-pair ratios, so that a shared machine's
+drift moves both sides of a ratio together.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import resource
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,22 +47,58 @@ PROMPTS = [
 EQUAL_PROMPT = PROMPTS[0]
 
 
-def _median_call(
-    fn: Callable[[], Any], warmup: int, repeats: int
-) -> tuple[float, dict[str, float]]:
-    """Median wall seconds of ``fn()`` and the median of each of its per-stage timings."""
+Stages = dict[str, float]
+
+
+def _timed(fn: Callable[[], Stages]) -> tuple[float, Stages]:
+    start = time.perf_counter()
+    stages = fn()
+    return time.perf_counter() - start, stages
+
+
+def _paired(
+    run_a: Callable[[], Stages], run_b: Callable[[], Stages], warmup: int, repeats: int
+) -> dict[str, Any]:
+    """Time ``a`` and ``b`` alternately (a, b, a, b, ...) after ``warmup`` untimed pairs.
+
+    Returns each side's median seconds and median per-stage seconds, and the median of the
+    per-pair ratios ``a / b`` (whole call and denoising stage). Pairing the two sides in time
+    keeps a shared machine's drift out of the ratio.
+    """
     for _ in range(warmup):
-        fn()
-    times, stages = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-        stages.append(out.timings)
-    keys = [k[:-2] for k in stages[0] if k.endswith("_s") and k != "total_s"]
-    return statistics.median(times), {
-        k: statistics.median(s[f"{k}_s"] for s in stages) for k in keys
+        run_a()
+        run_b()
+    pairs = [(_timed(run_a), _timed(run_b)) for _ in range(repeats)]
+
+    def median_stages(side: int) -> Stages:
+        keys = pairs[0][side][1].keys()
+        return {k: statistics.median(p[side][1][k] for p in pairs) for k in keys}
+
+    return {
+        "a_s": statistics.median(a[0] for a, _ in pairs),
+        "b_s": statistics.median(b[0] for _, b in pairs),
+        "a_stages_s": median_stages(0),
+        "b_stages_s": median_stages(1),
+        "ratio": statistics.median(a[0] / b[0] for a, b in pairs),
+        "denoise_ratio": statistics.median(a[1]["denoise"] / b[1]["denoise"] for a, b in pairs),
     }
+
+
+def _stage_seconds(timings: dict[str, float]) -> Stages:
+    return {k[:-2]: v for k, v in timings.items() if k.endswith("_s") and k != "total_s"}
+
+
+@contextmanager
+def _switched(settings: list[tuple[Any, str, Any]]):
+    """Set ``(object, attribute, value)`` triples for the duration, then restore them."""
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in settings]
+    try:
+        for obj, name, value in settings:
+            setattr(obj, name, value)
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
 
 
 def kernel_microbench(device: str = "cpu", batch: int = 8, repeats: int = 10) -> dict[str, Any]:
@@ -124,7 +165,7 @@ def run_benchmark(
     image_size: tuple[int, int] = (256, 512),
     num_inference_steps: int | None = None,
     warmup: int = 1,
-    repeats: int = 3,
+    repeats: int = 5,
     compare_batch: int = 8,
     overlap_env: str | None = None,
     overlap_envs: int = 4,
@@ -143,54 +184,66 @@ def run_benchmark(
     images = rng.integers(0, 256, size=(max_b, *image_size, 3), dtype=np.uint8)
     mixed = [PROMPTS[i % len(PROMPTS)] for i in range(max_b)]
 
-    def call(p: Cosmos3ActionPipeline, b: int, prompts: list[str]):
-        return lambda: p(images[:b], prompts[:b], seed=list(range(b)),
-                         num_inference_steps=num_inference_steps, progress=False)
+    def call(p: Cosmos3ActionPipeline, items: range, prompts: list[str]) -> Stages:
+        out = p(images[items.start : items.stop], prompts[items.start : items.stop],
+                seed=list(items), num_inference_steps=num_inference_steps, progress=False)
+        return _stage_seconds(out.timings)
 
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
-    serial_latency, serial_stages = _median_call(call(pipe, 1, mixed), warmup, repeats)
-    serial_aps = horizon / serial_latency
+    def serial(b: int) -> Stages:
+        """The b items as b separate B=1 calls; stage seconds summed over the calls."""
+        total: Stages = {}
+        for i in range(b):
+            for k, v in call(pipe, range(i, i + 1), mixed).items():
+                total[k] = total.get(k, 0.0) + v
+        return total
+
     per_batch: dict[str, Any] = {}
     for b in batch_sizes:
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
-        latency, stages = _median_call(call(pipe, b, mixed), warmup, repeats)
+        m = _paired(lambda b=b: serial(b), lambda b=b: call(pipe, range(b), mixed),
+                    warmup, repeats)
         per_batch[str(b)] = {
-            "latency_s": latency,
-            "actions_per_s": b * horizon / latency,
-            "serial_latency_s": b * serial_latency,
-            "stages_s": stages,
+            "latency_s": m["b_s"],
+            "actions_per_s": b * horizon / m["b_s"],
+            "serial_latency_s": m["a_s"],
+            "serial_actions_per_s": b * horizon / m["a_s"],
+            # Batched actions/s over serial actions/s: the median of paired ratios.
+            "speedup_vs_serial": m["ratio"],
+            "stages_s": m["b_stages_s"],
+            "serial_stages_s": m["a_stages_s"],
             # The model's share alone: the denoising loop, batched vs b serial loops.
-            "denoise_speedup_vs_serial": b * serial_stages["denoise"] / stages["denoise"],
+            "denoise_speedup_vs_serial": m["denoise_ratio"],
             "peak_memory_mb": _peak_memory_mb(dev),
         }
 
-    def ratio_at(b: int, configure: Callable[[Cosmos3ActionPipeline], None],
-                 prompts: list[str], other: Cosmos3ActionPipeline | None = None
-                 ) -> dict[str, float]:
-        """Time with the switch off (or ``other``) over time as shipped, at batch ``b``:
-        the whole call (``total``) and the denoising stage alone (``denoise``)."""
-        variant = other or pipe
-        configure(variant)
-        try:
-            slow, slow_stages = _median_call(call(variant, b, prompts), warmup, repeats)
-        finally:
-            variant.denoise.text_cache = True
-            variant.denoise.preallocate_kv = True
-        fast, fast_stages = _median_call(call(pipe, b, prompts), warmup, repeats)
-        return {"total": slow / fast, "denoise": slow_stages["denoise"] / fast_stages["denoise"]}
-
     b = compare_batch
     unfused = Cosmos3ActionPipeline.from_pretrained(checkpoint, device=dev, fuse_projections=False)
-    mixed_latency, _ = _median_call(call(pipe, b, mixed), warmup, repeats)
-    equal_latency, _ = _median_call(call(pipe, b, [EQUAL_PROMPT] * max_b), warmup, repeats)
-    # Each optimisation switched off alone: slowdown factors, i.e. its speedup as shipped.
-    optimisations = {
-        "text_cache": ratio_at(b, lambda p: setattr(p.denoise, "text_cache", False), mixed),
-        "kv_buffers": ratio_at(b, lambda p: setattr(p.denoise, "preallocate_kv", False), mixed),
-        "fused_projections": ratio_at(b, lambda p: None, mixed, other=unfused),
+    attentions = [layer.self_attn for layer in pipe.transformer.layers]
+    switches: dict[str, tuple[Cosmos3ActionPipeline, list[tuple[Any, str, Any]]]] = {
+        "text_cache": (pipe, [(pipe.denoise, "text_cache", False)]),
+        "kv_buffers": (pipe, [(pipe.denoise, "preallocate_kv", False)]),
+        "fused_projections": (unfused, []),
+        "folded_query_groups": (pipe, [(a, "fold_query_groups", False) for a in attentions]),
+        "frame_encoder": (pipe, [(pipe.encode, "use_frame_encoder", False)]),
     }
+
+    def switched_off(variant: Cosmos3ActionPipeline, settings: list) -> Callable[[], Stages]:
+        def run() -> Stages:
+            with _switched(settings):
+                return call(variant, range(b), mixed)
+        return run
+
+    # Each optimisation switched off alone, paired with the pipeline as shipped: slowdown
+    # factors, i.e. each one's speedup as shipped (whole call and denoising stage).
+    optimisations = {}
+    for name, (variant, settings) in switches.items():
+        m = _paired(switched_off(variant, settings), lambda: call(pipe, range(b), mixed),
+                    warmup, repeats)
+        optimisations[name] = {"total": m["ratio"], "denoise": m["denoise_ratio"]}
+    m = _paired(lambda: call(pipe, range(b), mixed),
+                lambda: call(pipe, range(b), [EQUAL_PROMPT] * max_b), warmup, repeats)
+    mixed_vs_equal = m["ratio"]
     env_overlap = None
     if overlap_env is not None:
         from cosmos3_gym.eval.overlap import measure_overlap
@@ -211,13 +264,12 @@ def run_benchmark(
         "warmup": warmup,
         "repeats": repeats,
         "statistic": "median",
-        "serial": {"latency_s": serial_latency, "actions_per_s": serial_aps},
         "batched": per_batch,
-        "speedup_vs_serial": {k: v["actions_per_s"] / serial_aps for k, v in per_batch.items()},
+        "speedup_vs_serial": {k: v["speedup_vs_serial"] for k, v in per_batch.items()},
         "compare_batch": b,
         "text_cache_speedup": optimisations["text_cache"]["total"],
         "optimisations": optimisations,
-        "mixed_vs_equal_prompt_latency": mixed_latency / equal_latency,
+        "mixed_vs_equal_prompt_latency": mixed_vs_equal,
         "kernels": kernel_microbench(device, batch=b),
         "env_overlap": env_overlap,
     }
@@ -228,28 +280,25 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"cosmos3-gym bench: {result['checkpoint']} on {result['device']}, "
         f"H={result['action_horizon']}, steps={result['num_inference_steps']}, "
-        f"median of {result['repeats']} (warmup {result['warmup']})",
-        f"{'B':>4} {'latency s':>10} {'actions/s':>10} {'vs serial':>10} {'denoise s':>10} "
-        f"{'encode s':>9} {'peak MB':>8} {'denoise vs serial':>8}",
+        f"medians of {result['repeats']} paired runs (warmup {result['warmup']})",
+        f"{'B':>4} {'serial s':>9} {'latency s':>10} {'actions/s':>10} {'vs serial':>10} "
+        f"{'denoise s':>10} {'encode s':>9} {'peak MB':>8} {'denoise vs serial':>8}",
     ]
     for b, row in result["batched"].items():
         lines.append(
-            f"{b:>4} {row['latency_s']:>10.3f} {row['actions_per_s']:>10.1f} "
+            f"{b:>4} {row['serial_latency_s']:>9.3f} {row['latency_s']:>10.3f} "
+            f"{row['actions_per_s']:>10.1f} "
             f"{result['speedup_vs_serial'][b]:>9.2f}x {row['stages_s']['denoise']:>10.3f} "
             f"{row['stages_s']['encode']:>9.3f} {row['peak_memory_mb']:>8.0f} "
             f"{row['denoise_speedup_vs_serial']:>8.2f}x"
         )
     b = result["compare_batch"]
-    lines += [
-        f"at B={b} (whole call / denoise stage): "
-        f"text K/V cache {result['text_cache_speedup']:.2f}x / "
-        f"{result['optimisations']['text_cache']['denoise']:.2f}x, "
-        f"K/V buffers {result['optimisations']['kv_buffers']['total']:.2f}x / "
-        f"{result['optimisations']['kv_buffers']['denoise']:.2f}x, "
-        f"fused projections {result['optimisations']['fused_projections']['total']:.2f}x / "
-        f"{result['optimisations']['fused_projections']['denoise']:.2f}x",
-        f"mixed/equal prompt lengths: latency ratio {result['mixed_vs_equal_prompt_latency']:.2f}",
-    ]
+    opts = result["optimisations"]
+    lines.append(f"at B={b}, each optimisation's speedup as shipped (whole call / denoise stage): "
+                 + ", ".join(f"{name} {r['total']:.2f}x / {r['denoise']:.2f}x"
+                             for name, r in opts.items()))
+    lines.append(f"mixed/equal prompt lengths: latency ratio "
+                 f"{result['mixed_vs_equal_prompt_latency']:.2f}")
     k = result["kernels"]
     lines.append(
         f"kernels at Nano shapes {k['shape']}: RoPE without cat {k['rope_speedup']:.2f}x "
@@ -276,8 +325,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="HxW of the synthetic observations (default: LIBERO's 256x512)")
     parser.add_argument("--num-inference-steps", type=int, default=None,
                         help="denoising steps (default: the checkpoint's)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed calls first (default 1)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed calls (default 3)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed pairs first (default 1)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed pairs per comparison (default 5)")
     parser.add_argument("--compare-batch", type=int, default=8,
                         help="batch size of the on/off comparisons (default 8)")
     parser.add_argument("--overlap-env", choices=("color_reach", "libero"), default=None,

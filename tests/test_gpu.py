@@ -88,3 +88,19 @@ def test_bf16_pipeline_is_batch_invariant_on_gpu(tmp_path) -> None:
                      progress=False)
         # bf16 kernels may pick other tilings per batch size: a loose bound, stated.
         np.testing.assert_allclose(batched.actions[i], alone.actions[0], rtol=5e-2, atol=5e-2)
+
+
+def test_frame_encoder_bf16_on_gpu_tracks_diffusers_bf16() -> None:
+    from cosmos3_gym.model.wan_frame_encoder import WanFrameEncoder
+    from cosmos3_gym.testing import build_tiny_vae
+
+    frames = (torch.rand(4, 3, 192, 320, generator=torch.Generator().manual_seed(0)) * 2 - 1)
+    with torch.no_grad():
+        vae = build_tiny_vae(3).cuda()
+        reference = vae.encode(frames.cuda().unsqueeze(2)).latent_dist.mode()[:, :, 0]
+        vae16 = build_tiny_vae(3).cuda().to(torch.bfloat16)
+        video16 = frames.cuda().bfloat16().unsqueeze(2)
+        diffusers16 = vae16.encode(video16).latent_dist.mode()[:, :, 0].float()
+        ours16 = WanFrameEncoder(vae16)(frames.cuda().bfloat16()).float()
+    diffusers_error = (diffusers16 - reference).abs().max()
+    assert (ours16 - reference).abs().max() <= 1.5 * diffusers_error + 1e-3

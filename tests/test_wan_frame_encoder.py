@@ -108,3 +108,13 @@ def test_frame_encoder_shares_the_vae_modules_and_copies_only_conv_slices() -> N
     assert not conv.weight.requires_grad
     attention = encoder.mid_attentions[0].block
     assert attention is vae.encoder.mid_block.attentions[0]
+
+
+def test_frame_encoder_in_bf16_is_as_close_to_fp32_as_diffusers_bf16() -> None:
+    frames = _frames(2, 16, seed=1)
+    reference = _reference(_vae(seed=7), frames)  # fp32 yardstick
+    vae16 = _vae(seed=7).to(torch.bfloat16)
+    diffusers_error = (_reference(vae16, frames.bfloat16()).float() - reference).abs().max()
+    ours = WanFrameEncoder(vae16)(frames.bfloat16())
+    assert ours.dtype == torch.bfloat16
+    assert (ours.float() - reference).abs().max() <= 1.5 * diffusers_error + 1e-3
