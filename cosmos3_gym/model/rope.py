@@ -122,25 +122,20 @@ def rope_tables(
     return freqs.cos().to(dtype)[:, None], freqs.sin().to(dtype)[:, None]
 
 
-def apply_rope(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None
-) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` ``[B, heads, N, D]`` by half-tables ``[B, 1, N, D/2]``.
 
-    Both halves are written into one output (contiguous, or ``out``, e.g. a slice of a K/V
-    buffer) instead of building ``rotate_half`` with ``torch.cat``; the arithmetic per element
-    is the same as ``x*cos + rotate_half(x)*sin``. Under autograd (training), where ``out=``
-    writes are not differentiable, the two halves are joined with one ``torch.cat`` instead:
-    the same numbers either way.
+    Both halves are written into one contiguous output instead of building ``rotate_half``
+    with ``torch.cat``; the arithmetic per element is the same as
+    ``x*cos + rotate_half(x)*sin``. Under autograd (training), where ``out=`` writes are not
+    differentiable, the two halves are joined with one ``torch.cat`` instead: the same numbers
+    either way.
     """
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad):
-        if out is not None:
-            raise RuntimeError("apply_rope(out=...) is for inference; run under no_grad")
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-    if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     torch.sub(x1 * cos, x2 * sin, out=out[..., :half])
     torch.add(x2 * cos, x1 * sin, out=out[..., half:])
     return out

@@ -44,15 +44,21 @@ class RMSNorm(nn.Module):
         self.nemotron = nemotron
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.nemotron or x.dtype == self.weight.dtype == torch.float32:
+    def forward(self, x: torch.Tensor, gain: torch.Tensor | None = None) -> torch.Tensor:
+        """Normalise the last dim of ``x``; ``gain`` (broadcastable, e.g. one ``[D]`` row per
+        head) replaces ``self.weight``, so several norms can run as one call."""
+        weight = self.weight if gain is None else gain
+        if self.nemotron or x.dtype == weight.dtype == torch.float32:
             # One fused op; in fp32 both rounding orders are this same computation.
-            return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+            dim = (x.shape[-1],)
+            if gain is None:
+                return F.rms_norm(x.float(), dim, weight.float(), self.eps).to(x.dtype)
+            return (F.rms_norm(x.float(), dim, None, self.eps) * weight.float()).to(x.dtype)
         variance = x.float().pow(2).mean(-1, keepdim=True)
         x = x * torch.rsqrt(variance + self.eps)
-        if self.weight.dtype in (torch.float16, torch.bfloat16):
-            x = x.to(self.weight.dtype)
-        return x * self.weight
+        if weight.dtype in (torch.float16, torch.bfloat16):
+            x = x.to(weight.dtype)
+        return x * weight
 
 
 def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -156,26 +162,44 @@ class MoTAttention(nn.Module):
         self.norm_added_q = RMSNorm(d, eps, nemotron)
         self.norm_added_k = RMSNorm(d, eps, nemotron)
         self.gen_qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by fuse()
+        self.gen_qk_gain: torch.Tensor | None = None  # set by fuse(): [Hq+Hkv, 1, D]
         # GEN attention with grouped query heads folded into the query length (see
         # ``gen_attention``); False passes the K/V heads to SDPA with ``enable_gqa``.
         self.fold_query_groups = True
 
     def fuse(self) -> None:
-        """One GEN Q/K/V projection instead of three (the GEN pathway runs every step)."""
-        self.gen_qkv = fuse_linears([self.add_q_proj, self.add_k_proj, self.add_v_proj])
+        """One GEN Q/K/V projection instead of three, and one QK-norm + RoPE over the query
+        and key heads together instead of one each (the GEN pathway runs every step).
 
-    def gen_projections(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """GEN ``q, k, v`` as ``[B, heads, N, D]`` (fused when :meth:`fuse` ran)."""
-        if self.gen_qkv is None:
+        The fused norm multiplies by a table of per-head gains (the q-norm weight for each
+        query head, then the k-norm weight for each key head), built once here from the
+        loaded weights: re-run ``fuse`` after changing them.
+        """
+        self.gen_qkv = fuse_linears([self.add_q_proj, self.add_k_proj, self.add_v_proj])
+        q_gain = self.norm_added_q.weight.detach().expand(self.num_heads, -1)
+        k_gain = self.norm_added_k.weight.detach().expand(self.num_kv_heads, -1)
+        self.gen_qk_gain = torch.cat([q_gain, k_gain])[:, None, :]
+
+    def gen_qkv_rotated(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """GEN ``q`` ``[B, Hq, N, D]`` and ``k`` ``[B, Hkv, N, D]`` projected, QK-normed and
+        rotated, and ``v`` ``[B, Hkv, N, D]``.
+
+        After :meth:`fuse`, one matmul gives q/k/v and the q and k heads, adjacent in its
+        output, go through one RMSNorm (with the per-head gain table) and one RoPE: the same
+        arithmetic per element as the separate norms (bit for bit on CPU fp32, tested).
+        """
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.gen_qkv is None or self.gen_qk_gain is None:
             q, k, v = self.add_q_proj(h), self.add_k_proj(h), self.add_v_proj(h)
-        else:
-            q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-            q, k, v = F.linear(h, *self.gen_qkv).split([q_dim, kv_dim, kv_dim], dim=-1)
-        return (
-            self._heads(q, self.num_heads),
-            self._heads(k, self.num_kv_heads),
-            self._heads(v, self.num_kv_heads),
-        )
+            q = apply_rope(self.norm_added_q(self._heads(q, hq)), cos, sin)
+            k = apply_rope(self.norm_added_k(self._heads(k, hkv)), cos, sin)
+            return q, k, self._heads(v, hkv)
+        qkv = F.linear(h, *self.gen_qkv)  # [B, N, (Hq + 2 Hkv) D]
+        qk = self._heads(qkv[..., : (hq + hkv) * d], hq + hkv)
+        qk = apply_rope(self.norm_added_q(qk, gain=self.gen_qk_gain), cos, sin)  # contiguous
+        return qk[:, :hq], qk[:, hq:], self._heads(qkv[..., (hq + hkv) * d :], hkv)
 
     def gen_attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None
@@ -264,16 +288,13 @@ class DecoderLayer(nn.Module):
         step's GEN keys/values in place, instead of a fresh ``torch.cat`` per layer and step.
         """
         attn = self.self_attn
-        h = self.input_layernorm_moe_gen(x)
-        q, k, v = attn.gen_projections(h)
-        q = apply_rope(attn.norm_added_q(q), cos, sin)
-        k = attn.norm_added_k(k)
+        q, k, v = attn.gen_qkv_rotated(self.input_layernorm_moe_gen(x), cos, sin)
         if kv_buffers is None:
-            k = torch.cat([k_text, apply_rope(k, cos, sin)], dim=2)  # [B, Hkv, L+N, D]
+            k = torch.cat([k_text, k], dim=2)  # [B, Hkv, L+N, D]
             v = torch.cat([v_text, v], dim=2)
         else:
             length = k_text.shape[2]
-            apply_rope(k, cos, sin, out=kv_buffers[0][:, :, length:])  # rotated in place
+            kv_buffers[0][:, :, length:].copy_(k)
             kv_buffers[1][:, :, length:].copy_(v)
             k, v = kv_buffers
         x = x + attn.to_add_out(attn.gen_attention(q, k, v, key_mask))
