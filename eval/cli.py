@@ -73,9 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     ro.add_argument("--deterministic", action="store_true",
                     help="same noise for every chunk (default: fresh noise per chunk)")
 
-    tr = sub.add_parser("train", add_help=False,
-                        help="train the tiny checkpoint on ColorReach demos (see train --help)")
-    tr.add_argument("train_args", nargs=argparse.REMAINDER)
+    # Listed for `cosmos3-gym -h`; `main` hands `train ...` to the trainer's own parser before
+    # this one runs (argparse's REMAINDER would refuse a first argument like `--out`).
+    sub.add_parser("train", add_help=False,
+                   help="train the tiny checkpoint on ColorReach demos (see train --help)")
 
     from cosmos3_gym.eval import bench
 
@@ -93,11 +94,16 @@ def main(argv: list[str] | None = None) -> int:
     traceback, since they are bugs to report.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv else None
     try:
-        return _run(args)
+        if command == "train":
+            from cosmos3_gym.eval.train import main as train_main
+
+            return train_main(argv[1:])
+        return _run(parser.parse_args(argv))
     except (ValueError, FileNotFoundError) as err:
-        parser.exit(2, f"cosmos3-gym {args.command}: error: {err}\n")
+        parser.exit(2, f"cosmos3-gym {command}: error: {err}\n")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -118,10 +124,6 @@ def _run(args: argparse.Namespace) -> int:
         if results is not None:
             print(format_table(results))
         return 0
-    if args.command == "train":
-        from cosmos3_gym.eval.train import main as train_main
-
-        return train_main(args.train_args)
     if args.command == "bench":
         from cosmos3_gym.eval import bench
 

@@ -449,7 +449,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 def parse_args(argv: Sequence[str] | None) -> TrainConfig:
     defaults = TrainConfig()
     parser = argparse.ArgumentParser(
-        prog="python -m cosmos3_gym.eval.train",
+        prog="cosmos3-gym train",
         description="Train a tiny Cosmos3 policy on ColorReach expert demos (CPU, deterministic).",
     )
     for name, value in asdict(defaults).items():

@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from cosmos3_gym.checkpoint import resolve_checkpoint
+from cosmos3_gym.eval.cli import main as cli_main
 from cosmos3_gym.eval.train import (
     TrainConfig,
     evaluate_success,
-    main,
     train,
     transformer_overrides,
 )
@@ -86,12 +86,14 @@ def test_training_is_bit_reproducible(tmp_path: Path) -> None:
     assert [n for n in gen if torch.equal(initial.state_dict()[n], weights[0][n])] == []
 
 
-def test_train_main_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
+def test_train_command_writes_a_loadable_checkpoint(tmp_path: Path, capsys) -> None:
     out = tmp_path / "ckpt"
     argv = ["--out", str(out), "--seed", "1", "--episodes", "1", "--steps", "2",
             "--batch-size", "2", "--hidden-size", "64", "--head-dim", "16",
             "--intermediate-size", "64", "--warmup-steps", "1", "--log-every", "1"]
-    assert main(argv) == 0
+    # As the README runs it: `cosmos3-gym train --out DIR ...`.
+    assert cli_main(["train", *argv]) == 0
+    assert "wrote" in capsys.readouterr().out
     log = json.loads((out / "train_log.json").read_text())
     assert len(log["loss_curve"]) == 2 and log["wall_s"] > 0
     pipe = Cosmos3ActionPipeline.from_pretrained(out)
