@@ -99,3 +99,23 @@ def test_train_command_writes_a_loadable_checkpoint(tmp_path: Path, capsys) -> N
     pipe = Cosmos3ActionPipeline.from_pretrained(out)
     assert pipe(torch.zeros(1, 128, 128, 3, dtype=torch.uint8).numpy(), "reach the red target",
                 progress=False).actions.shape == (1, 4, 2)
+
+
+def test_inference_only_attention_fold_leaves_training_numerics_alone(tmp_path, monkeypatch):
+    """Folding query groups gives the same forward, but its backward sums K/V gradients in
+    another order; training must keep the reference numerics (the shipped checkpoint's)."""
+    from cosmos3_gym.model import transformer
+
+    curves = []
+    for fold in (True, False):
+        original = transformer.MoTAttention.__init__
+
+        def init(self, *args, _original=original, _fold=fold, **kwargs):
+            _original(self, *args, **kwargs)
+            self.fold_query_groups = _fold
+
+        monkeypatch.setattr(transformer.MoTAttention, "__init__", init)
+        log = train(_small_run(tmp_path / f"fold{int(fold)}"))
+        monkeypatch.undo()
+        curves.append([p["loss"] for p in log["loss_curve"]])
+    assert curves[0] == curves[1]

@@ -212,11 +212,14 @@ class MoTAttention(nn.Module):
         a free reshape of a contiguous ``q``: SDPA then reads each K/V head once instead of
         expanding it ``G`` times. Each query row sees the same keys, values and mask, so the
         result is the same (bit for bit on CPU fp32, tested). Not for causal attention, whose
-        mask depends on the query position.
+        mask depends on the query position. Under autograd the expanded form is kept: the
+        folded backward sums the K/V gradients in another order, and training keeps the
+        reference numerics (a retrain reproduces the shipped checkpoint bit for bit).
         """
         b, hq, n, d = q.shape
         groups = hq // self.num_kv_heads
-        if self.fold_query_groups and groups > 1:
+        training = torch.is_grad_enabled() and q.requires_grad
+        if self.fold_query_groups and groups > 1 and not training:
             q = q.reshape(b, self.num_kv_heads, groups * n, d)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
             out = out.view(b, hq, n, d)
