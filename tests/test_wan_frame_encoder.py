@@ -118,3 +118,12 @@ def test_frame_encoder_in_bf16_is_as_close_to_fp32_as_diffusers_bf16() -> None:
     ours = WanFrameEncoder(vae16)(frames.bfloat16())
     assert ours.dtype == torch.bfloat16
     assert (ours.float() - reference).abs().max() <= 1.5 * diffusers_error + 1e-3
+
+
+def test_building_the_frame_encoder_leaves_the_global_rng_alone() -> None:
+    vae = _vae(seed=8)
+    torch.manual_seed(0)
+    expected = torch.rand(4)
+    torch.manual_seed(0)
+    WanFrameEncoder(vae)
+    assert torch.equal(torch.rand(4), expected)

@@ -42,10 +42,12 @@ def _conv2d_from_causal(conv: wan.WanCausalConv3d) -> nn.Conv2d:
             f"single-frame encode: expected a causal temporal kernel of size 2*p_t + 1 with "
             f"stride 1, got kernel {conv.kernel_size}, front padding {pad_t}, stride {conv.stride}"
         )
-    out = nn.Conv2d(
-        conv.in_channels, conv.out_channels, conv.kernel_size[1:], stride=conv.stride[1:],
-        padding=(conv._padding[2], conv._padding[0]), bias=conv.bias is not None,
-        device=conv.weight.device, dtype=conv.weight.dtype,
+    # skip_init: no random initialisation (it would be overwritten, and it would advance
+    # torch's global RNG every time a pipeline is built).
+    out = nn.utils.skip_init(
+        nn.Conv2d, conv.in_channels, conv.out_channels, conv.kernel_size[1:],
+        stride=conv.stride[1:], padding=(conv._padding[2], conv._padding[0]),
+        bias=conv.bias is not None, device=conv.weight.device, dtype=conv.weight.dtype,
     )
     with torch.no_grad():
         # The frame sits at tap pad_t: the taps before it multiply the zero padding.
