@@ -191,7 +191,7 @@ class MoTAttention(nn.Module):
         arithmetic per element as the separate norms (bit for bit on CPU fp32, tested).
         """
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        if self.gen_qkv is None or self.gen_qk_gain is None:
+        if self.gen_qkv is None:  # fuse() sets it together with gen_qk_gain
             q, k, v = self.add_q_proj(h), self.add_k_proj(h), self.add_v_proj(h)
             q = apply_rope(self.norm_added_q(self._heads(q, hq)), cos, sin)
             k = apply_rope(self.norm_added_k(self._heads(k, hkv)), cos, sin)

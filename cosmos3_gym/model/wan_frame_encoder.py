@@ -66,8 +66,8 @@ class _RMSNorm(nn.Module):
     def __init__(self, norm: wan.WanRMS_norm) -> None:
         super().__init__()
         self.register_buffer("weight", (norm.scale * norm.gamma.detach()).reshape(-1, 1, 1))
-        bias = norm.bias
-        self.bias = bias.detach().reshape(-1, 1, 1) if isinstance(bias, torch.Tensor) else None
+        bias = norm.bias.detach().reshape(-1, 1, 1) if isinstance(norm.bias, torch.Tensor) else None
+        self.register_buffer("bias", bias)  # a buffer like the weight, so both follow .to()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         upcast = x.dtype in (torch.float16, torch.bfloat16)
