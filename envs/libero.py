@@ -159,9 +159,10 @@ class LiberoEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
       ``"state"`` float32 ``[8]`` = eef position, eef axis-angle, gripper finger positions.
       With ``render_images=False`` only ``"state"`` is returned (about 15x faster steps).
     * Action: ``Box(-1, 1, (7,))``, OSC pose delta (xyz, rotation) and gripper (-1 open, +1 close).
-    * ``reset()`` reloads the scene (``hard_reset``; a soft reset is about 5x faster), loads an
-      init state from ``suite.get_task_init_states``, then runs ``LIBERO_SETTLE_STEPS`` no-op
-      steps before returning.
+    * ``reset()`` reloads the scene (``hard_reset``; a soft reset is about 5x faster but carries
+      simulator state from one episode to the next, so its frames are not byte-identical across
+      resets), loads an init state from ``suite.get_task_init_states``, then runs
+      ``LIBERO_SETTLE_STEPS`` no-op steps before returning.
     * An episode is a pure function of (seed, suite, task, init state): the simulator's own
       randomness (fixture placement) is seeded from :func:`libero_sim_seed` for the reset, so
       ``reset(seed=s, options={"init_state_id": k})`` gives byte-identical observations on every
