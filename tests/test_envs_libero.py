@@ -7,6 +7,9 @@ Simulator tests keep to a few rendered steps at 64 px; each LiberoEnv reset rebu
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -23,8 +26,41 @@ from cosmos3_gym.envs import (
 )
 from cosmos3_gym.envs.libero import _init_state_schedules, _quat_xyzw_to_axis_angle
 
+# Tests marked `libero` are skipped without the extra, and fail instead where
+# COSMOS3_GYM_REQUIRE_LIBERO=1 (CI) says it must be there: see conftest.py.
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+
+
+def _run_a_libero_test_without_libero(tmp_path: Path, require: str | None):
+    """Run a one-test suite under this suite's conftest, with `libero` shadowed by an empty
+    package (so `import libero.libero` fails as it does with a broken install)."""
+    shadow = tmp_path / "shadow"
+    (shadow / "libero").mkdir(parents=True)
+    (shadow / "libero" / "__init__.py").write_text("")
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "conftest.py").write_text((Path(__file__).parent / "conftest.py").read_text())
+    (suite / "pytest.ini").write_text("[pytest]\nmarkers =\n    libero: needs LIBERO\n")
+    (suite / "test_needs_libero.py").write_text(
+        "import pytest\n\n\n@pytest.mark.libero\ndef test_uses_libero():\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if k != "COSMOS3_GYM_REQUIRE_LIBERO"}
+    env["PYTHONPATH"] = os.pathsep.join([str(shadow), env.get("PYTHONPATH", "")])
+    if require is not None:
+        env["COSMOS3_GYM_REQUIRE_LIBERO"] = require
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(suite)],
+        cwd=suite, env=env, capture_output=True, text=True)
+
+
+def test_libero_tests_skip_without_the_extra_and_fail_where_it_is_required(tmp_path) -> None:
+    optional = _run_a_libero_test_without_libero(tmp_path / "optional", require=None)
+    assert optional.returncode == 0, optional.stdout
+    assert "1 skipped" in optional.stdout and "needs the libero extra" in optional.stdout
+    required = _run_a_libero_test_without_libero(tmp_path / "required", require="1")
+    assert required.returncode == 1, required.stdout  # the run fails: CI goes red
+    assert "1 error" in required.stdout and "skipped" not in required.stdout
+    assert "COSMOS3_GYM_REQUIRE_LIBERO is set but LIBERO cannot be imported" in required.stdout
 
 
 def test_envs_sharing_a_task_split_its_init_states() -> None:
@@ -79,7 +115,6 @@ def test_env_reports_its_step_budget_where_tools_look() -> None:
 
 @pytest.mark.libero
 def test_state_rotation_matches_robosuite_axis_angle() -> None:
-    pytest.importorskip("libero.libero")
     from robosuite.utils.transform_utils import quat2axisangle
 
     rng = np.random.default_rng(0)
@@ -187,7 +222,6 @@ def test_seeded_reset_picks_the_init_state_from_the_seed() -> None:
 @pytest.mark.libero
 @pytest.mark.slow
 def test_two_suite_vector_env_steps_and_chunk_steps() -> None:
-    pytest.importorskip("libero.libero")
     from libero.libero import benchmark
 
     tasks = [("libero_spatial", 0), ("libero_object", 1)]
@@ -240,7 +274,6 @@ def test_two_suite_vector_env_steps_and_chunk_steps() -> None:
 @pytest.mark.libero
 @pytest.mark.slow
 def test_camera_free_env_switches_task_on_reset() -> None:
-    pytest.importorskip("libero.libero")
     from cosmos3_gym.envs import LiberoEnv
 
     env = LiberoEnv("libero_goal", 0, render_images=False, render_mode=None, hard_reset=False)
