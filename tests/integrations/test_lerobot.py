@@ -96,6 +96,28 @@ def test_lerobot_knows_the_cosmos3_policy_type(tiny_pipe: Cosmos3ActionPipeline)
     assert preprocessor.steps == [] and postprocessor.steps == []
 
 
+def test_the_policy_answers_lerobot_batches_with_torch_actions(
+    tiny_pipe: Cosmos3ActionPipeline,
+) -> None:
+    vector_policy = VectorPolicy(tiny_pipe, adapter="generic", seed=0)
+    policy = make_lerobot_policy(vector_policy)
+    env = make_lerobot_env(make_color_reach_vector_env(2), policy)
+    obs, _ = env.reset(seed=[3, 4])
+    batch = {**preprocess_observation(obs), "task": list(env.call("task_description"))}
+    env.close()
+    chunk = policy.predict_action_chunk(batch)
+    assert chunk.dtype == torch.float32 and chunk.shape == (2, 4, 2)  # [B, H, D]
+    # LeRobot's `noise` argument is the initial action noise the pipeline starts from.
+    noise = torch.randn(2, 4, 64, generator=torch.Generator().manual_seed(0))
+    first = policy.predict_action_chunk(batch, noise=noise)
+    used = vector_policy.last_chunk_record.action_noise[..., :2]  # the checkpoint's 2 action dims
+    np.testing.assert_array_equal(used, noise[..., :2].numpy())
+    torch.testing.assert_close(policy.predict_action_chunk(batch, noise=noise), first)
+    action = policy.select_action(batch)
+    assert action.dtype == torch.float32 and action.shape == (2, 2)  # [B, D]
+    assert vector_policy.queue_lengths.tolist() == [3, 3]
+
+
 def test_images_reach_the_policy_as_the_env_rendered_them() -> None:
     rng = np.random.default_rng(0)
     frames = rng.integers(0, 256, (3, 48, 64, 3), dtype=np.uint8)
@@ -154,7 +176,6 @@ def test_an_env_that_finishes_early_replans_from_its_new_episode(
         snapshots.append({
             "tasks": list(env.call("task_description")),
             "queue_lengths": vector_policy.queue_lengths,
-            "episode_index": vector_policy.episode_index,
             "record": vector_policy.last_chunk_record,
         })
 
@@ -168,10 +189,10 @@ def test_an_env_that_finishes_early_replans_from_its_new_episode(
     for i in early:
         d = int(first_done[i])
         after_done, next_step = snapshots[d + 1], snapshots[d + 2]
-        # The done step emptied env i's queue and began its second episode (index 1)...
+        # The done step emptied env i's queue...
         assert after_done["queue_lengths"][i] == 0
-        assert after_done["episode_index"][i] == 1
-        # ...so the next step planned env i afresh, from the new episode, with its new prompt.
+        # ...so the next step planned env i afresh: the first chunk of its second episode
+        # (index 1), with the new episode's prompt.
         record = next_step["record"]
         row = list(record.env_indices).index(i)
         assert record.episode_indices[row] == 1 and record.chunk_indices[row] == 0

@@ -205,10 +205,14 @@ def test_an_env_that_autoresets_starts_its_new_episode_in_the_policy() -> None:
         obs, *_ = env.step(still)
     policy.select_action(obs["pixels"], tasks)
     assert policy.queue_lengths.tolist() == [1, 1]  # 3 of each H = 4 chunk used
-    _, _, _, truncated, _ = env.step(still)
+    obs, _, _, truncated, _ = env.step(still)
     assert truncated.all()
     # Without the env telling it, each env's last action would run in its new episode.
-    assert policy.queue_lengths.tolist() == [0, 0] and policy.episode_index.tolist() == [1, 1]
+    assert policy.queue_lengths.tolist() == [0, 0]
+    policy.select_action(obs["pixels"], list(env.call("task_description")))
+    record = policy.last_chunk_record
+    assert record.env_indices.tolist() == [0, 1]
+    assert record.episode_indices.tolist() == [1, 1] and record.chunk_indices.tolist() == [0, 0]
 
 
 def test_the_policy_must_serve_as_many_envs() -> None:
