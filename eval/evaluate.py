@@ -165,7 +165,7 @@ def load_pipeline(checkpoint: str) -> Any:
             hint = (
                 "; the tiny checkpoint is not shipped with this install (expected "
                 "cosmos3_gym/checkpoints/tiny/): pass --checkpoint PATH, e.g. a folder written by "
-                "cosmos3_gym.testing.write_tiny_checkpoint"
+                "cosmos3_gym.tiny.write_tiny_checkpoint"
             )
         raise FileNotFoundError(f"{err}{hint}") from None
     return Cosmos3ActionPipeline.from_pretrained(path)

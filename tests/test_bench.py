@@ -6,7 +6,7 @@ import json
 import math
 
 from cosmos3_gym.eval.cli import main
-from cosmos3_gym.testing import write_tiny_checkpoint
+from cosmos3_gym.tiny import write_tiny_checkpoint
 
 
 def test_bench_writes_speedups_stages_and_optimisation_ratios(tmp_path, capsys) -> None:

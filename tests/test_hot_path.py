@@ -9,7 +9,7 @@ import torch
 from cosmos3_gym import Cosmos3ActionPipeline
 from cosmos3_gym.model.rope import apply_rope
 from cosmos3_gym.model.transformer import RMSNorm
-from cosmos3_gym.testing import build_tiny_transformer, write_tiny_checkpoint
+from cosmos3_gym.tiny import build_tiny_transformer, write_tiny_checkpoint
 
 
 def _rotate_half_reference(x, cos, sin):

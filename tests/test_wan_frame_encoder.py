@@ -9,7 +9,7 @@ import torch
 from cosmos3_gym import Cosmos3ActionPipeline
 from cosmos3_gym.model.wan_frame_encoder import WanFrameEncoder
 from cosmos3_gym.pipeline.vae import encode_conditioning_frames
-from cosmos3_gym.testing import build_tiny_vae, write_tiny_checkpoint
+from cosmos3_gym.tiny import build_tiny_vae, write_tiny_checkpoint
 
 # Wan2.1 layout: plain residual blocks, no patchify, 3 input channels, 8x spatial compression.
 WAN21 = dict(

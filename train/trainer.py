@@ -2,7 +2,7 @@
 
 The recipe, end to end:
 
-1. **Layout first.** :func:`~cosmos3_gym.testing.write_tiny_checkpoint` writes the full diffusers
+1. **Layout first.** :func:`~cosmos3_gym.tiny.write_tiny_checkpoint` writes the full diffusers
    folder (tokenizer, frozen random tiny VAE, randomly initialised transformer, scheduler,
    ``action_policy.json``), and training loads it back through
    :meth:`Cosmos3ActionPipeline.from_pretrained`, so train and inference share one tokenizer, one
@@ -29,7 +29,7 @@ The recipe, end to end:
 
 Run::
 
-    python -m cosmos3_gym.eval.train --out /tmp/tiny --seed 0
+    python -m cosmos3_gym.train --out /tmp/tiny --seed 0
 
 writes the checkpoint folder and ``train_log.json`` (loss curve, wall time) inside it.
 """
@@ -398,7 +398,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     from cosmos3_gym.model import Cosmos3Transformer
     from cosmos3_gym.model.weights import save_transformer
     from cosmos3_gym.pipeline import Cosmos3ActionPipeline
-    from cosmos3_gym.testing import write_tiny_checkpoint, write_tiny_vae
+    from cosmos3_gym.tiny import write_tiny_checkpoint, write_tiny_vae
 
     start = time.perf_counter()
     torch.manual_seed(cfg.seed)
@@ -464,7 +464,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {cfg.out}: {log['num_samples']} samples, {cfg.steps} steps, final loss "
           f"{log['final_loss']:.4f}, {log['wall_s']:.0f}s")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -246,7 +246,7 @@ def run_benchmark(
     mixed_vs_equal = m["ratio"]
     env_overlap = None
     if overlap_env is not None:
-        from cosmos3_gym.eval.overlap import measure_overlap
+        from cosmos3_gym.bench.overlap import measure_overlap
 
         env_overlap = measure_overlap(
             pipe, env=overlap_env, num_envs=overlap_envs, num_rounds=overlap_rounds,
