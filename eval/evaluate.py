@@ -58,6 +58,7 @@ from cosmos3_gym.eval.tasks import Episode, EvalEnv, derive_seed, make_eval_env
 from cosmos3_gym.policy.adapters import Adapter, get_adapter
 from cosmos3_gym.policy.vector_policy import take_envs
 from cosmos3_gym.progress import progress_bar
+from cosmos3_gym.seeding import check_seed
 
 # The config keys that define which episodes a folder holds and how they were produced; a rerun
 # must match them to resume. num_envs, async_envs, timeouts and videos only change how fast or
@@ -113,8 +114,7 @@ class EvalConfig:
         for name in ("trials", "num_envs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1; found {getattr(self, name)}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be non-negative; found {self.seed}")
+        check_seed(self.seed)
 
     def identity(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in IDENTITY_KEYS}

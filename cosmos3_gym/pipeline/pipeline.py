@@ -26,6 +26,7 @@ from cosmos3_gym.pipeline.stages import (
     PromptStage,
     SamplingParams,
 )
+from cosmos3_gym.seeding import check_noise, check_seed
 from cosmos3_gym.timing import StageTimer
 
 DEFAULT_SEED = 0  # the official LIBERO server's seed
@@ -177,8 +178,11 @@ class Cosmos3ActionPipeline:
             admitted = admit(images, prompts)
             count = admitted.batch_size
             seeds = _seeds(seed, count)
-            action_noise = _noise_tensor("action_noise", action_noise, count)
-            video_noise = _noise_tensor("video_noise", video_noise, count)
+            action_noise = _noise_tensor(
+                "action_noise", action_noise, count,
+                (self.policy.action_horizon, self.noise.action_dim),
+            )
+            video_noise = _noise_tensor("video_noise", video_noise, count, ("C", "T", "h", "w"))
             params = SamplingParams(
                 num_inference_steps=_positive_int(
                     "num_inference_steps", num_inference_steps, self.policy.num_inference_steps
@@ -255,37 +259,28 @@ def _seeds(seed: int | Sequence[int] | None, count: int) -> list[int]:
     if seed is None:
         return [DEFAULT_SEED] * count
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-        return [_checked_seed(seed, "seed")] * count
+        return [check_seed(seed, "seed")] * count
     seeds = list(seed)
     if len(seeds) != count:
         raise ValueError(
             f"seed: expected one int or {count} ints (one per image), got {len(seeds)}"
         )
-    return [_checked_seed(s, f"seed[{i}]") for i, s in enumerate(seeds)]
+    return [check_seed(s, f"seed[{i}]") for i, s in enumerate(seeds)]
 
 
-def _checked_seed(seed: Any, name: str) -> int:
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise ValueError(f"{name}: expected an int, got {type(seed).__name__}")
-    if not 0 <= seed < 2**64:
-        raise ValueError(f"{name}: expected an int in [0, 2**64), got {seed}")
-    return int(seed)
-
-
-def _noise_tensor(name: str, noise: Any, count: int) -> torch.Tensor | None:
+def _noise_tensor(
+    name: str, noise: Any, count: int, item_shape: tuple[int | str, ...]
+) -> torch.Tensor | None:
+    """Caller noise as a CPU float32 tensor, checked by :func:`~cosmos3_gym.seeding.check_noise`
+    (the sampler's draw happens on the host too, so both start from the same place)."""
     if noise is None:
         return None
-    tensor = torch.as_tensor(noise)
-    if tensor.ndim == 0 or tensor.shape[0] != count:
-        raise ValueError(
-            f"{name}: expected a leading batch axis of {count} (one per image), got shape "
-            f"{tuple(tensor.shape)}"
-        )
-    if not tensor.is_floating_point():
-        raise ValueError(f"{name}: expected floating-point noise, got {tensor.dtype}")
-    if not torch.isfinite(tensor).all():
-        raise ValueError(f"{name}: contains NaN or infinite values")
-    return tensor.detach().to("cpu", torch.float32)
+    tensor = torch.as_tensor(noise).detach()
+    if tensor.is_floating_point():
+        tensor = tensor.to("cpu", torch.float32)
+    array = tensor.cpu().numpy()
+    check_noise(array, name, count, item_shape)
+    return torch.from_numpy(array)
 
 
 def _positive_int(name: str, value: int | None, default: int) -> int:

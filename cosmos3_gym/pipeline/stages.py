@@ -23,6 +23,7 @@ from cosmos3_gym.pipeline.prompt import build_action_caption, tokenize_captions
 from cosmos3_gym.pipeline.scheduler import FlowUniPCScheduler
 from cosmos3_gym.pipeline.vae import decode_latents, encode_conditioning_frames
 from cosmos3_gym.progress import progress
+from cosmos3_gym.seeding import check_noise
 
 
 @dataclass
@@ -170,12 +171,12 @@ class NoiseStage(Stage):
         vision_shape = (c, t, h, w)
         action_shape = (p.action_horizon, self.action_dim)
         if batch.video_noise is not None:
-            _check_noise("video_noise", batch.video_noise, (batch.size, *vision_shape))
+            check_noise(batch.video_noise.cpu().numpy(), "video_noise", batch.size, vision_shape)
             vision = batch.video_noise.float().clone()
         else:
             vision = torch.stack([_item_noise(s, vision_shape) for s in batch.seeds])
         if batch.action_noise is not None:
-            _check_noise("action_noise", batch.action_noise, (batch.size, *action_shape))
+            check_noise(batch.action_noise.cpu().numpy(), "action_noise", batch.size, action_shape)
             actions = batch.action_noise.float().clone()
         else:
             actions = torch.stack([_item_noise(s, action_shape) for s in batch.seeds])
@@ -186,13 +187,6 @@ class NoiseStage(Stage):
         batch.vision = vision
         batch.actions = actions.to(self.device)
         return batch
-
-
-def _check_noise(name: str, noise: torch.Tensor, expected: tuple[int, ...]) -> None:
-    if tuple(noise.shape) != expected:
-        raise ValueError(f"{name}: expected shape {expected}, got {tuple(noise.shape)}")
-    if not noise.is_floating_point():
-        raise ValueError(f"{name}: expected a floating-point tensor, got {noise.dtype}")
 
 
 class DenoiseStage(Stage):

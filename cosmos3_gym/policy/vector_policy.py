@@ -29,6 +29,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 
 from cosmos3_gym.policy.adapters import Adapter, get_adapter
+from cosmos3_gym.seeding import check_noise, check_seed
 
 if TYPE_CHECKING:
     from cosmos3_gym.pipeline.output import ActionOutput
@@ -60,12 +61,7 @@ class VectorPolicyConfig:
         n = self.n_action_steps
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"n_action_steps must be a positive int or None; found {n!r}")
-        _check_seed(self.seed)
-
-
-def _check_seed(seed: Any) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int; found {seed!r}")
+        check_seed(self.seed)
 
 
 def chunk_seed(seed: int, env_index: int, episode_index: int, chunk_index: int) -> int:
@@ -310,8 +306,7 @@ class VectorPolicy:
         if seed is not None:
             if mask is not None:
                 raise ValueError("reset(seed=...) restarts every env; expected mask=None")
-            _check_seed(seed)
-            self.config = replace(self.config, seed=int(seed))
+            self.config = replace(self.config, seed=check_seed(seed))
             if self._num_envs is not None:
                 self._init_state(self._num_envs)
             return
@@ -412,15 +407,10 @@ class VectorPolicy:
         return tasks
 
     def _check_noise(self, noise: Any, num_envs: int) -> np.ndarray:
-        noise = np.asarray(noise, dtype=np.float32)
-        expected_h = self._horizon if self._horizon is not None else "H"
-        if noise.ndim != 3 or noise.shape[0] != num_envs or (
-            self._horizon is not None and noise.shape[1] != self._horizon
-        ):
-            raise ValueError(
-                f"action_noise must be [B={num_envs}, {expected_h}, 64]; found {list(noise.shape)}"
-            )
-        return noise
+        noise = np.asarray(noise)
+        horizon = self._horizon if self._horizon is not None else "H"
+        check_noise(noise, "action_noise", num_envs, (horizon, 64))
+        return noise.astype(np.float32, copy=False)
 
     # ------------------------------------------------------------------ planning
 
