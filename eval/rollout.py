@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from cosmos3_gym.vector_env import autoreset_mode
+
 SCHEMA_VERSION = 1
 
 
@@ -60,7 +62,7 @@ def collect_rollouts(
         raise ValueError(
             f"num_steps and shard_steps must be >= 1; found {num_steps}, {shard_steps}"
         )
-    mode = AutoresetMode(envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+    mode = autoreset_mode(envs)
     if mode == AutoresetMode.DISABLED:
         raise ValueError("collect_rollouts needs an autoresetting env; found autoreset DISABLED")
     out = Path(out_dir)

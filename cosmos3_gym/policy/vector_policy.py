@@ -26,10 +26,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
+from gymnasium.vector import AutoresetMode, VectorEnv
 
 from cosmos3_gym.policy.adapters import Adapter, get_adapter
 from cosmos3_gym.seeding import check_noise, check_seed
+from cosmos3_gym.vector_env import ForwardingVectorWrapper, autoreset_mode
 
 if TYPE_CHECKING:
     from cosmos3_gym.pipeline.output import ActionOutput
@@ -521,7 +522,7 @@ class VectorPolicy:
         self._chunk[record.env_indices] += 1
 
 
-class PolicyFeed(VectorWrapper):
+class PolicyFeed(ForwardingVectorWrapper):
     """Feeds a :class:`VectorPolicy` each env's prompt and episode ends; passes everything through.
 
     Made by ``policy.attach(envs)``. Prompts are read with ``envs.call("task_description")``
@@ -533,29 +534,10 @@ class PolicyFeed(VectorWrapper):
     def __init__(self, env: VectorEnv, policy: VectorPolicy) -> None:
         super().__init__(env)
         self.policy = policy
-        mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
-        try:
-            self.autoreset_mode = AutoresetMode(mode)
-        except ValueError:
-            raise ValueError(
-                f"envs.metadata['autoreset_mode'] is {mode!r}; expected one of "
-                f"{[m.value for m in AutoresetMode]}"
-            ) from None
+        self.autoreset_mode = autoreset_mode(env)
         self.task_attribute = self._find_task_attribute()
         self.tasks: list[str | None] = [None] * self.num_envs
         self._pending_reset = np.zeros(self.num_envs, bool)
-
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """``call`` of the underlying vector env (gymnasium's VectorWrapper does not forward it)."""
-        return self.env.unwrapped.call(name, *args, **kwargs)
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        """``get_attr`` of the underlying vector env."""
-        return self.env.unwrapped.get_attr(name)
-
-    def set_attr(self, name: str, values: Any) -> None:
-        """``set_attr`` of the underlying vector env."""
-        self.env.unwrapped.set_attr(name, values)
 
     def _find_task_attribute(self) -> str:
         # Probe with has_wrapper_attr: a failing env.call would close an AsyncVectorEnv's pipes.
