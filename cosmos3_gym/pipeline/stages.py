@@ -119,13 +119,12 @@ class EncodeStage(Stage):
 
     name = "encode"
 
-    def __init__(self, vae: Any) -> None:
+    def __init__(self, vae: Any, use_frame_encoder: bool = True) -> None:
         self.vae = vae
         # The single-frame encode as 2-D convolutions, sharing the VAE's parameters; False
-        # runs diffusers' causal 3-D encode instead (same latents up to float summation
-        # order; ``cosmos3-gym bench`` measures the difference).
+        # runs diffusers' causal 3-D encode instead (InferenceOptions.frame_encoder).
         self.frame_encoder = WanFrameEncoder(vae)
-        self.use_frame_encoder = True
+        self.use_frame_encoder = use_frame_encoder
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
         encoder = self.frame_encoder if self.use_frame_encoder else None
@@ -194,14 +193,15 @@ class DenoiseStage(Stage):
 
     name = "denoise"
 
-    def __init__(self, model: Cosmos3Transformer, policy: PolicyConfig) -> None:
+    def __init__(
+        self, model: Cosmos3Transformer, policy: PolicyConfig, *, text_cache: bool = True,
+        kv_buffers: bool = True,
+    ) -> None:
         self.model, self.policy = model, policy
-        # False recomputes the text (UND) pathway at every step, as diffusers' reference does;
-        # it exists to measure what the cache saves (``cosmos3-gym bench``).
-        self.text_cache = True
-        # True writes each step's GEN K/V into per-layer buffers that hold the text prefix,
-        # instead of concatenating [text ; gen] per layer and step (same values).
-        self.preallocate_kv = True
+        # InferenceOptions.text_cache and .kv_buffers: the text K/V once per request, and GEN
+        # K/V written into buffers that hold the text prefix.
+        self.text_cache = text_cache
+        self.preallocate_kv = kv_buffers
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
         model, p = self.model, self.policy
