@@ -14,6 +14,7 @@ So one process, eight env slots or a torchrun launch produce the same episode, b
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +27,24 @@ from cosmos3_gym.envs import (
     make_libero_vector_env,
 )
 from cosmos3_gym.envs.color_reach import COLORS, prompt_for
+from cosmos3_gym.policy.planner import SeedRule
 
 LIBERO_INIT_STATES_PER_TASK = 50
 ENV_NAMES = ("color_reach", "libero")
 
 _ENV_SEED_TAG = 0  # keeps the env seed and the chunk seeds of one episode apart
 _CHUNK_SEED_TAG = 1
+
+
+def episode_seed_rule(global_seed: int, episodes: Sequence[Episode]) -> SeedRule:
+    """The evaluation's seed rule for the chunk planner: chunk ``c`` of ``episodes[k]`` gets
+    ``derive_seed(global_seed, task, trial, chunk=c)``, whichever env slot runs it."""
+
+    def seed_of(env: int, episode: int, chunk: int) -> int:
+        task, trial = episodes[episode].key
+        return derive_seed(global_seed, task, trial, chunk)
+
+    return SeedRule(seed_of)
 
 
 def derive_seed(global_seed: int, task: str, trial: int, chunk: int | None = None) -> int:
