@@ -310,6 +310,8 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from cosmos3_gym.eval.tasks import ENV_NAMES
+
     parser.add_argument("--checkpoint", default="tiny", help="checkpoint folder or shipped name")
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
@@ -325,7 +327,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timed pairs per comparison (default 5)")
     parser.add_argument("--compare-batch", type=int, default=8,
                         help="batch size of the on/off comparisons (default 8)")
-    parser.add_argument("--overlap-env", choices=("color_reach", "libero"), default=None,
+    parser.add_argument("--overlap-env", choices=ENV_NAMES, default=None,
                         help="also measure env throughput with/without inference-env overlap")
     parser.add_argument("--overlap-envs", type=int, default=4,
                         help="envs for the overlap measurement, split in 2 groups (default 4)")
