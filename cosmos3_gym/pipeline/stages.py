@@ -92,6 +92,14 @@ class PromptStage(Stage):
         self.model, self.tokenizer, self.policy = model, tokenizer, policy
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
+        batch.text_inputs = self.tokenize(batch, params)
+        batch.text = self.model.encode_text(*batch.text_inputs)
+        return batch
+
+    def tokenize(
+        self, batch: MicroBatch, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and mask ``[b or 2b, L]`` of the batch's captions, on the model's device."""
         p = self.policy
         captions = [
             build_action_caption(
@@ -109,9 +117,16 @@ class PromptStage(Stage):
             allow_empty=params.guidance_scale != 1.0,
         )
         device = self.model.device
-        batch.text_inputs = (tokens.input_ids.to(device), tokens.attention_mask.to(device))
-        batch.text = self.model.encode_text(*batch.text_inputs)
-        return batch
+        return tokens.input_ids.to(device), tokens.attention_mask.to(device)
+
+
+def text_rows(text: TextKVCache, index: torch.Tensor) -> TextKVCache:
+    """Rows ``index`` of a caption batch's K/V cache, e.g. each training sample's caption out of
+    the few distinct ones encoded once (indexing keeps gradients flowing to the UND pathway)."""
+    return TextKVCache(
+        keys=[k[index] for k in text.keys], values=[v[index] for v in text.values],
+        lengths=text.lengths[index], text_mask=text.text_mask[index],
+    )
 
 
 class EncodeStage(Stage):
@@ -163,11 +178,15 @@ class NoiseStage(Stage):
         # the checkpoint's transformer and VAE configs.
         self.action_dim, self.temporal_factor = action_dim, temporal_factor
 
+    @property
+    def num_latent_frames(self) -> int:
+        """T: the conditioning frame's latent, then the future frames' (temporally compressed)."""
+        return (self.policy.num_frames - 1) // self.temporal_factor + 1
+
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
         p = self.policy
         _, c, _, h, w = batch.cond_latent.shape
-        t = (p.num_frames - 1) // self.temporal_factor + 1
-        vision_shape = (c, t, h, w)
+        vision_shape = (c, self.num_latent_frames, h, w)
         action_shape = (p.action_horizon, self.action_dim)
         if batch.video_noise is not None:
             check_noise(batch.video_noise.cpu().numpy(), "video_noise", batch.size, vision_shape)
