@@ -88,11 +88,7 @@ class EvalEnv:
 
     @classmethod
     def from_cli(
-        cls,
-        *,
-        suite: str | None,
-        tasks: list[str] | None,
-        image_size: int | None,
+        cls, *, suite: str | None, tasks: list[str] | None, image_size: int | None,
         max_episode_steps: int | None,
     ) -> EvalEnv:
         """The env as the command line names it (``--suite``, ``--tasks`` as given, ...);
@@ -176,11 +172,7 @@ class ColorReachEval(EvalEnv):
 
     @classmethod
     def from_cli(
-        cls,
-        *,
-        suite: str | None,
-        tasks: list[str] | None,
-        image_size: int | None,
+        cls, *, suite: str | None, tasks: list[str] | None, image_size: int | None,
         max_episode_steps: int | None,
     ) -> ColorReachEval:
         if suite not in (None, "color_reach"):
@@ -228,11 +220,7 @@ class LiberoEval(EvalEnv):
 
     @classmethod
     def from_cli(
-        cls,
-        *,
-        suite: str | None,
-        tasks: list[str] | None,
-        image_size: int | None,
+        cls, *, suite: str | None, tasks: list[str] | None, image_size: int | None,
         max_episode_steps: int | None,
     ) -> LiberoEval:
         if suite is None:
