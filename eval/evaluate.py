@@ -230,7 +230,7 @@ class Evaluator:
             self.rank.rank, self.rank.world_size
         )
         self.envs: VectorEnv | None = None
-        self.queues = ActionQueues(0)
+        self.queues = ActionQueues(0)  # one queue per env slot, sized by _run_pool
         self.obs: Any = None
         self.env_steps = 0
         self.chunks = 0

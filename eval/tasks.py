@@ -16,7 +16,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
@@ -27,7 +27,9 @@ from cosmos3_gym.envs import (
     make_libero_vector_env,
 )
 from cosmos3_gym.envs.color_reach import COLORS, prompt_for
-from cosmos3_gym.policy.planner import SeedRule
+
+if TYPE_CHECKING:  # the command line reads this module's env table without the policy stack
+    from cosmos3_gym.policy.planner import SeedRule
 
 LIBERO_INIT_STATES_PER_TASK = 50
 
@@ -38,6 +40,7 @@ _CHUNK_SEED_TAG = 1
 def episode_seed_rule(global_seed: int, episodes: Sequence[Episode]) -> SeedRule:
     """The evaluation's seed rule for the chunk planner: chunk ``c`` of ``episodes[k]`` gets
     ``derive_seed(global_seed, task, trial, chunk=c)``, whichever env slot runs it."""
+    from cosmos3_gym.policy.planner import SeedRule
 
     def seed_of(env: int, episode: int, chunk: int) -> int:
         task, trial = episodes[episode].key

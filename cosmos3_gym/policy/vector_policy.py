@@ -17,6 +17,11 @@ env will ignore the next action while it resets, so the env is marked *stale*: t
 a chunk planned in an earlier episode, and no chunk is planned from a final observation. Noise
 seeds derive from ``(seed, env index, episode index, chunk index)`` alone, so an env's chunks do
 not depend on which other envs replan in the same call, nor on the batch size.
+
+What lives where: chunks are planned by :class:`~cosmos3_gym.policy.ChunkPlanner` (adapter,
+pipeline call, output checks), the queues are :class:`~cosmos3_gym.policy.ActionQueues`, and
+observation helpers are in :mod:`~cosmos3_gym.policy.observations`. This module keeps the
+policy's surface, its per-env episode counters, and :class:`PolicyFeed`.
 """
 
 from __future__ import annotations
