@@ -16,7 +16,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.spaces import Box
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from gymnasium.vector.utils import iterate
 
 from cosmos3_gym.vector_env import ForwardingVectorWrapper, autoreset_mode
