@@ -19,6 +19,8 @@ from gymnasium.spaces import Box
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from gymnasium.vector.utils import iterate
 
+from cosmos3_gym.vector_env import ForwardingVectorWrapper, autoreset_mode
+
 # Info keys through which EpisodeEndHold reports the true episode end while it is armed.
 _TERMINATED_KEY = "episode_terminated"
 _TRUNCATED_KEY = "episode_truncated"
@@ -88,7 +90,7 @@ class EpisodeEndHold(gym.Wrapper):
         return self.env.get_wrapper_attr("task")
 
 
-class ChunkedActionWrapper(VectorWrapper):
+class ChunkedActionWrapper(ForwardingVectorWrapper):
     """Step a vector env with ``[B, H, D]`` action chunks (or plain ``[B, D]`` actions).
 
     Each env executes its chunk row by row until its episode ends, then stands still for the rest
@@ -145,9 +147,7 @@ class ChunkedActionWrapper(VectorWrapper):
             ) from error
         _refuse_blind_statistics(env)
         env.unwrapped.set_attr("chunk_hold_armed", True)
-        self.autoreset_mode = AutoresetMode(
-            env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
-        )
+        self.autoreset_mode = autoreset_mode(env)
         # Envs whose episode ended in an earlier call and that have not been reset yet.
         self._awaiting_reset = np.zeros(self.num_envs, dtype=np.bool_)
 
@@ -217,16 +217,6 @@ class ChunkedActionWrapper(VectorWrapper):
         infos["steps_executed"] = steps
         infos["_steps_executed"] = np.ones(num_envs, dtype=np.bool_)
         return obs, rewards, terminated, truncated, infos
-
-    # VectorWrapper does not forward these; a policy reads prompts with call("task_description").
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        return self.unwrapped.call(name, *args, **kwargs)
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        return self.unwrapped.get_attr(name)
-
-    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
-        self.unwrapped.set_attr(name, values)
 
     def _as_chunk(self, actions: np.ndarray) -> np.ndarray:
         actions = np.asarray(actions)

@@ -8,12 +8,12 @@ import math
 
 import torch
 
-from cosmos3_gym.eval.bench import kernel_microbench
+from cosmos3_gym.bench.latency import kernel_microbench
 from cosmos3_gym.eval.cli import main
 from cosmos3_gym.model import rope, transformer
 from cosmos3_gym.model.rope import apply_rope
 from cosmos3_gym.model.transformer import RMSNorm
-from cosmos3_gym.testing import write_tiny_checkpoint
+from cosmos3_gym.tiny import write_tiny_checkpoint
 
 
 def test_bench_writes_speedups_stages_and_optimisation_ratios(tmp_path, capsys) -> None:

@@ -17,7 +17,7 @@ from cosmos3_gym.envs import ColorReachEnv, EpisodeEndHold
 from cosmos3_gym.eval.evaluate import EvalConfig, evaluate, load_pipeline
 from cosmos3_gym.eval.results import read_episode_records
 from cosmos3_gym.eval.tasks import ColorReachEval, derive_seed
-from cosmos3_gym.testing import write_tiny_checkpoint
+from cosmos3_gym.tiny import write_tiny_checkpoint
 
 # What an episode is, independent of where and when it ran.
 EPISODE_FIELDS = ("task", "trial", "seed", "init_state_id", "steps", "chunks", "success",

@@ -14,7 +14,7 @@ from cosmos3_gym.eval.rollout import collect_rollouts, load_rollouts
 from cosmos3_gym.eval.tasks import derive_seed
 from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 from cosmos3_gym.policy import VectorPolicy
-from cosmos3_gym.testing import write_tiny_checkpoint
+from cosmos3_gym.tiny import write_tiny_checkpoint
 
 
 def test_wilson_interval_known_values() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cosmos3_gym.eval.results import read_episode_records
-from cosmos3_gym.testing import write_tiny_checkpoint
+from cosmos3_gym.tiny import write_tiny_checkpoint
 
 FIELDS = ("task", "trial", "seed", "steps", "chunks", "success", "out_of_range_steps")
 

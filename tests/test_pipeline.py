@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from cosmos3_gym import Cosmos3ActionPipeline
 from cosmos3_gym.checkpoint import POLICY_CONFIG, TRANSFORMER
 from cosmos3_gym.pipeline.preprocess import latent_content_shape, plan_canvas, preprocess
-from cosmos3_gym.testing import write_tiny_checkpoint
+from cosmos3_gym.tiny import write_tiny_checkpoint
 
 PROMPTS = [
     "pick up the red bowl",

@@ -8,7 +8,7 @@ import pytest
 
 from cosmos3_gym import Cosmos3ActionPipeline, VectorPolicy
 from cosmos3_gym.envs import make_color_reach_vector_env
-from cosmos3_gym.testing import write_tiny_checkpoint
+from cosmos3_gym.tiny import write_tiny_checkpoint
 
 STEPS = 2
 

@@ -205,7 +205,7 @@ def test_libero_runs_through_lerobots_camera_and_state_conventions(tmp_path: Pat
     pytest.importorskip("libero.libero")
     os.environ.setdefault("MUJOCO_GL", "egl")
     from cosmos3_gym.envs import libero_task_description, make_libero_vector_env
-    from cosmos3_gym.testing import write_tiny_checkpoint
+    from cosmos3_gym.tiny import write_tiny_checkpoint
 
     # A random tiny checkpoint with a LIBERO-shaped head (10 raw dims): this checks plumbing,
     # not skill.
