@@ -165,15 +165,21 @@ def run_benchmark(
     overlap_env: str | None = None,
     overlap_envs: int = 4,
     overlap_rounds: int = 4,
+    domain: str | None = None,
+    action_stats: str | None = None,
 ) -> dict[str, Any]:
-    """Run the benchmark and return its JSON-ready result (see the module docstring)."""
+    """Run the benchmark and return its JSON-ready result (see the module docstring).
+
+    ``domain`` and ``action_stats`` say how a checkpoint without ``action_policy.json`` is used
+    (:func:`~cosmos3_gym.eval.evaluate.load_pipeline`)."""
     import torch
 
     from cosmos3_gym import Cosmos3ActionPipeline
+    from cosmos3_gym.eval.evaluate import load_pipeline
     from cosmos3_gym.pipeline.options import TRANSFORMER_OPTIONS
 
     dev = torch.device(device)
-    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, device=dev)
+    pipe = load_pipeline(checkpoint, domain, action_stats, device=dev)
     horizon = pipe.action_horizon
     rng = np.random.default_rng(0)
     max_b = max(*batch_sizes, compare_batch)
@@ -220,7 +226,9 @@ def run_benchmark(
         VAE and tokenizer; a transformer option needs a transformer loaded with it."""
         options = replace(pipe.options, **{option: False})
         if option in TRANSFORMER_OPTIONS:
-            return Cosmos3ActionPipeline.from_pretrained(checkpoint, device=dev, options=options)
+            return Cosmos3ActionPipeline.from_pretrained(
+                checkpoint, device=dev, policy=pipe.policy, options=options
+            )
         return Cosmos3ActionPipeline(
             pipe.transformer, pipe.vae, pipe.tokenizer, pipe.policy, options=options
         )
@@ -248,6 +256,7 @@ def run_benchmark(
         )
     return {
         "checkpoint": str(checkpoint),
+        "domain": pipe.policy.domain_name,
         "device": str(dev),
         "host": platform.node(),
         "torch": torch.__version__,
@@ -310,9 +319,10 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from cosmos3_gym.eval.cli import add_checkpoint_arguments
     from cosmos3_gym.eval.tasks import ENV_NAMES
 
-    parser.add_argument("--checkpoint", default="tiny", help="checkpoint folder or shipped name")
+    add_checkpoint_arguments(parser)
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32",
@@ -350,7 +360,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         image_size=(height, width), num_inference_steps=args.num_inference_steps,
         warmup=args.warmup, repeats=args.repeats, compare_batch=args.compare_batch,
         overlap_env=args.overlap_env, overlap_envs=args.overlap_envs,
-        overlap_rounds=args.overlap_rounds,
+        overlap_rounds=args.overlap_rounds, domain=args.domain, action_stats=args.action_stats,
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -241,6 +241,18 @@ def resolve_policy(
     )
 
 
+def read_action_stats(path: str | Path) -> dict[str, Any]:
+    """An action statistics JSON as cosmos-framework writes it (``global`` and, for
+    ``quantile_rot``, ``global_raw`` blocks of mean/std/min/max/q01/q99)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no action statistics file at {str(path)!r}; expected a JSON file with a 'global' "
+            "block (and 'global_raw' for quantile_rot) of mean, std, min, max, q01 and q99"
+        )
+    return json.loads(path.read_text())
+
+
 def check_layout(root: Path) -> None:
     """Raise FileNotFoundError naming every required part the folder lacks."""
     missing = [name for name in (TRANSFORMER, VAE, TEXT_TOKENIZER) if not (root / name).is_dir()]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cosmos3_gym.checkpoint import DOMAINS
 from cosmos3_gym.eval.tasks import ENV_NAMES
 
 
@@ -25,9 +26,21 @@ def _csv(text: str) -> list[str]:
     return items
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
+    """``--checkpoint``, and how to use one whose folder has no ``action_policy.json``."""
     p.add_argument("--checkpoint", default="tiny",
                    help="checkpoint folder or shipped name (default: tiny)")
+    p.add_argument("--domain", default=None, choices=sorted(DOMAINS), metavar="NAME",
+                   help="embodiment of a checkpoint without action_policy.json (a diffusers "
+                        "folder such as nvidia/Cosmos3-*): libero (the official LIBERO recipe), "
+                        f"or one of {', '.join(n for n in sorted(DOMAINS) if n != 'libero')}")
+    p.add_argument("--action-stats", default=None, metavar="FILE",
+                   help="action statistics JSON (cosmos-framework's global / global_raw blocks); "
+                        "without statistics the actions stay in the model's normalised space")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    add_checkpoint_arguments(p)
     p.add_argument("--env", default="color_reach", choices=ENV_NAMES,
                    help="env family (default: the built-in color_reach)")
     p.add_argument("--suite", default=None, help="LIBERO suite, e.g. libero_10 (--env libero)")
@@ -112,7 +125,8 @@ def _run(args: argparse.Namespace) -> int:
         from cosmos3_gym.eval.results import format_table
 
         config = EvalConfig(
-            checkpoint=args.checkpoint, env=args.env, suite=args.suite, tasks=args.tasks,
+            checkpoint=args.checkpoint, domain=args.domain, action_stats=args.action_stats,
+            env=args.env, suite=args.suite, tasks=args.tasks,
             trials=args.trials, seed=args.seed, num_envs=args.num_envs,
             async_envs=args.async_envs, image_size=args.image_size,
             max_episode_steps=args.max_episode_steps,

@@ -66,7 +66,8 @@ from cosmos3_gym.seeding import check_seed
 # how robustly the same episodes are produced, so they may change between sessions.
 IDENTITY_KEYS = (
     "checkpoint", "env", "suite", "tasks", "trials", "seed", "image_size", "max_episode_steps",
-    "num_inference_steps", "n_action_steps", "out_of_range", "shuffle_prompts",
+    "num_inference_steps", "n_action_steps", "out_of_range", "shuffle_prompts", "domain",
+    "action_stats",
 )
 
 
@@ -76,6 +77,11 @@ class EvalConfig:
 
     # A checkpoint folder, or the name of one shipped in the package ("tiny").
     checkpoint: str = "tiny"
+    # The checkpoint's embodiment (cosmos3_gym.checkpoint.DOMAINS) when its folder has no
+    # action_policy.json (a diffusers folder); None = the folder's action_policy.json.
+    domain: str | None = None
+    # An action statistics JSON for checkpoints without their own; None = the checkpoint's.
+    action_stats: str | None = None
     # "color_reach" (built in, runs anywhere) or "libero".
     env: str = "color_reach"
     # LIBERO suite (libero_10, libero_spatial, ...); None for color_reach.
@@ -151,9 +157,18 @@ class _Slot:
         self.frames = []
 
 
-def load_pipeline(checkpoint: str) -> Any:
-    """``Cosmos3ActionPipeline`` for a folder or a shipped name, with a clear error if absent."""
-    from cosmos3_gym.checkpoint import resolve_checkpoint
+def load_pipeline(
+    checkpoint: str, domain: str | None = None, action_stats: str | None = None, **kwargs: Any
+) -> Any:
+    """``Cosmos3ActionPipeline`` for a folder or a shipped name, with a clear error if absent.
+
+    ``domain`` names the embodiment of a folder without ``action_policy.json``; ``action_stats``
+    is a statistics JSON that replaces the policy's (see :mod:`cosmos3_gym.checkpoint`);
+    ``kwargs`` go to ``from_pretrained`` (``device``, ``options``).
+    """
+    from dataclasses import replace
+
+    from cosmos3_gym.checkpoint import read_action_stats, resolve_checkpoint, resolve_policy
     from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
     try:
@@ -167,7 +182,12 @@ def load_pipeline(checkpoint: str) -> Any:
                 "cosmos3_gym.tiny.write_tiny_checkpoint"
             )
         raise FileNotFoundError(f"{err}{hint}") from None
-    return Cosmos3ActionPipeline.from_pretrained(path)
+    policy = None
+    if domain is not None or action_stats is not None:
+        policy = resolve_policy(path, domain=domain)
+        if action_stats is not None:
+            policy = replace(policy, stats=read_action_stats(action_stats))
+    return Cosmos3ActionPipeline.from_pretrained(path, policy=policy, **kwargs)
 
 
 def check_config_file(out_dir: Path, config: EvalConfig) -> None:
@@ -177,12 +197,13 @@ def check_config_file(out_dir: Path, config: EvalConfig) -> None:
     if path.exists():
         found = _read_json(path)
         stored = found.get("identity", {})
-        if stored != identity:
-            diff = {
-                k: {"expected (stored)": stored.get(k), "found (this command)": identity.get(k)}
-                for k in sorted(set(stored) | set(identity))
-                if stored.get(k) != identity.get(k)
-            }
+        # A key the stored identity lacks (a folder older than the key) reads as None, its default.
+        diff = {
+            k: {"expected (stored)": stored.get(k), "found (this command)": identity.get(k)}
+            for k in sorted(set(stored) | set(identity))
+            if stored.get(k) != identity.get(k)
+        }
+        if diff:
             raise ValueError(
                 f"{out_dir} holds a different evaluation; refusing to mix results. "
                 f"Differences: {diff}. Use another --out folder, or rerun with the stored settings."
@@ -250,7 +271,7 @@ class Evaluator:
             mine = self.rank.shard(self.all_episodes)
             pending = deque(e for e in mine if e.key not in done)
             if pending and self.pipeline is None:
-                self.pipeline = load_pipeline(cfg.checkpoint)
+                self.pipeline = load_pipeline(cfg.checkpoint, cfg.domain, cfg.action_stats)
             start = time.perf_counter()
             if pending:
                 self._run_pool(pending, already_done=len(mine) - len(pending))

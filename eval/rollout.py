@@ -195,7 +195,8 @@ def run_rollout_command(args: Any) -> Path:
                              image_size=args.image_size, max_episode_steps=args.max_episode_steps)
     # Tasks are assigned to envs round-robin; episodes follow each other by autoreset.
     envs = eval_env.make(args.num_envs, args.async_envs, autoreset_mode=Mode.NEXT_STEP)
-    policy = VectorPolicy(load_pipeline(args.checkpoint), adapter=eval_env.adapter,
+    pipeline = load_pipeline(args.checkpoint, args.domain, args.action_stats)
+    policy = VectorPolicy(pipeline, adapter=eval_env.adapter,
                           n_action_steps=args.n_action_steps, seed=args.seed,
                           stochastic=not args.deterministic,
                           num_inference_steps=args.num_inference_steps)

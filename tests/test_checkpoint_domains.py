@@ -3,6 +3,7 @@ by domain, the LIBERO recipe, and the errors of a folder that does not say how i
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -135,3 +136,39 @@ def test_a_bare_folder_without_a_domain_is_a_clear_error(diffusers_folder, tmp_p
         Cosmos3ActionPipeline.from_pretrained(root, domain="libero", policy=PolicyConfig())
     with pytest.raises(ValueError, match="'no_action' has no fixed action width"):
         PolicyConfig.for_domain("no_action")
+
+
+def test_cli_evaluates_a_bare_diffusers_folder_by_domain(diffusers_folder, tmp_path, capsys):
+    from cosmos3_gym.eval.cli import main
+
+    root, _ = diffusers_folder
+    common = ["eval", "--checkpoint", str(root), "--tasks", "red", "--trials", "1",
+              "--num-envs", "1", "--image-size", "32", "--max-episode-steps", "3",
+              "--num-inference-steps", "1", "--no-progress"]
+    # Without --domain: one error line that lists the choices, before any episode runs.
+    with pytest.raises(SystemExit) as exit_info:
+        main([*common, "--out", str(tmp_path / "no_domain")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert err.count("\n") == 1 and "--domain NAME" in err and "'pusht'" in err
+    # pusht's 2-D actions drive ColorReach's 2-D velocity: the folder runs end to end.
+    out = tmp_path / "pusht"
+    assert main([*common, "--domain", "pusht", "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "suite color_reach" in printed.out
+    results = json.loads((out / "results.json").read_text())
+    assert results["episodes"] == 1 and results["config"]["domain"] == "pusht"
+
+
+def test_action_stats_file_replaces_the_policys_statistics(diffusers_folder, tmp_path) -> None:
+    from cosmos3_gym.eval.evaluate import load_pipeline
+
+    root, _ = diffusers_folder
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps(tiny_action_stats(10)))
+    pipe = load_pipeline(str(root), "droid_lerobot", str(stats))
+    assert pipe.policy.domain_id == 8 and pipe.policy.stats == tiny_action_stats(10)
+    out = pipe(IMAGE, PROMPT, num_inference_steps=1, progress=False)
+    assert np.abs(out.actions - out.normalized_actions).max() > 1e-3
+    with pytest.raises(FileNotFoundError, match="no action statistics file at"):
+        load_pipeline(str(root), "droid_lerobot", str(tmp_path / "missing.json"))
