@@ -22,10 +22,13 @@ to the env. An action outside the space's bounds is counted (``out_of_range_step
 env applies its own documented handling (both built-in envs clip to the box). With
 ``out_of_range="fail"`` the episode ends as a failure instead. Nothing is clipped here.
 
-Resume. ``config.json`` stores the run's identity; a rerun into the same folder with another
-identity is refused. The JSONL logs (:mod:`cosmos3_gym.eval.results`) are read first and every
-finished ``(task, trial)`` is skipped, so a rerun after a crash or Ctrl-C finishes the run and
-never repeats or loses an episode.
+Resume. ``config.json`` stores the run's identity; once the folder holds an episode, a rerun
+into it with another identity is refused. Before that there is nothing to mix, so a run that
+failed before its first episode (a bad checkpoint, a wrong env) does not block the corrected
+command: it takes the folder over. The JSONL logs (:mod:`cosmos3_gym.eval.results`) are read
+first and every finished ``(task, trial)`` is skipped, so a rerun after a crash or Ctrl-C
+finishes the run and never repeats or loses an episode; a rerun of a complete folder runs
+nothing and keeps its stored throughput.
 
 Faults. A sub-env that raises, dies (a simulator segfault kills its worker) or does not answer a
 step or reset within ``env_timeout`` seconds (async envs) is a fault: the vector env is thrown
@@ -121,6 +124,10 @@ class EvalConfig:
         for name in ("trials", "num_envs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1; found {getattr(self, name)}")
+        for name in ("image_size", "max_episode_steps", "num_inference_steps", "n_action_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be None or at least 1; found {value}")
         check_seed(self.seed)
 
     def identity(self) -> dict[str, Any]:
@@ -190,8 +197,13 @@ def load_pipeline(
     return Cosmos3ActionPipeline.from_pretrained(path, policy=policy, **kwargs)
 
 
-def check_config_file(out_dir: Path, config: EvalConfig) -> None:
-    """Write ``config.json``, or refuse to continue a folder that holds another run."""
+def check_config_file(out_dir: Path, config: EvalConfig, recorded: bool) -> None:
+    """Write ``config.json``, or refuse to continue a folder that holds another run.
+
+    The stored identity binds once the folder holds an episode (``recorded``). Until then the
+    command's identity replaces it, and the files of the attempt that recorded nothing (its
+    incidents and throughput) go with it.
+    """
     path = out_dir / "config.json"
     identity = config.identity()
     if path.exists():
@@ -203,12 +215,15 @@ def check_config_file(out_dir: Path, config: EvalConfig) -> None:
             for k in sorted(set(stored) | set(identity))
             if stored.get(k) != identity.get(k)
         }
-        if diff:
+        if not diff:
+            return
+        if recorded:
             raise ValueError(
                 f"{out_dir} holds a different evaluation; refusing to mix results. "
                 f"Differences: {diff}. Use another --out folder, or rerun with the stored settings."
             )
-        return
+        for stale in [*out_dir.glob("incidents*.jsonl"), *out_dir.glob("throughput*.json")]:
+            stale.unlink(missing_ok=True)  # torchrun: every rank clears the same files
     results_io.write_json_atomic(path, {"identity": identity, "session": asdict(config)})
 
 
@@ -256,6 +271,8 @@ class Evaluator:
         self.env_steps = 0
         self.chunks = 0
         self.finished = 0
+        # Whether the folder held every episode before this run (then it runs nothing).
+        self.already_complete = False
 
     # ------------------------------------------------------------------ run
 
@@ -265,9 +282,10 @@ class Evaluator:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         init_process_group(self.rank)
         try:
-            check_config_file(self.out_dir, cfg)
             finished = results_io.read_episode_records(self.out_dir)
+            check_config_file(self.out_dir, cfg, recorded=bool(finished))
             done = {(r["task"], int(r["trial"])) for r in finished}
+            self.already_complete = all(e.key in done for e in self.all_episodes)
             mine = self.rank.shard(self.all_episodes)
             pending = deque(e for e in mine if e.key not in done)
             if pending and self.pipeline is None:
@@ -276,11 +294,12 @@ class Evaluator:
             if pending:
                 self._run_pool(pending, already_done=len(mine) - len(pending))
             wall = time.perf_counter() - start
-            results_io.write_json_atomic(
-                self.out_dir / self._throughput_name(),
-                {"episodes": self.finished, "env_steps": self.env_steps, "chunks": self.chunks,
-                 "wall_s": wall},
-            )
+            if not self.already_complete:  # a complete folder keeps its last session's figures
+                results_io.write_json_atomic(
+                    self.out_dir / self._throughput_name(),
+                    {"episodes": self.finished, "env_steps": self.env_steps,
+                     "chunks": self.chunks, "wall_s": wall},
+                )
             barrier(self.rank)
             if not self.rank.is_main:
                 return None
