@@ -8,8 +8,8 @@ Examples:
     torchrun --nproc_per_node 2 -m cosmos3_gym.eval.cli eval ... --out DIR   # rank 0 merges
     cosmos3-gym rollout --steps 256 --num-envs 4 --out runs/rollouts
     cosmos3-gym bench --checkpoint PATH --out bench.json          # add --device cuda on a GPU
-    cosmos3-gym bench --checkpoint /models/Cosmos3-Nano-Policy-DROID --domain droid_lerobot \\
-        --device cuda --out bench.json       # a diffusers folder names its embodiment
+    cosmos3-gym bench --checkpoint /models/Cosmos3-Nano --domain droid_lerobot --device cuda \\
+        --out bench.json                     # a diffusers folder: name its embodiment
 """
 
 from __future__ import annotations
