@@ -222,7 +222,10 @@ class MoTAttention(nn.Module):
         if self.fold_query_groups and groups > 1 and not training:
             q = q.reshape(b, self.num_kv_heads, groups * n, d)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
-            out = out.view(b, hq, n, d)
+            # SDPA's output strides depend on the kernel (CUDA's fp32 path returns the
+            # [B, queries, heads, D] memory layout): split the query axis without assuming a
+            # contiguous result, then the one copy of the transpose below.
+            out = out.unflatten(2, (groups, n)).flatten(1, 2)  # [B, Hq, N, D]
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=True)
         return out.transpose(1, 2).flatten(2)
