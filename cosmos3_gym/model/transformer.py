@@ -27,6 +27,7 @@ from diffusers.models.embeddings import TimestepEmbedding, Timesteps
 from torch import nn
 
 from cosmos3_gym.model.config import Cosmos3Config
+from cosmos3_gym.model.kernels import TORCH_OPS, GenOps, TritonGenOps
 from cosmos3_gym.model.rope import apply_rope, gen_position_ids, rope_tables, text_position_ids
 
 
@@ -281,30 +282,28 @@ class DecoderLayer(nn.Module):
     def forward_gen(
         self,
         x: torch.Tensor,
-        k_text: torch.Tensor,
-        v_text: torch.Tensor,
+        h: torch.Tensor,
+        text_kv: tuple[torch.Tensor, torch.Tensor],
         key_mask: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        kv_buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        """GEN step over ``x`` ``[B, N, C]`` attending to ``[text ; gen]`` keys.
+        kv_buffers: tuple[torch.Tensor, torch.Tensor] | None,
+        next_norm: RMSNorm,
+        ops: GenOps,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """GEN step over the residual stream ``x`` ``[B, N, C]`` attending to ``[text ; gen]``.
 
-        ``kv_buffers`` (``[B, Hkv, L+N, D]`` each, text part already filled) receive this
-        step's GEN keys/values in place, instead of a fresh ``torch.cat`` per layer and step.
+        ``h`` is ``input_layernorm_moe_gen(x)``, made by the previous layer's last residual
+        add; this layer returns its new stream and ``next_norm`` of it (the next layer's input
+        norm, or the final norm), so each residual add and the norm after it are one step of
+        ``ops``. ``kv_buffers`` (``[B, Hkv, L+N, D]`` each, text part already filled) receive
+        this step's GEN keys/values in place, instead of a fresh ``torch.cat`` per layer.
         """
         attn = self.self_attn
-        q, k, v = attn.gen_qkv_rotated(self.input_layernorm_moe_gen(x), cos, sin)
-        if kv_buffers is None:
-            k = torch.cat([k_text, k], dim=2)  # [B, Hkv, L+N, D]
-            v = torch.cat([v_text, v], dim=2)
-        else:
-            length = k_text.shape[2]
-            kv_buffers[0][:, :, length:].copy_(k)
-            kv_buffers[1][:, :, length:].copy_(v)
-            k, v = kv_buffers
-        x = x + attn.to_add_out(attn.gen_attention(q, k, v, key_mask))
-        return x + self.mlp_moe_gen(self.post_attention_layernorm_moe_gen(x))
+        q, k, v = ops.qkv(attn, h, cos, sin, text_kv, kv_buffers)
+        attended = attn.to_add_out(attn.gen_attention(q, k, v, key_mask))
+        x, h = ops.add_norm(x, attended, self.post_attention_layernorm_moe_gen)
+        return ops.add_norm(x, ops.mlp(self.mlp_moe_gen, h), next_norm)
 
 
 @dataclass
@@ -382,6 +381,8 @@ class Cosmos3Transformer(nn.Module):
             self.action_proj_in = DomainAwareLinear(config.action_dim, c, n_dom)
             self.action_proj_out = DomainAwareLinear(c, config.action_dim, n_dom)
             self.action_modality_embed = nn.Parameter(torch.zeros(c))
+        # The GEN step's elementwise work: eager by default; use_triton_kernels() fuses it.
+        self.gen_ops: GenOps = TORCH_OPS
         if config.sound_gen:
             # Present so sound checkpoints load strictly; policy mode never runs sound tokens.
             self.audio_proj_in = nn.Linear(config.sound_dim, c)
@@ -398,6 +399,15 @@ class Cosmos3Transformer(nn.Module):
         for layer in self.layers:
             layer.self_attn.fuse()
             layer.mlp_moe_gen.fuse()
+        return self
+
+    def use_triton_kernels(self) -> Cosmos3Transformer:
+        """Run the GEN step's norms, RoPE, K/V writes and MLP activation as fused Triton
+        kernels (inference with K/V buffers; see :mod:`cosmos3_gym.model.kernels`). Needs
+        :meth:`fuse_gen_projections` first; autograd and unbuffered calls stay eager."""
+        if any(layer.self_attn.gen_qkv is None for layer in self.layers):
+            raise RuntimeError("use_triton_kernels() needs fuse_gen_projections() first")
+        self.gen_ops = TritonGenOps()
         return self
 
     def compile_gen_layers(self, **compile_kwargs) -> Cosmos3Transformer:
@@ -558,14 +568,21 @@ class Cosmos3Transformer(nn.Module):
         act = act + t_emb * action_noisy[:, :, None].to(dtype)
         x = torch.cat([vis, act], dim=1)  # [B, N, C]
 
-        if layout.kv_buffers is not None and torch.is_grad_enabled():
+        inference = not torch.is_grad_enabled()
+        if layout.kv_buffers is not None and not inference:
             raise RuntimeError("preallocated K/V buffers are for inference; run under no_grad")
+        ops = self.gen_ops if inference and layout.kv_buffers is not None else TORCH_OPS
         buffers = layout.kv_buffers or [None] * len(self.layers)
-        for layer, k_text, v_text, kv in zip(
-            self.layers, text.keys, text.values, buffers, strict=True
+        next_norms = [layer.input_layernorm_moe_gen for layer in self.layers[1:]]
+        h = self.layers[0].input_layernorm_moe_gen(x)
+        for layer, text_kv, kv, next_norm in zip(
+            self.layers, zip(text.keys, text.values, strict=True), buffers,
+            [*next_norms, self.norm_moe_gen], strict=True,
         ):
-            x = layer.forward_gen(x, k_text, v_text, layout.key_mask, layout.cos, layout.sin, kv)
-        x = self.norm_moe_gen(x)
+            x, h = layer.forward_gen(
+                x, h, text_kv, layout.key_mask, layout.cos, layout.sin, kv, next_norm, ops
+            )
+        x = h  # norm_moe_gen of the last layer's output
 
         n_vis = t * hp * wp
         v_vision = self._unpatchify(self.proj_out(x[:, :n_vis]), layout)
