@@ -133,27 +133,28 @@ def _gen_step_inputs(model, lengths, batch_tokens=(3, 10, 20), actions=16, seed=
     )
 
 
-def _forward(model, inp, steps=1):
+def _forward(model, inp, ops=None):
+    from cosmos3_gym.model.kernels import TORCH_OPS
+
     text = model.encode_text(inp["ids"], inp["mask"])
     layout = model.gen_layout(text, latent_shape=inp["latent"], num_actions=inp["num_actions"],
                               fps=20.0, preallocate_kv=True)
     return model.forward_gen(text, layout, inp["vision"], inp["vision_noisy"], inp["actions"],
-                             inp["action_noisy"], inp["domains"], inp["timesteps"])
+                             inp["action_noisy"], inp["domains"], inp["timesteps"],
+                             ops=ops or TORCH_OPS)
 
 
 @pytest.mark.parametrize("hidden_act", ["silu", "relu2"])
 def test_triton_kernels_compiled_track_eager_at_nano_widths(hidden_act) -> None:
     """Compiled Triton kernels at the real block sizes, against eager bf16 on the same GPU."""
+    from cosmos3_gym.model.kernels import TritonGenOps
     from cosmos3_gym.model.presets import random_transformer
 
-    config = _nano_layers(hidden_act=hidden_act)
-    eager = random_transformer(config, device="cuda", dtype=torch.bfloat16, seed=1)
-    fused = random_transformer(config, device="cuda", dtype=torch.bfloat16, seed=1)
-    eager.fuse_gen_projections()
-    fused.fuse_gen_projections().use_triton_kernels()
-    inp = _gen_step_inputs(eager, [121, 97])
+    model = random_transformer(_nano_layers(hidden_act=hidden_act), device="cuda",
+                               dtype=torch.bfloat16, seed=1).fuse_gen_projections()
+    inp = _gen_step_inputs(model, [121, 97])
     with torch.no_grad():
-        expected, actual = _forward(eager, inp), _forward(fused, inp)
+        expected, actual = _forward(model, inp), _forward(model, inp, TritonGenOps())
     for e, a in zip(expected, actual, strict=True):
         scale = e.float().abs().max()
         assert (a.float() - e.float()).abs().max() <= 2e-2 * scale, hidden_act

@@ -137,12 +137,11 @@ def test_mlp_activation_kernel(triton_ops, dtype, hidden_act) -> None:
 
 
 @pytest.mark.parametrize("hidden_act", ["silu", "relu2"])
-def test_gen_forward_with_fused_kernels_matches_eager(hidden_act) -> None:
+def test_gen_forward_with_fused_kernels_matches_eager(triton_ops, hidden_act) -> None:
     """A whole denoising forward, padded prompts of different lengths (key mask) included."""
     config = _tiny_config(hidden_act=hidden_act)
     eager = random_transformer(config, device=DEVICE, seed=5).fuse_gen_projections()
     fused = random_transformer(config, device=DEVICE, seed=5).fuse_gen_projections()
-    fused.use_triton_kernels()
     lengths = [7, 3, 12]
     ids = torch.zeros(3, 12, dtype=torch.long, device=DEVICE)
     mask = torch.arange(12, device=DEVICE)[None] < torch.tensor(lengths, device=DEVICE)[:, None]
@@ -155,30 +154,33 @@ def test_gen_forward_with_fused_kernels_matches_eager(hidden_act) -> None:
             torch.tensor([0, 5, 7], device=DEVICE), torch.full((3,), 640.0, device=DEVICE))
     outs = []
     with torch.no_grad():
-        for model in (eager, fused):
+        for model, ops in ((eager, EAGER), (fused, triton_ops)):
             text = model.encode_text(ids, mask)
             layout = model.gen_layout(text, latent_shape=(3, 4, 6), num_actions=8, fps=20.0,
                                       preallocate_kv=True)
             assert layout.key_mask is not None
-            outs.append(model.forward_gen(text, layout, *args))
+            outs.append(model.forward_gen(text, layout, *args, ops=ops))
     for expected, actual in zip(*outs, strict=True):
         torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
 
 
-def test_triton_kernels_need_fused_projections() -> None:
-    model = random_transformer("tiny")
-    with pytest.raises(RuntimeError, match="fuse_gen_projections"):
-        model.use_triton_kernels()
+def test_triton_kernels_need_fused_projections_and_buffers(triton_ops) -> None:
+    model = random_transformer("tiny", device=DEVICE)
+    h, cos, sin, text_kv = _layer_inputs(model, torch.float32)
+    with pytest.raises(RuntimeError, match="fuse_gen_projections.*fused=False, buffers=True"):
+        triton_ops.qkv(model.layers[0].self_attn, h, cos, sin, text_kv, _buffers(text_kv, 9))
+    model.fuse_gen_projections()
+    with pytest.raises(RuntimeError, match="fused=True, buffers=False"):
+        triton_ops.qkv(model.layers[0].self_attn, h, cos, sin, text_kv, None)
 
 
-def test_autograd_keeps_the_eager_path() -> None:
-    """Training differentiates through eager ops; the kernels are never used under grad."""
-    model = random_transformer("tiny", seed=1).fuse_gen_projections().use_triton_kernels()
-    model.requires_grad_(True)
-    ids = torch.randint(1, 1000, (1, 6))
-    out, _ = model(ids, torch.ones(1, 6, dtype=torch.bool), torch.randn(1, 48, 2, 4, 4),
-                   (torch.arange(2) > 0)[None], torch.randn(1, 4, 64),
-                   torch.ones(1, 4, dtype=torch.bool), torch.tensor([1]), torch.tensor([300.0]),
-                   fps=20.0)
-    out.square().mean().backward()
-    assert model.proj_in.weight.grad is not None
+def test_fused_ops_refuse_autograd(triton_ops) -> None:
+    """Training differentiates through eager ops; asking for the kernels under grad is an
+    error, not a silent switch."""
+    model = random_transformer("tiny", seed=1).fuse_gen_projections()
+    text = model.encode_text(torch.randint(1, 1000, (1, 6)), torch.ones(1, 6, dtype=torch.bool))
+    layout = model.gen_layout(text, latent_shape=(2, 4, 4), num_actions=4, fps=20.0)
+    args = (torch.randn(1, 48, 2, 4, 4), (torch.arange(2) > 0)[None], torch.randn(1, 4, 64),
+            torch.ones(1, 4, dtype=torch.bool), torch.tensor([1]), torch.tensor([300.0]))
+    with pytest.raises(RuntimeError, match="inference; run under no_grad"):
+        model.forward_gen(text, layout, *args, ops=triton_ops)

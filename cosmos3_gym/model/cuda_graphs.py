@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from cosmos3_gym.model.kernels import TORCH_OPS, GenOps
 from cosmos3_gym.model.transformer import Cosmos3Transformer, GenLayout, TextKVCache
 
 logger = logging.getLogger(__name__)
@@ -78,7 +79,8 @@ class GenGraphs:
 
     ``bind(text, layout, ...)`` sets up one request and returns ``step(vision, actions,
     timesteps) -> (v_vision, v_action)`` with the same results as ``forward_gen`` with those
-    arguments (tested bit for bit against the eager forward on the GPU). ``capture`` replaces
+    arguments (tested bit for bit against the eager forward on the GPU). ``ops`` is what the
+    captured forward runs its elementwise work with (eager or fused kernels). ``capture`` replaces
     the CUDA recorder (the tests run the buffer logic on CPU with a recorder that re-runs the
     function).
     """
@@ -87,11 +89,12 @@ class GenGraphs:
         self,
         model: Cosmos3Transformer,
         max_graphs: int = 8,
+        ops: GenOps = TORCH_OPS,
         capture: Callable[[Callable[[], Any], Any], tuple[Graph, Any]] = cuda_capture,
     ) -> None:
         if max_graphs < 1:
             raise ValueError(f"max_graphs must be >= 1, got {max_graphs}")
-        self.model, self.max_graphs, self.capture = model, max_graphs, capture
+        self.model, self.max_graphs, self.ops, self.capture = model, max_graphs, ops, capture
         self.graphs: OrderedDict[tuple, _Static] = OrderedDict()
         self.uncapturable: set[tuple] = set()
         self.pool: Any = None  # one memory pool for all graphs, made at the first capture
@@ -153,7 +156,7 @@ class GenGraphs:
     def _forward(self, static: _Static) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model.forward_gen(
             static.text, static.layout, static.vision, static.vision_noisy, static.actions,
-            static.action_noisy, static.domain_ids, static.timesteps,
+            static.action_noisy, static.domain_ids, static.timesteps, ops=self.ops,
         )
 
     @staticmethod

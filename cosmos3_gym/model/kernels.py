@@ -79,7 +79,11 @@ class TorchGenOps(GenOps):
 
 
 class TritonGenOps(GenOps):
-    """The fused kernels (inference only; needs fused GEN projections and K/V buffers)."""
+    """The fused kernels (inference only; needs fused GEN projections and K/V buffers).
+
+    Pass it as ``Cosmos3Transformer.forward_gen(..., ops=TritonGenOps())``; the pipeline does
+    so when ``InferenceOptions(triton_kernels=True)``.
+    """
 
     name = "triton"
 

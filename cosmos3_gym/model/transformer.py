@@ -27,7 +27,7 @@ from diffusers.models.embeddings import TimestepEmbedding, Timesteps
 from torch import nn
 
 from cosmos3_gym.model.config import Cosmos3Config
-from cosmos3_gym.model.kernels import TORCH_OPS, GenOps, TritonGenOps
+from cosmos3_gym.model.kernels import TORCH_OPS, GenOps
 from cosmos3_gym.model.rope import apply_rope, gen_position_ids, rope_tables, text_position_ids
 
 
@@ -381,8 +381,6 @@ class Cosmos3Transformer(nn.Module):
             self.action_proj_in = DomainAwareLinear(config.action_dim, c, n_dom)
             self.action_proj_out = DomainAwareLinear(c, config.action_dim, n_dom)
             self.action_modality_embed = nn.Parameter(torch.zeros(c))
-        # The GEN step's elementwise work: eager by default; use_triton_kernels() fuses it.
-        self.gen_ops: GenOps = TORCH_OPS
         if config.sound_gen:
             # Present so sound checkpoints load strictly; policy mode never runs sound tokens.
             self.audio_proj_in = nn.Linear(config.sound_dim, c)
@@ -399,15 +397,6 @@ class Cosmos3Transformer(nn.Module):
         for layer in self.layers:
             layer.self_attn.fuse()
             layer.mlp_moe_gen.fuse()
-        return self
-
-    def use_triton_kernels(self) -> Cosmos3Transformer:
-        """Run the GEN step's norms, RoPE, K/V writes and MLP activation as fused Triton
-        kernels (inference with K/V buffers; see :mod:`cosmos3_gym.model.kernels`). Needs
-        :meth:`fuse_gen_projections` first; autograd and unbuffered calls stay eager."""
-        if any(layer.self_attn.gen_qkv is None for layer in self.layers):
-            raise RuntimeError("use_triton_kernels() needs fuse_gen_projections() first")
-        self.gen_ops = TritonGenOps()
         return self
 
     def compile_gen_layers(self, **compile_kwargs) -> Cosmos3Transformer:
@@ -542,6 +531,7 @@ class Cosmos3Transformer(nn.Module):
         action_noisy: torch.Tensor,
         domain_ids: torch.Tensor,
         timesteps: torch.Tensor,
+        ops: GenOps = TORCH_OPS,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One denoising forward of the GEN pathway.
 
@@ -551,6 +541,8 @@ class Cosmos3Transformer(nn.Module):
             actions: ``[B, H, action_dim]``; action_noisy: ``[B, H]`` bool.
             domain_ids: ``[B]`` embodiment ids selecting the action heads.
             timesteps: ``[B]`` flow timesteps (0..1000) of the noisy tokens.
+            ops: how the step's elementwise work runs (:mod:`cosmos3_gym.model.kernels`):
+                eager by default; fused kernels need K/V buffers and no autograd.
 
         Returns:
             vision velocity ``[B, 48, T, h, w]`` and action velocity ``[B, H, action_dim]``,
@@ -568,10 +560,10 @@ class Cosmos3Transformer(nn.Module):
         act = act + t_emb * action_noisy[:, :, None].to(dtype)
         x = torch.cat([vis, act], dim=1)  # [B, N, C]
 
-        inference = not torch.is_grad_enabled()
-        if layout.kv_buffers is not None and not inference:
-            raise RuntimeError("preallocated K/V buffers are for inference; run under no_grad")
-        ops = self.gen_ops if inference and layout.kv_buffers is not None else TORCH_OPS
+        if torch.is_grad_enabled() and (layout.kv_buffers is not None or ops is not TORCH_OPS):
+            raise RuntimeError(
+                "preallocated K/V buffers and fused GEN ops are for inference; run under no_grad"
+            )
         buffers = layout.kv_buffers or [None] * len(self.layers)
         next_norms = [layer.input_layernorm_moe_gen for layer in self.layers[1:]]
         h = self.layers[0].input_layernorm_moe_gen(x)
