@@ -14,25 +14,34 @@ from .color_reach import (
     make_color_reach_vector_env,
 )
 from .libero import (
-    LIBERO_MAX_EPISODE_STEPS,
+    LIBERO_CLIENT_MAX_STEPS,
     LIBERO_SETTLE_STEPS,
+    STEP_BUDGETS,
     LiberoEnv,
     LiberoEpisode,
+    libero_max_episode_steps,
     libero_num_tasks,
+    libero_sim_seed,
     libero_task_description,
     make_libero_vector_env,
 )
 
-COLOR_REACH_ID = "cosmos3_gym/ColorReach-v0"
+COLOR_REACH_ID = ColorReachEnv.spec_id
+LIBERO_ID = LiberoEnv.spec_id
 
-# The env truncates itself at max_episode_steps, so no TimeLimit is registered on top of it.
+# Both envs truncate themselves at max_episode_steps (and report it in env.spec), so no
+# TimeLimit is registered on top of them. LIBERO is imported only when a LiberoEnv is made.
 if COLOR_REACH_ID not in gym.registry:
     gym.register(COLOR_REACH_ID, entry_point="cosmos3_gym.envs.color_reach:ColorReachEnv")
+if LIBERO_ID not in gym.registry:
+    gym.register(LIBERO_ID, entry_point="cosmos3_gym.envs.libero:LiberoEnv")
 
 __all__ = [
     "COLOR_REACH_ID",
-    "LIBERO_MAX_EPISODE_STEPS",
+    "LIBERO_CLIENT_MAX_STEPS",
+    "LIBERO_ID",
     "LIBERO_SETTLE_STEPS",
+    "STEP_BUDGETS",
     "ChunkedActionWrapper",
     "ColorReachEnv",
     "ColorReachExpert",
@@ -40,7 +49,9 @@ __all__ = [
     "EpisodeEndHold",
     "LiberoEnv",
     "LiberoEpisode",
+    "libero_max_episode_steps",
     "libero_num_tasks",
+    "libero_sim_seed",
     "libero_task_description",
     "make_color_reach_vector_env",
     "make_libero_vector_env",

@@ -19,6 +19,8 @@ from gymnasium.spaces import Box
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from gymnasium.vector.utils import iterate
 
+from cosmos3_gym.vector_env import ForwardingVectorWrapper, autoreset_mode
+
 # Info keys through which EpisodeEndHold reports the true episode end while it is armed.
 _TERMINATED_KEY = "episode_terminated"
 _TRUNCATED_KEY = "episode_truncated"
@@ -35,7 +37,11 @@ class EpisodeEndHold(gym.Wrapper):
     sits out a chunk). The vector env's own autoreset therefore never fires; the chunk wrapper
     resets envs itself, only between chunks.
 
-    Use it as the outermost wrapper of each sub-env.
+    Use it as the outermost wrapper of each sub-env. Wrappers inside it see every env step and
+    every episode end, also under chunk stepping (the place for per-episode statistics such as
+    ``gymnasium.wrappers.RecordEpisodeStatistics``); the vector env above sees neither. The task
+    attributes ``task_description`` and ``task`` of the env inside are visible on this wrapper
+    (``hasattr`` included), since ``gymnasium.Wrapper`` forwards no attributes.
 
     Example:
         >>> import gymnasium as gym
@@ -75,8 +81,16 @@ class EpisodeEndHold(gym.Wrapper):
         self._last_obs, self._last_info = obs, info
         return obs, reward, False, False, info
 
+    @property
+    def task_description(self) -> str:
+        return self.env.get_wrapper_attr("task_description")
 
-class ChunkedActionWrapper(VectorWrapper):
+    @property
+    def task(self) -> str:
+        return self.env.get_wrapper_attr("task")
+
+
+class ChunkedActionWrapper(ForwardingVectorWrapper):
     """Step a vector env with ``[B, H, D]`` action chunks (or plain ``[B, D]`` actions).
 
     Each env executes its chunk row by row until its episode ends, then stands still for the rest
@@ -99,6 +113,12 @@ class ChunkedActionWrapper(VectorWrapper):
     Every sub-env must be wrapped (outermost) in :class:`EpisodeEndHold`;
     :func:`~cosmos3_gym.envs.make_libero_vector_env` and
     :func:`~cosmos3_gym.envs.make_color_reach_vector_env` do it.
+
+    Statistics: wrap each sub-env, inside its :class:`EpisodeEndHold` (the factories' ``wrappers``
+    argument, or ``gym.make_vec(..., wrappers=[RecordEpisodeStatistics, EpisodeEndHold])``), so
+    they count env steps. A vector ``RecordEpisodeStatistics`` between this wrapper and the vector
+    env never sees an episode end (the holds keep them from the vector env) and is refused; one
+    on top of this wrapper counts calls, not env steps.
 
     Example:
         >>> import numpy as np
@@ -125,10 +145,9 @@ class ChunkedActionWrapper(VectorWrapper):
                 "gym.make_vec(env_id, n, wrappers=[EpisodeEndHold]); "
                 f"the sub-envs have no 'chunk_hold_armed' attribute ({error})"
             ) from error
+        _refuse_blind_statistics(env)
         env.unwrapped.set_attr("chunk_hold_armed", True)
-        self.autoreset_mode = AutoresetMode(
-            env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
-        )
+        self.autoreset_mode = autoreset_mode(env)
         # Envs whose episode ended in an earlier call and that have not been reset yet.
         self._awaiting_reset = np.zeros(self.num_envs, dtype=np.bool_)
 
@@ -199,16 +218,6 @@ class ChunkedActionWrapper(VectorWrapper):
         infos["_steps_executed"] = np.ones(num_envs, dtype=np.bool_)
         return obs, rewards, terminated, truncated, infos
 
-    # VectorWrapper does not forward these; a policy reads prompts with call("task_description").
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        return self.unwrapped.call(name, *args, **kwargs)
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        return self.unwrapped.get_attr(name)
-
-    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
-        self.unwrapped.set_attr(name, values)
-
     def _as_chunk(self, actions: np.ndarray) -> np.ndarray:
         actions = np.asarray(actions)
         action_shape = self.env.single_action_space.shape
@@ -246,6 +255,18 @@ class ChunkedActionWrapper(VectorWrapper):
             else:
                 merged.append(step_infos[i])
         return reset_obs, _batch_infos(merged)
+
+
+def _refuse_blind_statistics(env: VectorEnv) -> None:
+    while isinstance(env, VectorWrapper):
+        if isinstance(env, gym.wrappers.vector.RecordEpisodeStatistics):
+            raise TypeError(
+                "a vector RecordEpisodeStatistics under ChunkedActionWrapper never sees an episode "
+                "end (each sub-env's EpisodeEndHold hides them from the vector env); expected "
+                "the statistics wrapper on each sub-env, inside its EpisodeEndHold: e.g. "
+                "make_libero_vector_env(..., wrappers=[gymnasium.wrappers.RecordEpisodeStatistics])"
+            )
+        env = env.env
 
 
 def _info_flag(infos: dict[str, Any], key: str, num_envs: int) -> np.ndarray:

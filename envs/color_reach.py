@@ -9,6 +9,7 @@ reads another env's prompt) goes to the wrong target and fails.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from .chunking import EpisodeEndHold
+from .limits import OwnTimeLimit
 
 COLORS: dict[str, tuple[int, int, int]] = {
     "red": (230, 40, 40),
@@ -51,7 +53,7 @@ class ColorReachState:
         return self.targets[self.goal]
 
 
-class ColorReachEnv(gym.Env[np.ndarray, np.ndarray]):
+class ColorReachEnv(OwnTimeLimit, gym.Env[np.ndarray, np.ndarray]):
     """Reach the coloured target that the prompt names.
 
     * Observation: uint8 image ``[S, S, 3]`` (``S = image_size``, default 128), dark background,
@@ -63,8 +65,11 @@ class ColorReachEnv(gym.Env[np.ndarray, np.ndarray]):
     * Prompt: ``task_description`` (alias ``task``), e.g. ``"reach the red target"``; the goal
       colour is drawn from the seeded RNG at each reset, or given by ``options={"target": c}``.
     * Reward 1.0 and ``terminated`` when the agent centre is within ``success_radius`` of the goal
-      centre (``info["is_success"]``), else 0.0; ``truncated`` after ``max_episode_steps``.
-      Touching other targets is neither penalised nor terminal.
+      centre (``info["is_success"]``), else 0.0; ``truncated`` after ``max_episode_steps``
+      (also ``spec.max_episode_steps`` and ``_max_episode_steps``). Touching other targets is
+      neither penalised nor terminal.
+    * ``render()`` (``render_mode="rgb_array"``, the default) returns the observation frame, which
+      is already upright.
 
     Fully deterministic given the reset seed.
 
@@ -83,6 +88,7 @@ class ColorReachEnv(gym.Env[np.ndarray, np.ndarray]):
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+    spec_id = "cosmos3_gym/ColorReach-v0"
 
     def __init__(
         self,
@@ -112,6 +118,14 @@ class ColorReachEnv(gym.Env[np.ndarray, np.ndarray]):
         self.max_speed = float(max_speed)
         self.success_radius = float(success_radius)
         self.max_episode_steps = int(max_episode_steps)
+        self._spec_kwargs = {
+            "render_mode": render_mode,
+            "image_size": image_size,
+            "colors": self.colors,
+            "max_speed": self.max_speed,
+            "success_radius": self.success_radius,
+            "max_episode_steps": self.max_episode_steps,
+        }
 
         self.observation_space = spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
         self.action_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
@@ -234,12 +248,15 @@ def make_color_reach_vector_env(
     *,
     async_: bool = False,
     autoreset_mode: AutoresetMode = AutoresetMode.NEXT_STEP,
+    wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
     **env_kwargs: Any,
 ) -> VectorEnv:
     """A ``VectorEnv`` of :class:`ColorReachEnv`, each sub-env wrapped for chunk stepping.
 
-    ``env_kwargs`` go to every :class:`ColorReachEnv`. Sync by default: the env is so cheap that
-    worker processes cost more than they save.
+    ``env_kwargs`` go to every :class:`ColorReachEnv`. ``wrappers`` wrap each env in order, inside
+    the outermost :class:`EpisodeEndHold`, where they see every env step also under chunk stepping
+    (the place for ``gymnasium.wrappers.RecordEpisodeStatistics``). Sync by default: the env is so
+    cheap that worker processes cost more than they save.
 
     Example:
         >>> envs = make_color_reach_vector_env(3, image_size=64)
@@ -248,7 +265,14 @@ def make_color_reach_vector_env(
         ((3, 64, 64, 3), 3)
         >>> envs.close()
     """
-    fns = [lambda: EpisodeEndHold(ColorReachEnv(**env_kwargs)) for _ in range(num_envs)]
+
+    def make() -> gym.Env:
+        env: gym.Env = ColorReachEnv(**env_kwargs)
+        for wrapper in wrappers:
+            env = wrapper(env)
+        return EpisodeEndHold(env)
+
+    fns = [make] * num_envs
     if async_:
         return gym.vector.AsyncVectorEnv(fns, autoreset_mode=autoreset_mode)
     return gym.vector.SyncVectorEnv(fns, autoreset_mode=autoreset_mode)

@@ -1,1 +1,1 @@
-"""Evaluation, rollout collection and benchmarks (the ``cosmos3-gym`` console script)."""
+"""Evaluation and rollout collection, and the ``cosmos3-gym`` console script."""

@@ -78,9 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("train", add_help=False,
                    help="train the tiny checkpoint on ColorReach demos (see train --help)")
 
-    from cosmos3_gym.eval import bench
+    from cosmos3_gym.bench import latency
 
-    bench.add_arguments(sub.add_parser(
+    latency.add_arguments(sub.add_parser(
         "bench", help="latency/throughput of the action stack: batched vs serial, cache on/off"
     ))
     return parser
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[0] if argv else None
     try:
         if command == "train":
-            from cosmos3_gym.eval.train import main as train_main
+            from cosmos3_gym.train import main as train_main
 
             return train_main(argv[1:])
         return _run(parser.parse_args(argv))
@@ -125,9 +125,9 @@ def _run(args: argparse.Namespace) -> int:
             print(format_table(results))
         return 0
     if args.command == "bench":
-        from cosmos3_gym.eval import bench
+        from cosmos3_gym.bench import latency
 
-        bench.run(args)
+        latency.run(args)
         return 0
     from cosmos3_gym.eval.rollout import run_rollout_command
 

@@ -6,12 +6,14 @@ tasks mix freely in one batch and no slot idles while others finish. Autoreset i
 each sub-env's :class:`~cosmos3_gym.envs.EpisodeEndHold` is armed: a finished sub-env stands
 still (no simulator step) until it is handed its next episode.
 
-Policy. The pipeline is driven directly, not through ``VectorPolicy``, whose noise seeds follow
-the env slot. Each slot keeps its own chunk queue; the slots whose queue is empty are replanned
-together in one pipeline call, chunk ``c`` of episode ``(task, trial)`` seeded with
-``derive_seed(seed, task, trial, chunk=c)``. The pipeline makes item ``i`` depend only on its own
-seed, image and prompt, so an episode's result does not depend on its slot, its batch mates or
-the rank running it: one process and a torchrun launch record the same episodes.
+Policy. Chunks come from the policy's :class:`~cosmos3_gym.policy.ChunkPlanner` with the
+evaluation's seed rule (:func:`~cosmos3_gym.eval.tasks.episode_seed_rule`): chunk ``c`` of
+episode ``(task, trial)`` is seeded with ``derive_seed(seed, task, trial, chunk=c)``, not by the
+env slot as ``VectorPolicy`` seeds. Each slot has an :class:`~cosmos3_gym.policy.ActionQueues`
+queue; the slots whose queue is empty are replanned together in one pipeline call. The pipeline
+makes item ``i`` depend only on its own seed, image and prompt, so an episode's result does not
+depend on its slot, its batch mates or the rank running it: one process and a torchrun launch
+record the same episodes.
 
 Actions. Before every step each env action is checked against the env's action space. A
 non-finite action ends its episode as a failure (``invalid_action`` says why) and is never sent
@@ -54,10 +56,10 @@ from cosmos3_gym.eval.distributed import (
     destroy_process_group,
     init_process_group,
 )
-from cosmos3_gym.eval.tasks import Episode, EvalEnv, derive_seed, make_eval_env
-from cosmos3_gym.policy.adapters import Adapter, get_adapter
-from cosmos3_gym.policy.vector_policy import take_envs
+from cosmos3_gym.eval.tasks import Episode, EvalEnv, episode_seed_rule, make_eval_env
+from cosmos3_gym.policy import ActionQueues, Adapter, ChunkPlanner, get_adapter, take_envs
 from cosmos3_gym.progress import progress_bar
+from cosmos3_gym.seeding import check_seed
 
 # The config keys that define which episodes a folder holds and how they were produced; a rerun
 # must match them to resume. num_envs, async_envs, timeouts and videos only change how fast or
@@ -113,8 +115,7 @@ class EvalConfig:
         for name in ("trials", "num_envs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1; found {getattr(self, name)}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be non-negative; found {self.seed}")
+        check_seed(self.seed)
 
     def identity(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in IDENTITY_KEYS}
@@ -133,7 +134,6 @@ class _Slot:
     """One sub-env's episode in flight."""
 
     episode: Episode | None = None
-    queue: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
     chunks: int = 0
     steps: int = 0
     started: float = 0.0
@@ -145,7 +145,6 @@ class _Slot:
 
     def start(self, episode: Episode, restarts: int = 0) -> None:
         self.episode, self.restarts, self.needs_reset = episode, restarts, True
-        self.queue = np.zeros((0, 0), np.float32)
         self.chunks = self.steps = self.out_of_range_steps = 0
         self.max_excess = 0.0
         self.started = time.perf_counter()
@@ -165,7 +164,7 @@ def load_pipeline(checkpoint: str) -> Any:
             hint = (
                 "; the tiny checkpoint is not shipped with this install (expected "
                 "cosmos3_gym/checkpoints/tiny/): pass --checkpoint PATH, e.g. a folder written by "
-                "cosmos3_gym.testing.write_tiny_checkpoint"
+                "cosmos3_gym.tiny.write_tiny_checkpoint"
             )
         raise FileNotFoundError(f"{err}{hint}") from None
     return Cosmos3ActionPipeline.from_pretrained(path)
@@ -223,6 +222,7 @@ class Evaluator:
         self.adapter: Adapter = get_adapter(self.eval_env.adapter)
         self.pipeline = pipeline
         self.all_episodes = self.eval_env.episodes(config.trials, config.seed)
+        self.episode_index = {e.key: k for k, e in enumerate(self.all_episodes)}
         self.episode_log = self.out_dir / results_io.episode_log_name(
             self.rank.rank, self.rank.world_size
         )
@@ -230,6 +230,7 @@ class Evaluator:
             self.rank.rank, self.rank.world_size
         )
         self.envs: VectorEnv | None = None
+        self.queues = ActionQueues(0)  # one queue per env slot, sized by _run_pool
         self.obs: Any = None
         self.env_steps = 0
         self.chunks = 0
@@ -293,6 +294,11 @@ class Evaluator:
         cfg = self.config
         num_slots = min(cfg.num_envs, len(pending))
         slots = [_Slot() for _ in range(num_slots)]
+        self.queues = ActionQueues(num_slots)
+        planner = ChunkPlanner(
+            self.pipeline, self.adapter, episode_seed_rule(cfg.seed, self.all_episodes),
+            num_inference_steps=cfg.num_inference_steps,
+        )
         successes = 0
         bar = progress_bar(
             enabled=cfg.progress, total=already_done + len(pending), initial=already_done,
@@ -302,15 +308,15 @@ class Evaluator:
         self._build_envs(num_slots)
         try:
             while True:
-                for slot in slots:
+                for i, slot in enumerate(slots):
                     if slot.episode is None and pending:
-                        slot.start(pending.popleft())
+                        self._start(slots, i, pending.popleft())
                 active = [i for i, s in enumerate(slots) if s.episode is not None]
                 if not active:
                     break
                 try:
                     self._reset_slots(slots)
-                    ended = self._plan(slots)
+                    ended = self._plan(planner, slots)
                     if not ended:
                         ended = self._step(slots)
                 except EnvFault as fault:
@@ -398,40 +404,42 @@ class Evaluator:
 
     # ------------------------------------------------------------------ planning and stepping
 
-    def _plan(self, slots: list[_Slot]) -> list[tuple[int, bool, str | None]]:
+    def _start(self, slots: list[_Slot], i: int, episode: Episode, restarts: int = 0) -> None:
+        slots[i].start(episode, restarts)
+        self.queues.clear(i)
+
+    def _plan(
+        self, planner: ChunkPlanner, slots: list[_Slot]
+    ) -> list[tuple[int, bool, str | None]]:
         """Replan every active slot with an empty queue; returns episodes ended by bad actions."""
         cfg = self.config
-        need = [i for i, s in enumerate(slots) if s.episode is not None and len(s.queue) == 0]
+        empty = self.queues.lengths() == 0
+        need = [i for i, s in enumerate(slots) if s.episode is not None and empty[i]]
         if not need:
             return []
         idx = np.array(need)
-        images = self.adapter.images(take_envs(self.obs, idx))
         if cfg.shuffle_prompts:
             tasks = [self.eval_env.shuffled_prompt(slots[i].episode.task_index) for i in need]
         else:
             tasks = self._tasks(idx)
-        prompts = [self.adapter.prompt(t) for t in tasks]
-        seeds = [
-            derive_seed(cfg.seed, slots[i].episode.task, slots[i].episode.trial, slots[i].chunks)
-            for i in need
-        ]
-        out = self.pipeline(
-            images, prompts, seed=seeds, num_inference_steps=cfg.num_inference_steps,
-            progress=False,
+        record = planner.plan(
+            self.obs, idx, tasks,
+            episodes=[self.episode_index[slots[i].episode.key] for i in need],
+            chunks=[slots[i].chunks for i in need],
         )
-        actions = np.asarray(self.adapter.actions(np.asarray(out.actions)), dtype=np.float32)
-        n_steps = cfg.n_action_steps or actions.shape[1]
+        steps = cfg.n_action_steps or None  # None: the whole chunk
+        self.queues.fill(record, steps)
         self.chunks += len(need)
         ended = []
         for row, i in enumerate(need):
             slot = slots[i]
             slot.chunks += 1
-            slot.queue = actions[row, :n_steps]
-            bad = ~np.isfinite(slot.queue).all(axis=-1)
+            queued = record.actions[row, :steps]
+            bad = ~np.isfinite(queued).all(axis=-1)
             if bad.any():
                 k = int(np.argmax(bad))
                 ended.append((i, False, f"non-finite action at step {slot.steps + k}: "
-                                        f"{slot.queue[k].tolist()}"))
+                                        f"{queued[k].tolist()}"))
         return ended
 
     def _tasks(self, idx: np.ndarray) -> list[str]:
@@ -448,7 +456,7 @@ class Evaluator:
         for i, slot in enumerate(slots):
             if slot.episode is None:
                 continue
-            action, slot.queue = slot.queue[0], slot.queue[1:]
+            action = self.queues.peek(i)
             excess = float(np.max(np.maximum(action - space.high, space.low - action)))
             if excess > 0:
                 slot.out_of_range_steps += 1
@@ -460,9 +468,9 @@ class Evaluator:
             actions[i] = action
             active.append(i)
         if ended:  # settle the failed episodes first; nobody steps with an unchecked action
-            for i in active:  # put the popped actions back
-                slots[i].queue = np.concatenate([actions[i][None], slots[i].queue])
             return ended
+        for i in active:
+            self.queues.pop(i)
         if isinstance(envs, AsyncVectorEnv):
             self._guard("step", envs.step_async, actions)
             timeout = self.config.env_timeout
@@ -510,7 +518,7 @@ class Evaluator:
                                            f"last: {fault}"))
                 slot.restarts += 1
             else:
-                slot.start(slot.episode, restarts=slot.restarts + 1)
+                self._start(slots, i, slot.episode, restarts=slot.restarts + 1)
         return given_up
 
     def _reset_all(self) -> None:
@@ -551,7 +559,7 @@ class Evaluator:
         results_io.append_jsonl(self.episode_log, record)
         self.finished += 1
         slot.episode = None
-        slot.queue = np.zeros((0, 0), np.float32)
+        self.queues.clear(index)
         slot.frames = []
         if self.rank.is_main:
             self.write_results()

@@ -26,9 +26,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
+
+from cosmos3_gym.policy.planner import ChunkRecord
+from cosmos3_gym.vector_env import autoreset_mode
 
 SCHEMA_VERSION = 1
 
@@ -60,7 +64,7 @@ def collect_rollouts(
         raise ValueError(
             f"num_steps and shard_steps must be >= 1; found {num_steps}, {shard_steps}"
         )
-    mode = AutoresetMode(envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+    mode = autoreset_mode(envs)
     if mode == AutoresetMode.DISABLED:
         raise ValueError("collect_rollouts needs an autoresetting env; found autoreset DISABLED")
     out = Path(out_dir)
@@ -70,8 +74,9 @@ def collect_rollouts(
     feed = policy.attach(envs)
     obs, _ = feed.reset(seed=seed)
     num_envs = envs.num_envs
-    raw_queues: list[np.ndarray] = [np.zeros((0, 0), np.float32)] * num_envs
-    chunk_of_env = np.full(num_envs, -1, np.int64)
+    # Rollout-wide id of each live record's first row; a record leaves once no queue holds it.
+    first_id: WeakKeyDictionary[ChunkRecord, int] = WeakKeyDictionary()
+    raw_dim = 0
     prev_done = np.zeros(num_envs, bool)
     shards: list[str] = []
     steps: list[dict[str, np.ndarray]] = []
@@ -105,10 +110,9 @@ def collect_rollouts(
         actions = policy.select_action(obs)
         record = policy.last_chunk_record
         if record is not None:
-            n = policy.n_action_steps
+            first_id[record] = chunk_base + len(chunks["env"])
+            raw_dim = record.raw_actions.shape[-1]
             for row, env in enumerate(record.env_indices):
-                chunk_of_env[env] = chunk_base + len(chunks["env"])
-                raw_queues[env] = record.raw_actions[row, :n]
                 chunks["env"].append(int(env))
                 chunks["episode"].append(int(record.episode_indices[row]))
                 chunks["index"].append(int(record.chunk_indices[row]))
@@ -117,13 +121,13 @@ def collect_rollouts(
                 chunks["noise"].append(record.action_noise[row])
                 chunks["raw_actions"].append(record.raw_actions[row])
         valid = ~prev_done if mode == AutoresetMode.NEXT_STEP else np.ones(num_envs, bool)
-        raw_dim = max((q.shape[-1] for q in raw_queues if q.ndim == 2), default=0)
         raw = np.zeros((num_envs, raw_dim), np.float32)
         ids = np.full(num_envs, -1, np.int64)
         for env in np.flatnonzero(valid):
-            if len(raw_queues[env]):
-                raw[env], raw_queues[env] = raw_queues[env][0], raw_queues[env][1:]
-                ids[env] = chunk_of_env[env]
+            source = policy.last_action_sources[env]
+            if source is not None:  # None: the placeholder of an env that ignores its action
+                raw[env] = source.raw_action
+                ids[env] = first_id[source.record] + source.row
         step = {
             **_flatten_obs(obs, "obs"),
             "prompts": np.asarray(feed.tasks, dtype=str),

@@ -14,8 +14,9 @@ So one process, eight env slots or a torchrun launch produce the same episode, b
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
@@ -27,11 +28,25 @@ from cosmos3_gym.envs import (
 )
 from cosmos3_gym.envs.color_reach import COLORS, prompt_for
 
+if TYPE_CHECKING:  # the command line reads this module's env table without the policy stack
+    from cosmos3_gym.policy.planner import SeedRule
+
 LIBERO_INIT_STATES_PER_TASK = 50
-ENV_NAMES = ("color_reach", "libero")
 
 _ENV_SEED_TAG = 0  # keeps the env seed and the chunk seeds of one episode apart
 _CHUNK_SEED_TAG = 1
+
+
+def episode_seed_rule(global_seed: int, episodes: Sequence[Episode]) -> SeedRule:
+    """The evaluation's seed rule for the chunk planner: chunk ``c`` of ``episodes[k]`` gets
+    ``derive_seed(global_seed, task, trial, chunk=c)``, whichever env slot runs it."""
+    from cosmos3_gym.policy.planner import SeedRule
+
+    def seed_of(env: int, episode: int, chunk: int) -> int:
+        task, trial = episodes[episode].key
+        return derive_seed(global_seed, task, trial, chunk)
+
+    return SeedRule(seed_of)
 
 
 def derive_seed(global_seed: int, task: str, trial: int, chunk: int | None = None) -> int:
@@ -71,6 +86,17 @@ class EvalEnv:
 
     suite: str = ""
     adapter: str = "generic"
+    # The suite `cosmos3-gym bench --overlap-env` measures when none is named (None: no suites).
+    bench_suite: str | None = None
+
+    @classmethod
+    def from_cli(
+        cls, *, suite: str | None, tasks: list[str] | None, image_size: int | None,
+        max_episode_steps: int | None,
+    ) -> EvalEnv:
+        """The env as the command line names it (``--suite``, ``--tasks`` as given, ...);
+        ``None`` takes the env's default."""
+        raise NotImplementedError
 
     def __init__(self, tasks: list[str]) -> None:
         if not tasks:
@@ -147,6 +173,15 @@ class ColorReachEval(EvalEnv):
         self.image_size = image_size
         self.max_episode_steps = max_episode_steps
 
+    @classmethod
+    def from_cli(
+        cls, *, suite: str | None, tasks: list[str] | None, image_size: int | None,
+        max_episode_steps: int | None,
+    ) -> ColorReachEval:
+        if suite not in (None, "color_reach"):
+            raise ValueError(f"--suite {suite!r} does not apply to --env color_reach")
+        return cls(tasks, image_size=image_size or 128, max_episode_steps=max_episode_steps or 40)
+
     def reset_options(self, episode: Episode) -> dict[str, Any]:
         return {"target": episode.task}
 
@@ -170,6 +205,7 @@ class LiberoEval(EvalEnv):
     """
 
     adapter = "libero"
+    bench_suite = "libero_spatial"
 
     def __init__(
         self,
@@ -184,6 +220,19 @@ class LiberoEval(EvalEnv):
         self.task_ids = task_ids
         self.image_size = image_size
         self.max_episode_steps = max_episode_steps
+
+    @classmethod
+    def from_cli(
+        cls, *, suite: str | None, tasks: list[str] | None, image_size: int | None,
+        max_episode_steps: int | None,
+    ) -> LiberoEval:
+        if suite is None:
+            raise ValueError("--env libero needs --suite (e.g. libero_10, libero_spatial)")
+        from cosmos3_gym.envs import libero_num_tasks
+
+        n_tasks = libero_num_tasks(suite)
+        ids = list(range(n_tasks)) if tasks is None else [_task_id(t, n_tasks) for t in tasks]
+        return cls(suite, ids, image_size=image_size or 256, max_episode_steps=max_episode_steps)
 
     def init_state_id(self, trial: int) -> int | None:
         return trial % LIBERO_INIT_STATES_PER_TASK
@@ -208,34 +257,26 @@ class LiberoEval(EvalEnv):
         )
 
 
+# Every env the command line and the benchmark know, by --env name: a new env is one entry here
+# (an EvalEnv subclass with its adapter, reset options and vector-env factory).
+EVAL_ENVS: dict[str, type[EvalEnv]] = {"color_reach": ColorReachEval, "libero": LiberoEval}
+ENV_NAMES = tuple(EVAL_ENVS)
+
+
 def make_eval_env(
     env: str,
     *,
-    suite: str | None,
-    tasks: list[str] | None,
-    image_size: int | None,
-    max_episode_steps: int | None,
+    suite: str | None = None,
+    tasks: list[str] | None = None,
+    image_size: int | None = None,
+    max_episode_steps: int | None = None,
 ) -> EvalEnv:
     """The :class:`EvalEnv` the command line names (``tasks`` as given by ``--tasks``)."""
-    if env == "color_reach":
-        if suite not in (None, "color_reach"):
-            raise ValueError(f"--suite {suite!r} does not apply to --env color_reach")
-        return ColorReachEval(
-            tasks,
-            image_size=image_size or 128,
-            max_episode_steps=max_episode_steps or 40,
-        )
-    if env == "libero":
-        if suite is None:
-            raise ValueError("--env libero needs --suite (e.g. libero_10, libero_spatial)")
-        from cosmos3_gym.envs import libero_num_tasks
-
-        n_tasks = libero_num_tasks(suite)
-        ids = list(range(n_tasks)) if tasks is None else [_task_id(t, n_tasks) for t in tasks]
-        return LiberoEval(
-            suite, ids, image_size=image_size or 256, max_episode_steps=max_episode_steps
-        )
-    raise ValueError(f"unknown env {env!r}; expected one of {list(ENV_NAMES)}")
+    if env not in EVAL_ENVS:
+        raise ValueError(f"unknown env {env!r}; expected one of {list(ENV_NAMES)}")
+    return EVAL_ENVS[env].from_cli(
+        suite=suite, tasks=tasks, image_size=image_size, max_episode_steps=max_episode_steps
+    )
 
 
 def _task_id(text: str, n_tasks: int) -> int:

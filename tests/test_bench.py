@@ -1,12 +1,19 @@
-"""cosmos3-gym bench: runs end to end on a tiny checkpoint and writes the documented JSON."""
+"""cosmos3-gym bench: runs end to end on a tiny checkpoint and writes the documented JSON; its
+bit-identity flags are checked against an independent comparison."""
 
 from __future__ import annotations
 
 import json
 import math
 
+import torch
+
+from cosmos3_gym.bench.latency import kernel_microbench
 from cosmos3_gym.eval.cli import main
-from cosmos3_gym.testing import write_tiny_checkpoint
+from cosmos3_gym.model import rope, transformer
+from cosmos3_gym.model.rope import apply_rope
+from cosmos3_gym.model.transformer import RMSNorm
+from cosmos3_gym.tiny import write_tiny_checkpoint
 
 
 def test_bench_writes_speedups_stages_and_optimisation_ratios(tmp_path, capsys) -> None:
@@ -33,3 +40,41 @@ def test_bench_writes_speedups_stages_and_optimisation_ratios(tmp_path, capsys) 
     assert kernels["rope_bit_identical"] and kernels["rmsnorm_bit_identical"]
     assert kernels["rope_speedup"] > 0 and kernels["rmsnorm_speedup"] > 0
     assert "vs serial" in capsys.readouterr().out
+
+
+def _nano_gen_heads(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Query heads at Cosmos3-Nano GEN shapes (32 heads x 128 dims, 266 tokens) and RoPE tables."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, 32, 266, 128, generator=gen)
+    angles = torch.randn(1, 1, 266, 64, generator=gen) * 50
+    return x, angles.cos(), angles.sin()
+
+
+def test_kernels_are_bit_identical_at_the_benchs_shapes() -> None:
+    """Checked here with our own inputs and textbook formulas, not taken from the bench."""
+    x, cos, sin = _nano_gen_heads(seed=11)
+    rotated = torch.cat([-x[..., 64:], x[..., :64]], dim=-1)
+    textbook_rope = x * torch.cat([cos, cos], -1) + rotated * torch.cat([sin, sin], -1)
+    assert torch.equal(apply_rope(x, cos, sin), textbook_rope)
+    norm = RMSNorm(128, 1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 1.5, 128))
+        textbook_norm = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight
+        assert torch.equal(norm(x), textbook_norm)
+
+
+def test_bench_bit_identity_flags_turn_false_when_a_kernel_differs(monkeypatch) -> None:
+    """The flags report a comparison: as shipped both hold; a kernel one rounding off fails."""
+    shipped = kernel_microbench(batch=1, repeats=1)
+    assert shipped["rope_bit_identical"] is True and shipped["rmsnorm_bit_identical"] is True
+
+    one_ulp = 1.0 + 2.0**-20
+    monkeypatch.setattr(rope, "apply_rope", lambda x, cos, sin: apply_rope(x, cos, sin) * one_ulp)
+
+    class OffNorm(RMSNorm):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) * one_ulp
+
+    monkeypatch.setattr(transformer, "RMSNorm", OffNorm)
+    broken = kernel_microbench(batch=1, repeats=1)
+    assert broken["rope_bit_identical"] is False and broken["rmsnorm_bit_identical"] is False

@@ -10,7 +10,7 @@ import pytest
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
-from cosmos3_gym.envs import ChunkedActionWrapper, EpisodeEndHold
+from cosmos3_gym.envs import ChunkedActionWrapper, ColorReachEnv, EpisodeEndHold
 
 
 class CountingEnv(gym.Env):
@@ -199,3 +199,59 @@ def test_unarmed_hold_passes_episode_ends_through() -> None:
     env.reset()
     _, _, terminated, _, info = env.step(np.array([1.0]))
     assert terminated and "episode_terminated" not in info
+
+
+def _held_with_statistics(lengths: list[int]) -> gym.Env:
+    # CountingEnv's reset info already has an "episode" key (its episode number).
+    stats = gym.wrappers.RecordEpisodeStatistics(CountingEnv(lengths), stats_key="stats")
+    return EpisodeEndHold(stats)
+
+
+def test_statistics_inside_the_hold_count_env_steps_under_next_step_chunking() -> None:
+    fns = [lambda lens=lens: _held_with_statistics(lens) for lens in ([2, 3], [5])]
+    envs = ChunkedActionWrapper(SyncVectorEnv(fns, autoreset_mode=AutoresetMode.NEXT_STEP))
+    envs.reset(seed=0)
+
+    _, _, _, _, infos = envs.step(chunk(1))  # env 0 ends after 2 of its 4 actions
+    assert infos["_stats"].tolist() == [True, False]
+    assert infos["stats"]["l"][0] == 2 and infos["stats"]["r"][0] == 100 + 101
+    _, _, _, _, infos = envs.step(chunk(2))  # env 0 resets; env 1 ends after 4 + 1 steps
+    assert infos["_stats"].tolist() == [False, True]
+    assert infos["stats"]["l"][1] == 5 and infos["stats"]["r"][1] == 110 + 111 + 112 + 113 + 210
+    _, _, _, _, infos = envs.step(chunk(3))  # env 0's second episode: 3 steps
+    assert infos["_stats"].tolist() == [True, False]
+    assert infos["stats"]["l"][0] == 3 and infos["stats"]["r"][0] == 300 + 301 + 302
+    envs.close()
+
+
+def test_statistics_inside_the_hold_count_env_steps_under_same_step_chunking() -> None:
+    fns = [lambda lens=lens: _held_with_statistics(lens) for lens in ([2, 3], [5])]
+    envs = ChunkedActionWrapper(SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP))
+    envs.reset(seed=0)
+
+    _, _, _, _, infos = envs.step(chunk(1))
+    finished = infos["final_info"]
+    assert infos["_final_info"].tolist() == [True, False]
+    assert finished["stats"]["l"][0] == 2 and finished["stats"]["r"][0] == 100 + 101
+    _, _, _, _, infos = envs.step(chunk(2))  # env 0: 3 steps, env 1: 1 more step, both end
+    finished = infos["final_info"]
+    assert infos["_final_info"].tolist() == [True, True]
+    assert finished["stats"]["l"].tolist() == [3, 5]
+    assert finished["stats"]["r"].tolist() == [200 + 201 + 202, 110 + 111 + 112 + 113 + 210]
+    envs.close()
+
+
+def test_vector_statistics_under_the_chunk_wrapper_are_refused() -> None:
+    vector = SyncVectorEnv([lambda: EpisodeEndHold(CountingEnv([3]))])
+    with pytest.raises(TypeError, match="inside its EpisodeEndHold"):
+        ChunkedActionWrapper(gym.wrappers.vector.RecordEpisodeStatistics(vector))
+    vector.close()
+
+
+def test_task_attributes_are_visible_through_the_hold() -> None:
+    env = ColorReachEnv()
+    held = EpisodeEndHold(gym.wrappers.RecordEpisodeStatistics(env))
+    held.reset(seed=3)
+    assert hasattr(held, "task_description") and hasattr(held, "task")
+    assert held.task_description == held.task == env.task_description
+    assert not hasattr(EpisodeEndHold(CountingEnv([1])), "task_description")

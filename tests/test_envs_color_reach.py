@@ -194,3 +194,32 @@ def test_vector_autoreset_gives_the_right_observations(vector_cls, mode) -> None
         assert len(seen[i]) == len(expected)
         for k, (got, want) in enumerate(zip(seen[i], expected, strict=True)):
             np.testing.assert_array_equal(got, want, err_msg=f"env {i}, observation {k}")
+
+
+def test_spec_and_max_episode_steps_report_the_env_own_limit() -> None:
+    env = ColorReachEnv(image_size=32, max_episode_steps=7)
+    assert env.spec.max_episode_steps == env._max_episode_steps == 7
+    assert env.spec.id == COLOR_REACH_ID
+    remade = gym.make(env.spec)  # the spec rebuilds the same env
+    assert remade.unwrapped.image_size == 32 and remade.unwrapped.max_episode_steps == 7
+    assert remade.spec.max_episode_steps == 7
+    made = gym.make(COLOR_REACH_ID)
+    assert made.spec.max_episode_steps == made.unwrapped.max_episode_steps == 40
+    envs = make_color_reach_vector_env(2, max_episode_steps=9)
+    assert envs.call("_max_episode_steps") == (9, 9)  # what LeRobot's rollout reads
+    envs.close()
+
+
+def test_statistics_wrappers_inside_the_hold_count_env_steps_under_chunk_stepping() -> None:
+    envs = ChunkedActionWrapper(
+        make_color_reach_vector_env(
+            2, max_episode_steps=5, wrappers=[gym.wrappers.RecordEpisodeStatistics]
+        )
+    )
+    envs.reset(seed=0)
+    _, _, _, _, infos = envs.step(np.zeros((2, 4, 2), dtype=np.float32))
+    assert "episode" not in infos  # standing still never reaches a target
+    _, _, _, truncated, infos = envs.step(np.zeros((2, 4, 2), dtype=np.float32))
+    assert truncated.all() and infos["steps_executed"].tolist() == [1, 1]
+    assert infos["episode"]["l"].tolist() == [5, 5]
+    envs.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ from cosmos3_gym.eval.rollout import collect_rollouts, load_rollouts
 from cosmos3_gym.eval.tasks import derive_seed
 from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 from cosmos3_gym.policy import VectorPolicy
-from cosmos3_gym.testing import write_tiny_checkpoint
+from cosmos3_gym.tiny import write_tiny_checkpoint
 
 
 def test_wilson_interval_known_values() -> None:
@@ -78,8 +77,6 @@ def test_rollouts_round_trip_through_the_loader(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.libero
 def test_libero_rollout_command_saves_dict_observations_and_both_tasks(tmp_path) -> None:
-    pytest.importorskip("libero.libero")
-    os.environ.setdefault("MUJOCO_GL", "egl")
     from cosmos3_gym.eval.cli import main
 
     checkpoint = write_tiny_checkpoint(tmp_path / "ckpt")  # LIBERO-like 10-D head

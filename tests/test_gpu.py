@@ -15,7 +15,7 @@ from diffusers_reference import reference_forward
 
 from cosmos3_gym import Cosmos3ActionPipeline
 from cosmos3_gym.model import Cosmos3Config, Cosmos3Transformer
-from cosmos3_gym.testing import write_tiny_checkpoint
+from cosmos3_gym.tiny import write_tiny_checkpoint
 
 pytestmark = [
     pytest.mark.gpu,
@@ -92,7 +92,7 @@ def test_bf16_pipeline_is_batch_invariant_on_gpu(tmp_path) -> None:
 
 def test_frame_encoder_bf16_on_gpu_tracks_diffusers_bf16() -> None:
     from cosmos3_gym.model.wan_frame_encoder import WanFrameEncoder
-    from cosmos3_gym.testing import build_tiny_vae
+    from cosmos3_gym.tiny import build_tiny_vae
 
     frames = (torch.rand(4, 3, 192, 320, generator=torch.Generator().manual_seed(0)) * 2 - 1)
     with torch.no_grad():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +11,8 @@ import torch
 from cosmos3_gym import Cosmos3ActionPipeline
 from cosmos3_gym.model.rope import apply_rope
 from cosmos3_gym.model.transformer import RMSNorm
-from cosmos3_gym.testing import build_tiny_transformer, write_tiny_checkpoint
+from cosmos3_gym.pipeline import InferenceOptions
+from cosmos3_gym.tiny import build_tiny_transformer, write_tiny_checkpoint
 
 
 def _rotate_half_reference(x, cos, sin):
@@ -131,19 +134,35 @@ def test_pipeline_optimisations_leave_actions_bit_identical(checkpoint) -> None:
     kwargs = dict(seed=[4, 5, 6], num_inference_steps=3, progress=False)
 
     fast = Cosmos3ActionPipeline.from_pretrained(checkpoint)
-    slow = Cosmos3ActionPipeline.from_pretrained(checkpoint, fuse_projections=False)
-    slow.denoise.text_cache = False
-    slow.denoise.preallocate_kv = False
-    for layer in slow.transformer.layers:
-        layer.self_attn.fold_query_groups = False
+    all_off = InferenceOptions(
+        fuse_projections=False, text_cache=False, kv_buffers=False, fold_query_groups=False
+    )
+    slow = Cosmos3ActionPipeline.from_pretrained(checkpoint, options=all_off)
     expected = slow(images, prompts, **kwargs).actions
     assert np.array_equal(fast(images, prompts, **kwargs).actions, expected)
-    for attr in ("text_cache", "preallocate_kv"):  # each switch alone changes nothing either
-        setattr(slow.denoise, attr, True)
+    options = all_off
+    for attr in ("text_cache", "kv_buffers"):  # each switch alone changes nothing either
+        options = replace(options, **{attr: True})
+        slow = Cosmos3ActionPipeline.from_pretrained(checkpoint, options=options)
         assert np.array_equal(slow(images, prompts, **kwargs).actions, expected), attr
-    for layer in slow.transformer.layers:
-        layer.self_attn.fold_query_groups = True
+    slow = Cosmos3ActionPipeline.from_pretrained(
+        checkpoint, options=replace(options, fold_query_groups=True)
+    )
     assert np.array_equal(slow(images, prompts, **kwargs).actions, expected)
+
+
+def test_inference_options_reach_the_transformer_and_the_stages(checkpoint) -> None:
+    shipped = Cosmos3ActionPipeline.from_pretrained(checkpoint)
+    assert shipped.options == InferenceOptions()
+    off = InferenceOptions(text_cache=False, kv_buffers=False, fuse_projections=False,
+                           fold_query_groups=False, frame_encoder=False)
+    for pipe, on in ((shipped, True), (Cosmos3ActionPipeline.from_pretrained(checkpoint,
+                                                                             options=off), False)):
+        attentions = [layer.self_attn for layer in pipe.transformer.layers]
+        assert pipe.denoise.text_cache is on and pipe.denoise.preallocate_kv is on
+        assert pipe.encode.use_frame_encoder is on
+        assert all(a.fold_query_groups is on for a in attentions)
+        assert all((a.gen_qkv is not None) is on for a in attentions)
 
 
 @pytest.mark.slow

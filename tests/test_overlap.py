@@ -6,9 +6,9 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from cosmos3_gym import Cosmos3ActionPipeline, VectorPolicy
+from cosmos3_gym.bench.overlap import DoubleBufferedRollout, measure_overlap
 from cosmos3_gym.envs import ChunkedActionWrapper, make_color_reach_vector_env
-from cosmos3_gym.eval.overlap import DoubleBufferedRollout, measure_overlap
-from cosmos3_gym.testing import write_tiny_checkpoint
+from cosmos3_gym.tiny import write_tiny_checkpoint
 
 
 def _pipe(tmp_path):

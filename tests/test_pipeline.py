@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from cosmos3_gym import Cosmos3ActionPipeline
 from cosmos3_gym.checkpoint import POLICY_CONFIG, TRANSFORMER
 from cosmos3_gym.pipeline.preprocess import latent_content_shape, plan_canvas, preprocess
-from cosmos3_gym.testing import write_tiny_checkpoint
+from cosmos3_gym.tiny import write_tiny_checkpoint
 
 PROMPTS = [
     "pick up the red bowl",
@@ -66,12 +66,21 @@ def test_batched_output_matches_single_requests(pipe, images) -> None:
         np.testing.assert_allclose(batched.actions[i], alone.actions[0], rtol=1e-5, atol=1e-5)
 
 
+def _official_draw(state, pipe) -> np.ndarray:
+    noise = np.random.RandomState(state).standard_normal((pipe.action_horizon, 64))
+    noise[:, pipe.action_dim :] = 0  # padding channels are zeroed
+    return noise.astype(np.float32)
+
+
 def test_noise_is_the_official_arch_invariant_draw(pipe, images) -> None:
-    out = _run(pipe, images[:2], PROMPTS[:2], [123, 2**40 + 5])
-    expected = np.random.RandomState(123).standard_normal((pipe.action_horizon, 64))
-    expected[:, pipe.action_dim :] = 0  # padding channels are zeroed
-    np.testing.assert_array_equal(out.action_noise[0], expected.astype(np.float32))
-    assert np.isfinite(out.action_noise[1]).all()  # a seed past 2**32 works too
+    big = 2**40 + 5
+    out = _run(pipe, images[:3], PROMPTS[:3], [123, big, 2**32 - 1])
+    np.testing.assert_array_equal(out.action_noise[0], _official_draw(123, pipe))
+    # A seed past 2**32 seeds RandomState with its two 32-bit words, low word first:
+    # 2**40 + 5 = 5 + 2**8 * 2**32.
+    np.testing.assert_array_equal(out.action_noise[1], _official_draw([5, 2**8], pipe))
+    assert not np.array_equal(out.action_noise[1], _official_draw(5, pipe))  # high word counts
+    np.testing.assert_array_equal(out.action_noise[2], _official_draw(2**32 - 1, pipe))
 
 
 def test_item_noise_depends_only_on_its_own_seed(pipe, images) -> None:
@@ -120,8 +129,9 @@ def test_classifier_free_guidance_batches_cond_and_uncond(pipe, images) -> None:
     plain = _run(pipe, images, PROMPTS, [1, 2, 3])
     guided = _run(pipe, images, PROMPTS, [1, 2, 3], guidance_scale=3.0)
     assert np.abs(guided.actions - plain.actions).max() > 1e-3
-    alone = _run(pipe, images[1:2], PROMPTS[1:2], [2], guidance_scale=3.0)
-    np.testing.assert_allclose(guided.actions[1], alone.actions[0], rtol=1e-5, atol=1e-5)
+    for i in range(3):  # every row, shorter (padded) prompts included
+        alone = _run(pipe, images[i : i + 1], PROMPTS[i : i + 1], [1 + i], guidance_scale=3.0)
+        np.testing.assert_allclose(guided.actions[i], alone.actions[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -166,8 +176,14 @@ def _diffusers_scheduler(num_steps: int, shift: float) -> UniPCMultistepSchedule
     return sched
 
 
-def _reference_chunk(checkpoint, pipe, image, prompt, seed, num_steps):
-    """One request, rebuilt from diffusers' transformer and scheduler and the recipe's formulas."""
+def _checkpoint_flow_shift(checkpoint) -> float:
+    """The shift the checkpoint's action_policy.json names, read without our loader."""
+    return float(json.loads((checkpoint / POLICY_CONFIG).read_text())["flow_shift"])
+
+
+def _reference_chunk(checkpoint, pipe, image, prompt, seed, num_steps, shift):
+    """One request, rebuilt from diffusers' transformer and scheduler and the recipe's formulas,
+    sampled with flow shift ``shift``."""
     policy = pipe.policy
     # diffusers' class built from our config.json, loaded from our safetensors: the checkpoint
     # format is diffusers'. (Only the unused text head lm_head is absent from tiny checkpoints.)
@@ -209,8 +225,8 @@ def _reference_chunk(checkpoint, pipe, image, prompt, seed, num_steps):
     actions = torch.from_numpy(actions.astype(np.float32))
     actions[:, policy.raw_action_dim :] = 0
     vision[:, :, :1] = cond
-    vision_sched = _diffusers_scheduler(num_steps, policy.flow_shift)
-    action_sched = _diffusers_scheduler(num_steps, policy.flow_shift)
+    vision_sched = _diffusers_scheduler(num_steps, shift)
+    action_sched = _diffusers_scheduler(num_steps, shift)
     for step_t in vision_sched.timesteps:
         v_vis, v_act = reference_forward(
             ref, input_ids, vision, actions, float(step_t), domain=policy.domain_id, fps=policy.fps
@@ -228,11 +244,67 @@ def _reference_chunk(checkpoint, pipe, image, prompt, seed, num_steps):
 
 @pytest.mark.parametrize("num_steps", [1, 4])
 def test_pipeline_matches_diffusers_transformer_and_scheduler(checkpoint, pipe, images, num_steps):
+    shift = _checkpoint_flow_shift(checkpoint)
     with torch.no_grad():
-        expected = _reference_chunk(checkpoint, pipe, images[0], PROMPTS[0], 21, num_steps)
+        expected = _reference_chunk(checkpoint, pipe, images[0], PROMPTS[0], 21, num_steps, shift)
     out = pipe(images[:1], PROMPTS[:1], seed=21, num_inference_steps=num_steps, progress=False)
     assert np.abs(expected).max() > 0.1
     np.testing.assert_allclose(out.actions[0], expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def shift_one_checkpoint(checkpoint, tmp_path_factory):
+    """The same weights with the shipped tiny checkpoint's flow shift (1.0) in its policy file;
+    the test checkpoints' default is 5.0."""
+    import shutil
+
+    copy = tmp_path_factory.mktemp("shift1") / "ckpt"
+    shutil.copytree(checkpoint, copy)
+    policy = json.loads((copy / POLICY_CONFIG).read_text())
+    assert policy["flow_shift"] == 5.0
+    (copy / POLICY_CONFIG).write_text(json.dumps({**policy, "flow_shift": 1.0}))
+    return copy
+
+
+SHIFT_STEPS = 4
+SHIFT_CALL = dict(seed=21, num_inference_steps=SHIFT_STEPS, progress=False)
+
+
+@pytest.fixture(scope="module")
+def shifted(shift_one_checkpoint):
+    return Cosmos3ActionPipeline.from_pretrained(shift_one_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def shift_one_reference(shift_one_checkpoint, shifted, images):
+    """diffusers' transformer and scheduler at flow shift 1.0 (the weights of both checkpoints)."""
+    with torch.no_grad():
+        return _reference_chunk(shift_one_checkpoint, shifted, images[0], PROMPTS[0], 21,
+                                SHIFT_STEPS, shift=1.0)
+
+
+def test_checkpoint_flow_shift_reaches_the_sampler(
+    shift_one_checkpoint, shifted, pipe, shift_one_reference, images
+) -> None:
+    """Sampling follows action_policy.json's flow_shift: the 1.0 checkpoint equals diffusers'
+    scheduler at 1.0; the same weights and request under the 5.0 checkpoint are far from it."""
+    assert _checkpoint_flow_shift(shift_one_checkpoint) == 1.0
+    out = shifted(images[:1], PROMPTS[:1], **SHIFT_CALL)
+    np.testing.assert_allclose(out.actions[0], shift_one_reference, rtol=1e-4, atol=1e-4)
+    at_five = pipe(images[:1], PROMPTS[:1], **SHIFT_CALL)
+    assert np.abs(at_five.actions[0] - shift_one_reference).max() > 1e-2
+
+
+def test_call_flow_shift_overrides_the_checkpoints(
+    checkpoint, shifted, pipe, shift_one_reference, images
+) -> None:
+    """``flow_shift=`` in the call wins over the checkpoint's shift, both ways."""
+    assert _checkpoint_flow_shift(checkpoint) == 5.0
+    out = pipe(images[:1], PROMPTS[:1], flow_shift=1.0, **SHIFT_CALL)
+    np.testing.assert_allclose(out.actions[0], shift_one_reference, rtol=1e-4, atol=1e-4)
+    at_five = pipe(images[:1], PROMPTS[:1], **SHIFT_CALL).actions
+    np.testing.assert_array_equal(
+        shifted(images[:1], PROMPTS[:1], flow_shift=5.0, **SHIFT_CALL).actions, at_five)
 
 
 def test_return_video_decodes_the_predicted_clip_and_changes_no_action(pipe, images) -> None:

@@ -14,7 +14,7 @@ from cosmos3_gym.pipeline.prompt import (
     build_action_caption,
     tokenize_captions,
 )
-from cosmos3_gym.testing import write_tiny_tokenizer
+from cosmos3_gym.tiny import write_tiny_tokenizer
 
 LIBERO_TASK = (
     "put both the alphabet soup and the tomato sauce in the basket. This video contains "

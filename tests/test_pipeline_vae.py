@@ -13,7 +13,7 @@ from cosmos3_gym.pipeline.vae import (
     encode_conditioning_frames,
     latent_normalization,
 )
-from cosmos3_gym.testing import TINY_LATENTS_MEAN, TINY_LATENTS_STD, write_tiny_vae
+from cosmos3_gym.tiny import TINY_LATENTS_MEAN, TINY_LATENTS_STD, write_tiny_vae
 
 
 @pytest.fixture(scope="module")

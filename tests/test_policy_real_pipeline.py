@@ -8,7 +8,7 @@ import pytest
 
 from cosmos3_gym import Cosmos3ActionPipeline, VectorPolicy
 from cosmos3_gym.envs import make_color_reach_vector_env
-from cosmos3_gym.testing import write_tiny_checkpoint
+from cosmos3_gym.tiny import write_tiny_checkpoint
 
 STEPS = 2
 
@@ -28,10 +28,14 @@ def _obs(seed: int = 0, n: int = 3) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (n, 64, 64, 3), dtype=np.uint8)
 
 
-PROMPTS = ["reach the red target", "reach the green target", "reach the yellow target"]
+# Three token lengths, so the batched text is right-padded and the padding must be masked.
+PROMPTS = ["reach the red target", "reach the green target, then stop on it and stay there",
+           "go to yellow"]
 
 
 def test_mixed_tasks_give_each_env_its_own_prompts_chunk(pipe) -> None:
+    lengths = [len(pipe.tokenizer(p).input_ids) for p in PROMPTS]
+    assert len(set(lengths)) == 3, lengths
     policy = VectorPolicy(pipe, n_action_steps=2, seed=3, stochastic=False,
                           num_inference_steps=STEPS)
     obs = _obs()

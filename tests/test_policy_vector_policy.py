@@ -328,6 +328,18 @@ def test_a_done_env_is_not_replanned_before_the_caller_resets_it_under_disabled(
     envs.close()
 
 
+@pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.name)
+def test_an_episode_end_clears_that_envs_queue_and_nothing_else(mode):
+    envs = SyncVectorEnv(countdown_fns(LENGTHS), autoreset_mode=mode)
+    policy = VectorPolicy(StandInPipeline(horizon=HORIZON), n_action_steps=HORIZON)
+    envs = policy.attach(envs)
+    obs, _ = envs.reset(seed=0)
+    for _ in range(2):  # env 2 (length 2) ends at the second step, envs 0 and 1 run on
+        obs, *_ = envs.step(policy.select_action(obs))
+    np.testing.assert_array_equal(policy.queue_lengths, [HORIZON - 2, HORIZON - 2, 0])
+    envs.close()
+
+
 def test_attach_reads_prompts_and_explicit_prompts_override_them():
     pipe = StandInPipeline()
     policy = VectorPolicy(pipe)

@@ -12,14 +12,14 @@ from safetensors.torch import load_file
 
 from cosmos3_gym.checkpoint import resolve_checkpoint
 from cosmos3_gym.eval.cli import main as cli_main
-from cosmos3_gym.eval.train import (
+from cosmos3_gym.pipeline import Cosmos3ActionPipeline
+from cosmos3_gym.tiny import build_tiny_transformer
+from cosmos3_gym.train import (
     TrainConfig,
     evaluate_success,
     train,
     transformer_overrides,
 )
-from cosmos3_gym.pipeline import Cosmos3ActionPipeline
-from cosmos3_gym.testing import build_tiny_transformer
 
 # A fixed episode set, disjoint from the training seeds (0..episodes-1).
 EVAL_SEED = 50_000
@@ -39,7 +39,7 @@ def test_tiny_checkpoint_loads_offline_by_name(tiny_pipe: Cosmos3ActionPipeline)
     assert tiny_pipe.policy.raw_action_dim == 2
     assert tiny_pipe.action_horizon % 4 == 0
     training = json.loads((root / "training.json").read_text())
-    assert training["command"].startswith("python -m cosmos3_gym.eval.train")
+    assert training["command"].startswith("python -m cosmos3_gym.train")
 
 
 @pytest.mark.slow

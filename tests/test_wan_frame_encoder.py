@@ -8,8 +8,9 @@ import torch
 
 from cosmos3_gym import Cosmos3ActionPipeline
 from cosmos3_gym.model.wan_frame_encoder import WanFrameEncoder
+from cosmos3_gym.pipeline import InferenceOptions
 from cosmos3_gym.pipeline.vae import encode_conditioning_frames
-from cosmos3_gym.testing import build_tiny_vae, write_tiny_checkpoint
+from cosmos3_gym.tiny import build_tiny_vae, write_tiny_checkpoint
 
 # Wan2.1 layout: plain residual blocks, no patchify, 3 input channels, 8x spatial compression.
 WAN21 = dict(
@@ -87,13 +88,16 @@ def test_frame_encoder_is_what_encode_conditioning_frames_uses_when_given() -> N
 
 
 def test_pipeline_actions_with_and_without_the_frame_encoder(tmp_path) -> None:
-    pipe = Cosmos3ActionPipeline.from_pretrained(write_tiny_checkpoint(tmp_path))
+    checkpoint = write_tiny_checkpoint(tmp_path)
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint)
     images = np.random.default_rng(1).integers(0, 256, (3, 64, 96, 3), dtype=np.uint8)
     prompts = ["pick up the bowl", "open the drawer", "push the plate to the left"]
     kwargs = dict(seed=[1, 2, 3], num_inference_steps=4, progress=False)
     assert pipe.encode.use_frame_encoder  # the default
     fast = pipe(images, prompts, **kwargs).actions
-    pipe.encode.use_frame_encoder = False
+    pipe = Cosmos3ActionPipeline.from_pretrained(
+        checkpoint, options=InferenceOptions(frame_encoder=False)
+    )
     reference = pipe(images, prompts, **kwargs).actions
     np.testing.assert_allclose(fast, reference, rtol=0, atol=1e-4)
     assert not np.array_equal(fast, np.zeros_like(fast))

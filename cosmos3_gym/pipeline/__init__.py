@@ -1,10 +1,12 @@
 """The batched action pipeline: uint8 images + prompts in, ``[B, H, D]`` action chunks out.
 
 Stages (one module each): admission -> preprocess -> prompt -> encode -> noise -> denoise ->
-decode, assembled and timed by ``Cosmos3ActionPipeline``.
+decode, assembled and timed by ``Cosmos3ActionPipeline``; ``InferenceOptions`` fixes how it
+computes when it is built.
 """
 
+from cosmos3_gym.pipeline.options import InferenceOptions
 from cosmos3_gym.pipeline.output import ActionOutput
 from cosmos3_gym.pipeline.pipeline import Cosmos3ActionPipeline
 
-__all__ = ["ActionOutput", "Cosmos3ActionPipeline"]
+__all__ = ["ActionOutput", "Cosmos3ActionPipeline", "InferenceOptions"]

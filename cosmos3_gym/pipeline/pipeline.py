@@ -14,6 +14,7 @@ from cosmos3_gym.checkpoint import PolicyConfig
 from cosmos3_gym.model import Cosmos3Transformer
 from cosmos3_gym.pipeline.admission import admit
 from cosmos3_gym.pipeline.normalization import ActionStats
+from cosmos3_gym.pipeline.options import InferenceOptions
 from cosmos3_gym.pipeline.output import ActionOutput
 from cosmos3_gym.pipeline.preprocess import plan_canvas
 from cosmos3_gym.pipeline.stages import (
@@ -26,6 +27,7 @@ from cosmos3_gym.pipeline.stages import (
     PromptStage,
     SamplingParams,
 )
+from cosmos3_gym.seeding import check_noise, check_seed
 from cosmos3_gym.timing import StageTimer
 
 DEFAULT_SEED = 0  # the official LIBERO server's seed
@@ -55,7 +57,10 @@ class Cosmos3ActionPipeline:
         policy: PolicyConfig,
         *,
         max_batch_size: int | None = None,
+        options: InferenceOptions | None = None,
     ) -> None:
+        """Assemble the stages around loaded components (:meth:`from_pretrained` loads them and
+        prepares the transformer as ``options`` asks; the stages read the other options)."""
         if not transformer.config.action_gen:
             raise ValueError("this transformer has no action heads (action_gen is false)")
         if max_batch_size is not None and max_batch_size < 1:
@@ -68,16 +73,19 @@ class Cosmos3ActionPipeline:
         self.transformer, self.vae, self.tokenizer = transformer, vae, tokenizer
         self.policy = policy
         self.max_batch_size = max_batch_size
+        self.options = options = options or InferenceOptions()
         self.device = transformer.device
         stats = None if policy.normalization == "none" else ActionStats.from_dict(policy.stats)
         self.preprocess = PreprocessStage(self.device, next(vae.parameters()).dtype)
         self.prompt = PromptStage(transformer, tokenizer, policy)
-        self.encode = EncodeStage(vae)
+        self.encode = EncodeStage(vae, use_frame_encoder=options.frame_encoder)
         self.noise = NoiseStage(
             policy, self.device, action_dim=transformer.config.action_dim,
             temporal_factor=int(vae.config.scale_factor_temporal),
         )
-        self.denoise = DenoiseStage(transformer, policy)
+        self.denoise = DenoiseStage(
+            transformer, policy, text_cache=options.text_cache, kv_buffers=options.kv_buffers
+        )
         self.decode = DecodeStage(policy, stats, vae)
         self.stages = (
             self.preprocess, self.prompt, self.encode, self.noise, self.denoise, self.decode
@@ -100,17 +108,16 @@ class Cosmos3ActionPipeline:
         max_batch_size: int | None = None,
         *,
         policy: PolicyConfig | None = None,
-        fuse_projections: bool = True,
-        compile_gen: bool = False,
+        options: InferenceOptions | None = None,
     ) -> Cosmos3ActionPipeline:
         """Load a diffusers-layout checkpoint folder (or the name of a shipped checkpoint).
 
         ``dtype`` defaults to bfloat16 on CUDA and float32 on CPU. ``policy`` overrides the
         folder's ``action_policy.json`` (real ``nvidia/Cosmos3-*`` folders have none).
-        ``fuse_projections`` fuses the GEN layers' Q/K/V and gate/up matmuls at load time
-        (identical outputs; off only to measure it). ``compile_gen`` runs the GEN layers
-        through ``torch.compile`` (first call per shape compiles; float-rounding differences).
+        ``options`` (:class:`InferenceOptions`, default: as shipped) says how to compute: the
+        transformer is fused, folded and compiled here as they ask, the stages get the rest.
         """
+        options = options or InferenceOptions()
         from diffusers import AutoencoderKLWan
         from transformers import AutoTokenizer
 
@@ -130,9 +137,11 @@ class Cosmos3ActionPipeline:
         transformer = Cosmos3Transformer.from_pretrained(
             root / layout.TRANSFORMER, device=device, dtype=dtype
         )
-        if fuse_projections:
+        if options.fuse_projections:
             transformer.fuse_gen_projections()
-        if compile_gen:
+        for layer in transformer.layers:
+            layer.self_attn.fold_query_groups = options.fold_query_groups
+        if options.compile_gen:
             transformer.compile_gen_layers()
         # The VAE encodes one frame per request; fp32 keeps the conditioning latent exact.
         vae = AutoencoderKLWan.from_pretrained(
@@ -140,7 +149,9 @@ class Cosmos3ActionPipeline:
         )
         vae = vae.to(device).eval().requires_grad_(False)
         tokenizer = AutoTokenizer.from_pretrained(root / layout.TEXT_TOKENIZER)
-        return cls(transformer, vae, tokenizer, policy, max_batch_size=max_batch_size)
+        return cls(
+            transformer, vae, tokenizer, policy, max_batch_size=max_batch_size, options=options
+        )
 
     @torch.inference_mode()
     def __call__(
@@ -177,8 +188,11 @@ class Cosmos3ActionPipeline:
             admitted = admit(images, prompts)
             count = admitted.batch_size
             seeds = _seeds(seed, count)
-            action_noise = _noise_tensor("action_noise", action_noise, count)
-            video_noise = _noise_tensor("video_noise", video_noise, count)
+            action_noise = _noise_tensor(
+                "action_noise", action_noise, count,
+                (self.policy.action_horizon, self.noise.action_dim),
+            )
+            video_noise = _noise_tensor("video_noise", video_noise, count, ("C", "T", "h", "w"))
             params = SamplingParams(
                 num_inference_steps=_positive_int(
                     "num_inference_steps", num_inference_steps, self.policy.num_inference_steps
@@ -255,37 +269,28 @@ def _seeds(seed: int | Sequence[int] | None, count: int) -> list[int]:
     if seed is None:
         return [DEFAULT_SEED] * count
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-        return [_checked_seed(seed, "seed")] * count
+        return [check_seed(seed, "seed")] * count
     seeds = list(seed)
     if len(seeds) != count:
         raise ValueError(
             f"seed: expected one int or {count} ints (one per image), got {len(seeds)}"
         )
-    return [_checked_seed(s, f"seed[{i}]") for i, s in enumerate(seeds)]
+    return [check_seed(s, f"seed[{i}]") for i, s in enumerate(seeds)]
 
 
-def _checked_seed(seed: Any, name: str) -> int:
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise ValueError(f"{name}: expected an int, got {type(seed).__name__}")
-    if not 0 <= seed < 2**64:
-        raise ValueError(f"{name}: expected an int in [0, 2**64), got {seed}")
-    return int(seed)
-
-
-def _noise_tensor(name: str, noise: Any, count: int) -> torch.Tensor | None:
+def _noise_tensor(
+    name: str, noise: Any, count: int, item_shape: tuple[int | str, ...]
+) -> torch.Tensor | None:
+    """Caller noise as a CPU float32 tensor, checked by :func:`~cosmos3_gym.seeding.check_noise`
+    (the sampler's draw happens on the host too, so both start from the same place)."""
     if noise is None:
         return None
-    tensor = torch.as_tensor(noise)
-    if tensor.ndim == 0 or tensor.shape[0] != count:
-        raise ValueError(
-            f"{name}: expected a leading batch axis of {count} (one per image), got shape "
-            f"{tuple(tensor.shape)}"
-        )
-    if not tensor.is_floating_point():
-        raise ValueError(f"{name}: expected floating-point noise, got {tensor.dtype}")
-    if not torch.isfinite(tensor).all():
-        raise ValueError(f"{name}: contains NaN or infinite values")
-    return tensor.detach().to("cpu", torch.float32)
+    tensor = torch.as_tensor(noise).detach()
+    if tensor.is_floating_point():
+        tensor = tensor.to("cpu", torch.float32)
+    array = tensor.cpu().numpy()
+    check_noise(array, name, count, item_shape)
+    return torch.from_numpy(array)
 
 
 def _positive_int(name: str, value: int | None, default: int) -> int:

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from cosmos3_gym.pipeline.preprocess import TIER_BINS
+
 # The official view-point sentences (cosmos-framework ``DEFAULT_VIEWPOINT_TEMPLATES``).
 VIEWPOINT_TEMPLATES: dict[str, str] = {
     "ego_view": "This video is captured from a first-person perspective looking at the scene.",
@@ -42,21 +44,11 @@ VIEWPOINT_TEMPLATES: dict[str, str] = {
 }
 
 # Canvas sizes with a named aspect ratio, as (width, height) -> "W,H", in the official lookup
-# order (the first tier listing a size names it); other sizes fall back to the reduced W:H.
+# order of the tier table (the first tier listing a size names it); other sizes fall back to the
+# reduced W:H.
 _NAMED_CANVASES: dict[tuple[int, int], str] = {}
-for _tier in (
-    {"1,1": (256, 256), "4,3": (320, 256), "3,4": (256, 320), "16,9": (320, 192),
-     "9,16": (192, 320)},
-    {"1,1": (640, 640), "4,3": (736, 544), "3,4": (544, 736), "16,9": (832, 480),
-     "9,16": (480, 832), "2,3": (512, 768)},
-    {"1,1": (960, 960), "4,3": (1088, 832), "3,4": (832, 1088), "16,9": (1280, 704),
-     "9,16": (704, 1280)},
-    {"1,1": (960, 960), "4,3": (1104, 832), "3,4": (832, 1104), "16,9": (1280, 720),
-     "9,16": (720, 1280)},
-    {"1,1": (1024, 1024), "4,3": (1184, 880), "3,4": (880, 1184), "16,9": (1360, 768),
-     "9,16": (768, 1360)},
-):
-    for _name, _size in _tier.items():
+for _bins in TIER_BINS.values():
+    for _name, _size in _bins.items():
         _NAMED_CANVASES.setdefault(_size, _name)
 
 

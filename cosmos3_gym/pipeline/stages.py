@@ -23,6 +23,7 @@ from cosmos3_gym.pipeline.prompt import build_action_caption, tokenize_captions
 from cosmos3_gym.pipeline.scheduler import FlowUniPCScheduler
 from cosmos3_gym.pipeline.vae import decode_latents, encode_conditioning_frames
 from cosmos3_gym.progress import progress
+from cosmos3_gym.seeding import check_noise
 
 
 @dataclass
@@ -91,6 +92,14 @@ class PromptStage(Stage):
         self.model, self.tokenizer, self.policy = model, tokenizer, policy
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
+        batch.text_inputs = self.tokenize(batch, params)
+        batch.text = self.model.encode_text(*batch.text_inputs)
+        return batch
+
+    def tokenize(
+        self, batch: MicroBatch, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and mask ``[b or 2b, L]`` of the batch's captions, on the model's device."""
         p = self.policy
         captions = [
             build_action_caption(
@@ -108,9 +117,16 @@ class PromptStage(Stage):
             allow_empty=params.guidance_scale != 1.0,
         )
         device = self.model.device
-        batch.text_inputs = (tokens.input_ids.to(device), tokens.attention_mask.to(device))
-        batch.text = self.model.encode_text(*batch.text_inputs)
-        return batch
+        return tokens.input_ids.to(device), tokens.attention_mask.to(device)
+
+
+def text_rows(text: TextKVCache, index: torch.Tensor) -> TextKVCache:
+    """Rows ``index`` of a caption batch's K/V cache, e.g. each training sample's caption out of
+    the few distinct ones encoded once (indexing keeps gradients flowing to the UND pathway)."""
+    return TextKVCache(
+        keys=[k[index] for k in text.keys], values=[v[index] for v in text.values],
+        lengths=text.lengths[index], text_mask=text.text_mask[index],
+    )
 
 
 class EncodeStage(Stage):
@@ -118,13 +134,12 @@ class EncodeStage(Stage):
 
     name = "encode"
 
-    def __init__(self, vae: Any) -> None:
+    def __init__(self, vae: Any, use_frame_encoder: bool = True) -> None:
         self.vae = vae
         # The single-frame encode as 2-D convolutions, sharing the VAE's parameters; False
-        # runs diffusers' causal 3-D encode instead (same latents up to float summation
-        # order; ``cosmos3-gym bench`` measures the difference).
+        # runs diffusers' causal 3-D encode instead (InferenceOptions.frame_encoder).
         self.frame_encoder = WanFrameEncoder(vae)
-        self.use_frame_encoder = True
+        self.use_frame_encoder = use_frame_encoder
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
         encoder = self.frame_encoder if self.use_frame_encoder else None
@@ -163,19 +178,23 @@ class NoiseStage(Stage):
         # the checkpoint's transformer and VAE configs.
         self.action_dim, self.temporal_factor = action_dim, temporal_factor
 
+    @property
+    def num_latent_frames(self) -> int:
+        """T: the conditioning frame's latent, then the future frames' (temporally compressed)."""
+        return (self.policy.num_frames - 1) // self.temporal_factor + 1
+
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
         p = self.policy
         _, c, _, h, w = batch.cond_latent.shape
-        t = (p.num_frames - 1) // self.temporal_factor + 1
-        vision_shape = (c, t, h, w)
+        vision_shape = (c, self.num_latent_frames, h, w)
         action_shape = (p.action_horizon, self.action_dim)
         if batch.video_noise is not None:
-            _check_noise("video_noise", batch.video_noise, (batch.size, *vision_shape))
+            check_noise(batch.video_noise.cpu().numpy(), "video_noise", batch.size, vision_shape)
             vision = batch.video_noise.float().clone()
         else:
             vision = torch.stack([_item_noise(s, vision_shape) for s in batch.seeds])
         if batch.action_noise is not None:
-            _check_noise("action_noise", batch.action_noise, (batch.size, *action_shape))
+            check_noise(batch.action_noise.cpu().numpy(), "action_noise", batch.size, action_shape)
             actions = batch.action_noise.float().clone()
         else:
             actions = torch.stack([_item_noise(s, action_shape) for s in batch.seeds])
@@ -188,26 +207,20 @@ class NoiseStage(Stage):
         return batch
 
 
-def _check_noise(name: str, noise: torch.Tensor, expected: tuple[int, ...]) -> None:
-    if tuple(noise.shape) != expected:
-        raise ValueError(f"{name}: expected shape {expected}, got {tuple(noise.shape)}")
-    if not noise.is_floating_point():
-        raise ValueError(f"{name}: expected a floating-point tensor, got {noise.dtype}")
-
-
 class DenoiseStage(Stage):
     """FlowUniPC over the joint [future video | action] state; frame 0 and padding re-imposed."""
 
     name = "denoise"
 
-    def __init__(self, model: Cosmos3Transformer, policy: PolicyConfig) -> None:
+    def __init__(
+        self, model: Cosmos3Transformer, policy: PolicyConfig, *, text_cache: bool = True,
+        kv_buffers: bool = True,
+    ) -> None:
         self.model, self.policy = model, policy
-        # False recomputes the text (UND) pathway at every step, as diffusers' reference does;
-        # it exists to measure what the cache saves (``cosmos3-gym bench``).
-        self.text_cache = True
-        # True writes each step's GEN K/V into per-layer buffers that hold the text prefix,
-        # instead of concatenating [text ; gen] per layer and step (same values).
-        self.preallocate_kv = True
+        # InferenceOptions.text_cache and .kv_buffers: the text K/V once per request, and GEN
+        # K/V written into buffers that hold the text prefix.
+        self.text_cache = text_cache
+        self.preallocate_kv = kv_buffers
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
         model, p = self.model, self.policy

@@ -1,25 +1,27 @@
-"""The policy: VectorPolicy and the benchmark adapters it uses.
+"""The policy: the chunk planner, VectorPolicy around it, and the benchmark adapters.
 
-``VectorPolicy`` talks to the pipeline only through its call, and to envs only through the
-Gymnasium vector API; benchmark conventions live in the adapters.
+``ChunkPlanner`` is the one place where observations become env actions (adapter -> pipeline
+call -> adapter -> ``ChunkRecord``); ``VectorPolicy`` keeps per-env prompts, episode counters and
+``ActionQueues`` around it. The policy talks to the pipeline only through its call, and to envs
+only through the Gymnasium vector API; benchmark conventions live in the adapters.
 """
 
 from cosmos3_gym.policy.adapters import Adapter, GenericAdapter, LiberoAdapter, get_adapter
-from cosmos3_gym.policy.vector_policy import (
-    ChunkRecord,
-    PolicyFeed,
-    VectorPolicy,
-    VectorPolicyConfig,
-    chunk_seed,
-    take_envs,
-)
+from cosmos3_gym.policy.observations import take_envs
+from cosmos3_gym.policy.planner import ChunkPlanner, ChunkRecord, SeedRule, chunk_seed
+from cosmos3_gym.policy.queues import ActionQueues, ActionSource
+from cosmos3_gym.policy.vector_policy import PolicyFeed, VectorPolicy, VectorPolicyConfig
 
 __all__ = [
+    "ActionQueues",
+    "ActionSource",
     "Adapter",
+    "ChunkPlanner",
     "ChunkRecord",
     "GenericAdapter",
     "LiberoAdapter",
     "PolicyFeed",
+    "SeedRule",
     "VectorPolicy",
     "VectorPolicyConfig",
     "chunk_seed",

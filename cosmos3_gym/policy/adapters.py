@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from cosmos3_gym.policy.observations import describe
 from cosmos3_gym.policy.rotations import rot6d_to_axis_angle
 
 
@@ -63,12 +64,6 @@ class Adapter:
         return f"{type(self).__name__}(name={self.name!r})"
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, np.ndarray):
-        return f"{value.dtype} {list(value.shape)}"
-    return type(value).__name__
-
-
 def _leaves(obs: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
     for key, value in obs.items():
         path = f"{prefix}{key}"
@@ -85,12 +80,12 @@ def _is_image_batch(value: Any) -> bool:
 def _check_image_batch(value: Any, what: str) -> np.ndarray:
     if not isinstance(value, np.ndarray):
         raise ValueError(
-            f"{what}: expected a uint8 numpy array [B, H, W, C]; found {_describe(value)}"
+            f"{what}: expected a uint8 numpy array [B, H, W, C]; found {describe(value)}"
         )
     if value.dtype != np.uint8:
         raise ValueError(
             f"{what}: expected uint8 images [B, H, W, C] as Gymnasium returns them; found "
-            f"{_describe(value)} (convert float images with (x * 255).round().astype(np.uint8))"
+            f"{describe(value)} (convert float images with (x * 255).round().astype(np.uint8))"
         )
     if value.ndim != 4:
         raise ValueError(
@@ -125,7 +120,7 @@ class GenericAdapter(Adapter):
                     f"found keys {sorted(leaves)}"
                 )
             return _check_image_batch(leaves[self.image_key], f"observation[{self.image_key!r}]")
-        found = {k: _describe(v) for k, v in leaves.items()}
+        found = {k: describe(v) for k, v in leaves.items()}
         images = [k for k, v in leaves.items() if _is_image_batch(v)]
         if len(images) != 1:
             problem = "no uint8 [B, H, W, C] image" if not images else f"{len(images)} images"
@@ -195,13 +190,13 @@ class LiberoAdapter(Adapter):
         if not isinstance(obs, Mapping):
             raise ValueError(
                 f"libero adapter: expected a dict observation with {self.agentview_key!r} and "
-                f"{self.wrist_key!r}; found {_describe(obs)}"
+                f"{self.wrist_key!r}; found {describe(obs)}"
             )
         missing = [k for k in (self.agentview_key, self.wrist_key) if k not in obs]
         if missing:
             raise ValueError(
                 f"libero adapter: observation lacks {missing}; found keys "
-                f"{ {k: _describe(v) for k, v in obs.items()} }"
+                f"{ {k: describe(v) for k, v in obs.items()} }"
             )
         agent = _check_image_batch(obs[self.agentview_key], f"observation[{self.agentview_key!r}]")
         wrist = _check_image_batch(obs[self.wrist_key], f"observation[{self.wrist_key!r}]")

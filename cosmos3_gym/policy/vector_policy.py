@@ -17,23 +17,28 @@ env will ignore the next action while it resets, so the env is marked *stale*: t
 a chunk planned in an earlier episode, and no chunk is planned from a final observation. Noise
 seeds derive from ``(seed, env index, episode index, chunk index)`` alone, so an env's chunks do
 not depend on which other envs replan in the same call, nor on the batch size.
+
+What lives where: chunks are planned by :class:`~cosmos3_gym.policy.ChunkPlanner` (adapter,
+pipeline call, output checks), the queues are :class:`~cosmos3_gym.policy.ActionQueues`, and
+observation helpers are in :mod:`~cosmos3_gym.policy.observations`. This module keeps the
+policy's surface, its per-env episode counters, and :class:`PolicyFeed`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
+from gymnasium.vector import AutoresetMode, VectorEnv
 
 from cosmos3_gym.policy.adapters import Adapter, get_adapter
-
-if TYPE_CHECKING:
-    from cosmos3_gym.pipeline.output import ActionOutput
-
-Observation = Any  # a Gymnasium vector observation: an array [B, ...] or a (nested) dict of them
+from cosmos3_gym.policy.observations import Observation, batch_size, shapes, take_envs
+from cosmos3_gym.policy.planner import ChunkPlanner, ChunkRecord, SeedRule
+from cosmos3_gym.policy.queues import ActionQueues, ActionSource
+from cosmos3_gym.seeding import check_noise, check_seed
+from cosmos3_gym.vector_env import ForwardingVectorWrapper, autoreset_mode
 
 
 @dataclass(frozen=True)
@@ -60,59 +65,7 @@ class VectorPolicyConfig:
         n = self.n_action_steps
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"n_action_steps must be a positive int or None; found {n!r}")
-        _check_seed(self.seed)
-
-
-def _check_seed(seed: Any) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int; found {seed!r}")
-
-
-def chunk_seed(seed: int, env_index: int, episode_index: int, chunk_index: int) -> int:
-    """The noise seed of one chunk in stochastic mode: a 63-bit hash of its four coordinates.
-
-    ``numpy.random.SeedSequence`` mixes the coordinates, so neighbouring envs, episodes and
-    chunks get unrelated seeds, and a learner can recompute any chunk's seed from its record.
-    """
-    entropy = [int(seed), int(env_index), int(episode_index), int(chunk_index)]
-    state = np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)
-    return int(state[0] >> np.uint64(1))
-
-
-@dataclass(frozen=True)
-class ChunkRecord:
-    """What one pipeline call planned: everything a learner needs to replay or score it.
-
-    Row ``k`` of every array belongs to env ``env_indices[k]``.
-
-    Attributes:
-        env_indices: int64 ``[N]``, the envs planned, in pipeline batch order.
-        episode_indices: int64 ``[N]``, each env's episode index when planned.
-        chunk_indices: int64 ``[N]``, each chunk's index within its episode.
-        tasks: the task strings (before the adapter's prompt augmentation).
-        prompts: the prompts the pipeline received.
-        seeds: the per-item seeds requested (``None`` where noise was passed in).
-        action_noise: float32 ``[N, H, 64]``, the initial action noise each item started from.
-        raw_actions: float32 ``[N, H, D]``, the pipeline's actions before the adapter.
-        normalized_actions: float32 ``[N, H, D]``, the sampler's output before un-normalisation.
-        actions: float32 ``[N, H, D_env]``, the env-space actions after the adapter.
-        stochastic: whether the seeds came from the stochastic schedule.
-    """
-
-    env_indices: np.ndarray
-    episode_indices: np.ndarray
-    chunk_indices: np.ndarray
-    tasks: list[str]
-    prompts: list[str]
-    seeds: list[int | None]
-    action_noise: np.ndarray
-    raw_actions: np.ndarray
-    normalized_actions: np.ndarray
-    actions: np.ndarray
-    stochastic: bool
-
-    def __len__(self) -> int:
-        return int(self.env_indices.shape[0])
+        check_seed(self.seed)
 
 
 class VectorPolicy:
@@ -130,7 +83,13 @@ class VectorPolicy:
     - ``attach(envs)``: a wrapper that feeds the policy each env's ``task_description`` and its
       episode ends, honouring ``envs.metadata["autoreset_mode"]``; then ``prompts`` may be omitted.
     - ``last_chunk_record``: the :class:`ChunkRecord` of the most recent call's pipeline call
-      (``None`` if that call planned nothing): noise, seeds, raw actions, prompts, for RL.
+      (``None`` if that call planned nothing): noise, seeds, raw actions, prompts, for RL;
+      ``last_action_sources``: per env, the :class:`ActionSource` (chunk record, row, step) of
+      the action the last ``select_action`` returned (``None`` for a placeholder).
+
+    Chunks are planned by a :class:`~cosmos3_gym.policy.ChunkPlanner` (:attr:`planner`) whose
+    seed rule follows ``(seed, env, episode, chunk)``; the policy keeps the per-env counters and
+    queues around it.
 
     Example (any callable with the pipeline's signature works; production passes a
     ``Cosmos3ActionPipeline``):
@@ -194,6 +153,7 @@ class VectorPolicy:
         self._action_dim: int | None = None
         self._feed: PolicyFeed | None = None
         self.last_chunk_record: ChunkRecord | None = None
+        self.last_action_sources: list[ActionSource | None] = []
         self._num_envs: int | None = None
 
     # ------------------------------------------------------------------ public surface
@@ -218,6 +178,17 @@ class VectorPolicy:
         self.config = replace(self.config, stochastic=bool(value))
 
     @property
+    def planner(self) -> ChunkPlanner:
+        """The :class:`~cosmos3_gym.policy.ChunkPlanner` under the current config: noise seeds
+        per ``(env, episode, chunk)`` when stochastic, ``seed`` for every chunk otherwise."""
+        cfg = self.config
+        rule = SeedRule.per_chunk(cfg.seed) if cfg.stochastic else SeedRule.fixed(cfg.seed)
+        return ChunkPlanner(
+            self.pipeline, self.adapter, rule, num_inference_steps=cfg.num_inference_steps,
+            guidance_scale=cfg.guidance_scale, flow_shift=cfg.flow_shift, progress=cfg.progress,
+        )
+
+    @property
     def num_envs(self) -> int | None:
         """The number of envs served, fixed by the first call or by :meth:`attach`."""
         return self._num_envs
@@ -232,7 +203,7 @@ class VectorPolicy:
         """int64 ``[B]``: actions left in each env's queue."""
         if self._num_envs is None:
             return np.zeros(0, np.int64)
-        return np.array([len(q) for q in self._queues], dtype=np.int64)
+        return self._queues.lengths()
 
     def __call__(
         self, obs: Observation, prompts: str | Sequence[str] | None = None, *,
@@ -251,7 +222,7 @@ class VectorPolicy:
         ``action_noise`` (``[B, H, 64]``) replaces the seeded noise, e.g. to replay a recorded
         chunk from its :attr:`ChunkRecord.action_noise`.
         """
-        num_envs = self._check_num_envs(_batch_size(obs))
+        num_envs = self._check_num_envs(batch_size(obs))
         tasks = self._resolve_tasks(prompts, num_envs, obs)
         if action_noise is not None:
             action_noise = self._check_noise(action_noise, num_envs)
@@ -268,32 +239,31 @@ class VectorPolicy:
         observation is a stale final one (see the module notes) gets a zero placeholder that
         its env ignores, and is not planned for.
         """
-        num_envs = self._check_num_envs(_batch_size(obs))
+        num_envs = self._check_num_envs(batch_size(obs))
         tasks = self._resolve_tasks(prompts, num_envs, obs)
         if self._num_envs is None:
             empty, stale = np.ones(num_envs, bool), np.zeros(num_envs, bool)
         else:
-            empty, stale = self.queue_lengths == 0, self._stale
+            empty, stale = self._queues.lengths() == 0, self._stale
         replan = np.flatnonzero(empty & ~stale)
         if replan.size:
             record = self._plan(obs, tasks, replan, None)
         else:
             # Nothing to plan, but a malformed observation should fail now, not at the next
             # replan: one env's slice through the adapter is a cheap check of the format.
-            self._model_images(take_envs(obs, np.arange(1)), 1)
+            self.planner.images(take_envs(obs, np.arange(1)), 1)
             record = None
         self._commit(record, num_envs)
         if record is not None:
-            steps = self.n_action_steps
-            for row, env in enumerate(record.env_indices):
-                self._queues[env] = record.actions[row, :steps].copy()
+            self._queues.fill(record, self.n_action_steps)
         if self._action_dim is None:
             raise RuntimeError("no chunk has been planned yet, so the action size is unknown")
         out = np.zeros((num_envs, self._action_dim), dtype=np.float32)
+        sources: list[ActionSource | None] = [None] * num_envs
         for env in range(num_envs):
             if not self._stale[env]:
-                out[env] = self._queues[env][0]
-                self._queues[env] = self._queues[env][1:]
+                out[env], sources[env] = self._queues.pop(env)
+        self.last_action_sources = sources
         return out
 
     def reset(
@@ -310,8 +280,7 @@ class VectorPolicy:
         if seed is not None:
             if mask is not None:
                 raise ValueError("reset(seed=...) restarts every env; expected mask=None")
-            _check_seed(seed)
-            self.config = replace(self.config, seed=int(seed))
+            self.config = replace(self.config, seed=check_seed(seed))
             if self._num_envs is not None:
                 self._init_state(self._num_envs)
             return
@@ -349,7 +318,7 @@ class VectorPolicy:
         self._episode = np.zeros(num_envs, np.int64)
         self._chunk = np.zeros(num_envs, np.int64)
         self._stale = np.zeros(num_envs, bool)
-        self._queues: list[np.ndarray] = [np.zeros((0, 0), np.float32)] * num_envs
+        self._queues = ActionQueues(num_envs)
 
     def _begin_episodes(self, mask: np.ndarray) -> None:
         # An episode in which the env never planned does not count, so resetting twice (e.g. the
@@ -359,12 +328,12 @@ class VectorPolicy:
                 self._episode[env] += 1
             self._chunk[env] = 0
             self._stale[env] = False
-            self._queues[env] = self._queues[env][:0]
+            self._queues.clear(env)
 
     def _end_episodes(self, mask: np.ndarray) -> None:
         for env in np.flatnonzero(mask):
             self._stale[env] = True
-            self._queues[env] = self._queues[env][:0]
+            self._queues.clear(env)
 
     # ------------------------------------------------------------------ checks
 
@@ -399,7 +368,7 @@ class VectorPolicy:
             if len(tasks) != num_envs:
                 raise ValueError(
                     f"expected {num_envs} prompts, one per env of the observation batch "
-                    f"{_shapes(obs)}; found {len(tasks)}"
+                    f"{shapes(obs)}; found {len(tasks)}"
                 )
         for env, task in enumerate(tasks):
             if not isinstance(task, str) or not task.strip():
@@ -412,112 +381,29 @@ class VectorPolicy:
         return tasks
 
     def _check_noise(self, noise: Any, num_envs: int) -> np.ndarray:
-        noise = np.asarray(noise, dtype=np.float32)
-        expected_h = self._horizon if self._horizon is not None else "H"
-        if noise.ndim != 3 or noise.shape[0] != num_envs or (
-            self._horizon is not None and noise.shape[1] != self._horizon
-        ):
-            raise ValueError(
-                f"action_noise must be [B={num_envs}, {expected_h}, 64]; found {list(noise.shape)}"
-            )
-        return noise
+        noise = np.asarray(noise)
+        horizon = self._horizon if self._horizon is not None else "H"
+        check_noise(noise, "action_noise", num_envs, (horizon, 64))
+        return noise.astype(np.float32, copy=False)
 
     # ------------------------------------------------------------------ planning
-
-    def _model_images(self, obs: Observation, n: int) -> np.ndarray:
-        images = self.adapter.images(obs)
-        if not isinstance(images, np.ndarray) or images.dtype != np.uint8 or images.ndim != 4:
-            raise ValueError(
-                f"adapter {self.adapter!r} returned images {_describe(images)}; "
-                "expected uint8 [B, H, W, C]"
-            )
-        if images.shape[0] != n:
-            raise ValueError(
-                f"adapter {self.adapter!r} returned {images.shape[0]} images for {n} envs"
-            )
-        return images
 
     def _plan(
         self, obs: Observation, tasks: list[str], envs: np.ndarray, action_noise: np.ndarray | None
     ) -> ChunkRecord:
-        """One pipeline call for ``envs``; checks everything and changes no state."""
-        n = int(envs.size)
-        full = self._num_envs is None or n == self._num_envs
-        adapter = self.adapter
-        images = self._model_images(obs if full else take_envs(obs, envs), n)
-        env_tasks = [tasks[e] for e in envs]
-        prompts = [adapter.prompt(t) for t in env_tasks]
-        for e, p in zip(envs, prompts, strict=True):
-            if not isinstance(p, str) or not p.strip():
-                raise ValueError(
-                    f"adapter {adapter!r} made prompt {p!r} for env {e}; expected non-empty text"
-                )
-
-        episodes = self._episode[envs] if self._num_envs is not None else np.zeros(n, np.int64)
-        chunks = self._chunk[envs] if self._num_envs is not None else np.zeros(n, np.int64)
-        seeds: list[int | None]
-        if action_noise is not None:
-            seeds = [None] * n
-        elif self.config.stochastic:
-            coords = zip(envs, episodes, chunks, strict=True)
-            seeds = [chunk_seed(self.config.seed, e, ep, c) for e, ep, c in coords]
-        else:
-            seeds = [self.config.seed] * n
-
-        cfg = self.config
-        out: ActionOutput = self.pipeline(
-            images,
-            prompts,
-            seed=None if action_noise is not None else seeds,
-            num_inference_steps=cfg.num_inference_steps,
-            guidance_scale=cfg.guidance_scale,
-            flow_shift=cfg.flow_shift,
-            action_noise=action_noise,
-            video_noise=None,
-            progress=cfg.progress,
+        """One planner call for ``envs``, at their episode and chunk counters; checks everything
+        and changes no state."""
+        started = self._num_envs is not None
+        episodes = self._episode[envs] if started else np.zeros(envs.size, np.int64)
+        chunks = self._chunk[envs] if started else np.zeros(envs.size, np.int64)
+        record = self.planner.plan(
+            obs, envs, [tasks[e] for e in envs], episodes, chunks, action_noise=action_noise,
+            horizon=self._horizon, action_dim=self._action_dim,
         )
-        raw = np.asarray(getattr(out, "actions", None), dtype=np.float32)
-        if raw.ndim != 3 or raw.shape[0] != n:
-            raise ValueError(f"pipeline returned actions {list(raw.shape)}; expected [{n}, H, D]")
-        horizon = raw.shape[1]
-        if self._horizon is not None and horizon != self._horizon:
-            raise ValueError(
-                f"pipeline returned chunks of H={horizon}; expected H={self._horizon}"
-            )
-        self._check_horizon(horizon)
-        if not np.isfinite(raw).all():
+        self._check_horizon(record.horizon)
+        if not np.isfinite(record.raw_actions).all():
             raise ValueError("pipeline returned non-finite actions")
-        noise = np.asarray(out.action_noise, dtype=np.float32)
-        normalized = np.asarray(out.normalized_actions, dtype=np.float32)
-        if noise.shape[:2] != (n, horizon) or normalized.shape != raw.shape:
-            raise ValueError(
-                f"pipeline returned action_noise {list(noise.shape)} and normalized_actions "
-                f"{list(normalized.shape)}; expected [{n}, {horizon}, 64] and {list(raw.shape)}"
-            )
-        actions = np.asarray(adapter.actions(raw.copy()), dtype=np.float32)
-        if actions.ndim != 3 or actions.shape[:2] != (n, horizon):
-            raise ValueError(
-                f"adapter {adapter!r} returned actions {list(actions.shape)}; "
-                f"expected [{n}, {horizon}, D_env]"
-            )
-        if self._action_dim is not None and actions.shape[2] != self._action_dim:
-            raise ValueError(
-                f"adapter {adapter!r} returned {actions.shape[2]}-D actions; "
-                f"earlier chunks were {self._action_dim}-D"
-            )
-        return ChunkRecord(
-            env_indices=envs.astype(np.int64),
-            episode_indices=episodes.copy(),
-            chunk_indices=chunks.copy(),
-            tasks=env_tasks,
-            prompts=prompts,
-            seeds=seeds,
-            action_noise=noise,
-            raw_actions=raw,
-            normalized_actions=normalized,
-            actions=actions,
-            stochastic=cfg.stochastic and action_noise is None,
-        )
+        return record
 
     def _commit(self, record: ChunkRecord | None, num_envs: int) -> None:
         """Apply a successful call: the first state change of the call happens here."""
@@ -526,12 +412,12 @@ class VectorPolicy:
         self.last_chunk_record = record
         if record is None:
             return
-        self._horizon = record.raw_actions.shape[1]
+        self._horizon = record.horizon
         self._action_dim = record.actions.shape[2]
         self._chunk[record.env_indices] += 1
 
 
-class PolicyFeed(VectorWrapper):
+class PolicyFeed(ForwardingVectorWrapper):
     """Feeds a :class:`VectorPolicy` each env's prompt and episode ends; passes everything through.
 
     Made by ``policy.attach(envs)``. Prompts are read with ``envs.call("task_description")``
@@ -543,29 +429,10 @@ class PolicyFeed(VectorWrapper):
     def __init__(self, env: VectorEnv, policy: VectorPolicy) -> None:
         super().__init__(env)
         self.policy = policy
-        mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
-        try:
-            self.autoreset_mode = AutoresetMode(mode)
-        except ValueError:
-            raise ValueError(
-                f"envs.metadata['autoreset_mode'] is {mode!r}; expected one of "
-                f"{[m.value for m in AutoresetMode]}"
-            ) from None
+        self.autoreset_mode = autoreset_mode(env)
         self.task_attribute = self._find_task_attribute()
         self.tasks: list[str | None] = [None] * self.num_envs
         self._pending_reset = np.zeros(self.num_envs, bool)
-
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """``call`` of the underlying vector env (gymnasium's VectorWrapper does not forward it)."""
-        return self.env.unwrapped.call(name, *args, **kwargs)
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        """``get_attr`` of the underlying vector env."""
-        return self.env.unwrapped.get_attr(name)
-
-    def set_attr(self, name: str, values: Any) -> None:
-        """``set_attr`` of the underlying vector env."""
-        self.env.unwrapped.set_attr(name, values)
 
     def _find_task_attribute(self) -> str:
         # Probe with has_wrapper_attr: a failing env.call would close an AsyncVectorEnv's pipes.
@@ -620,54 +487,3 @@ class PolicyFeed(VectorWrapper):
             self.policy._end_episodes(done)
         return obs, rewards, terminations, truncations, info
 
-
-def _batch_size(obs: Observation) -> int:
-    """B, the leading size every array in the observation shares."""
-    leading = {path: arr.shape for path, arr in _arrays(obs)}
-    sizes = {shape[0] if shape else None for shape in leading.values()}
-    if not leading:
-        raise ValueError(
-            f"expected an observation array [B, ...] or a dict of them; found {_describe(obs)}"
-        )
-    if len(sizes) != 1 or None in sizes:
-        raise ValueError(
-            "observation arrays must share their leading (env) axis; found shapes "
-            f"{ {p: list(s) for p, s in leading.items()} }"
-        )
-    size = int(sizes.pop())
-    if size == 0:
-        raise ValueError(f"observation batch is empty: {_shapes(obs)}; expected B >= 1 envs")
-    return size
-
-
-def _shapes(obs: Observation) -> str:
-    return ", ".join(f"{p} {list(a.shape)}" for p, a in _arrays(obs))
-
-
-def _arrays(obs: Observation, path: str = "obs") -> list[tuple[str, np.ndarray]]:
-    if isinstance(obs, np.ndarray):
-        return [(path, obs)]
-    if isinstance(obs, Mapping):
-        return [a for k, v in obs.items() for a in _arrays(v, f"{path}[{k!r}]")]
-    if isinstance(obs, tuple):
-        return [a for i, v in enumerate(obs) for a in _arrays(v, f"{path}[{i}]")]
-    return []
-
-
-def take_envs(obs: Observation, envs: np.ndarray | int) -> Observation:
-    """The vector observation of ``envs`` only, leading axis kept (an int gives a batch of 1);
-    a copy, so the caller's arrays are never written."""
-    envs = np.atleast_1d(np.asarray(envs))
-    if isinstance(obs, np.ndarray):
-        return obs[envs]
-    if isinstance(obs, Mapping):
-        return {k: take_envs(v, envs) for k, v in obs.items()}
-    if isinstance(obs, tuple):
-        return tuple(take_envs(v, envs) for v in obs)
-    return obs
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, np.ndarray):
-        return f"{value.dtype} {list(value.shape)}"
-    return type(value).__name__

@@ -109,44 +109,35 @@ def measure_overlap(
     num_envs: int = 4,
     num_rounds: int = 4,
     adapter: str | None = None,
-    suite_or_tasks: Any = "libero_spatial",
+    suite: str | None = None,
     image_size: int | None = None,
     num_inference_steps: int | None = None,
 ) -> dict[str, float]:
     """Env steps/s and episodes/s of the same rollout with and without overlap.
 
-    ``num_envs`` envs are split into two async groups (SAME_STEP autoreset, chunk stepping);
-    each group gets its own ``VectorPolicy`` over the one shared ``pipeline``.
+    ``env`` is a name of the evaluation's env table (``EVAL_ENVS``), with all the tasks of
+    ``suite`` (default: the env's ``bench_suite``, e.g. ``libero_spatial``). ``num_envs`` envs
+    are split into two async groups (SAME_STEP autoreset, chunk stepping); each group gets its
+    own ``VectorPolicy`` over the one shared ``pipeline``, with the env's adapter unless
+    ``adapter`` names another.
     """
     from gymnasium.vector import AutoresetMode
 
     from cosmos3_gym import VectorPolicy
-    from cosmos3_gym.envs import (
-        ChunkedActionWrapper,
-        make_color_reach_vector_env,
-        make_libero_vector_env,
-    )
+    from cosmos3_gym.envs import ChunkedActionWrapper
+    from cosmos3_gym.eval.tasks import EVAL_ENVS, EvalEnv, make_eval_env
 
     if num_envs < 2 or num_envs % 2:
         raise ValueError(f"num_envs must be an even number >= 2, got {num_envs}")
     half = num_envs // 2
+    suite = suite or EVAL_ENVS.get(env, EvalEnv).bench_suite
+    eval_env = make_eval_env(env, suite=suite, image_size=image_size)
 
     def group(index: int) -> tuple[Planner, Any]:
-        if env == "color_reach":
-            vec = make_color_reach_vector_env(
-                half, async_=True, autoreset_mode=AutoresetMode.SAME_STEP,
-                image_size=image_size or 128,
-            )
-        elif env == "libero":
-            vec = make_libero_vector_env(
-                suite_or_tasks, half, async_=True, autoreset_mode=AutoresetMode.SAME_STEP,
-                image_size=image_size or 256,
-            )
-        else:
-            raise ValueError(f"env must be 'color_reach' or 'libero', got {env!r}")
+        vec = eval_env.make(half, True, autoreset_mode=AutoresetMode.SAME_STEP)
         policy = VectorPolicy(
-            pipeline, adapter=adapter or ("libero" if env == "libero" else "generic"),
-            seed=index, num_inference_steps=num_inference_steps,
+            pipeline, adapter=adapter or eval_env.adapter, seed=index,
+            num_inference_steps=num_inference_steps,
         )
         envs = policy.attach(ChunkedActionWrapper(vec))
         return policy.predict_action_chunk, envs

@@ -27,7 +27,7 @@ import resource
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,14 @@ PROMPTS = [
     "pick up the alphabet soup and place it in the basket next to the cream cheese box",
 ]
 EQUAL_PROMPT = PROMPTS[0]
+# The benchmark's name for each optimisation -> the InferenceOptions field that switches it.
+SWITCHES = {
+    "text_cache": "text_cache",
+    "kv_buffers": "kv_buffers",
+    "fused_projections": "fuse_projections",
+    "folded_query_groups": "fold_query_groups",
+    "frame_encoder": "frame_encoder",
+}
 
 
 Stages = dict[str, float]
@@ -86,19 +94,6 @@ def _paired(
 
 def _stage_seconds(timings: dict[str, float]) -> Stages:
     return {k[:-2]: v for k, v in timings.items() if k.endswith("_s") and k != "total_s"}
-
-
-@contextmanager
-def _switched(settings: list[tuple[Any, str, Any]]):
-    """Set ``(object, attribute, value)`` triples for the duration, then restore them."""
-    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in settings]
-    try:
-        for obj, name, value in settings:
-            setattr(obj, name, value)
-        yield
-    finally:
-        for obj, name, value in saved:
-            setattr(obj, name, value)
 
 
 def kernel_microbench(device: str = "cpu", batch: int = 8, repeats: int = 10) -> dict[str, Any]:
@@ -175,6 +170,7 @@ def run_benchmark(
     import torch
 
     from cosmos3_gym import Cosmos3ActionPipeline
+    from cosmos3_gym.pipeline.options import TRANSFORMER_OPTIONS
 
     dev = torch.device(device)
     pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, device=dev)
@@ -218,35 +214,33 @@ def run_benchmark(
         }
 
     b = compare_batch
-    unfused = Cosmos3ActionPipeline.from_pretrained(checkpoint, device=dev, fuse_projections=False)
-    attentions = [layer.self_attn for layer in pipe.transformer.layers]
-    switches: dict[str, tuple[Cosmos3ActionPipeline, list[tuple[Any, str, Any]]]] = {
-        "text_cache": (pipe, [(pipe.denoise, "text_cache", False)]),
-        "kv_buffers": (pipe, [(pipe.denoise, "preallocate_kv", False)]),
-        "fused_projections": (unfused, []),
-        "folded_query_groups": (pipe, [(a, "fold_query_groups", False) for a in attentions]),
-        "frame_encoder": (pipe, [(pipe.encode, "use_frame_encoder", False)]),
-    }
 
-    def switched_off(variant: Cosmos3ActionPipeline, settings: list) -> Callable[[], Stages]:
-        def run() -> Stages:
-            with _switched(settings):
-                return call(variant, range(b), mixed)
-        return run
+    def switched_off(option: str) -> Cosmos3ActionPipeline:
+        """The pipeline as shipped but for ``option``: a stage option shares its transformer,
+        VAE and tokenizer; a transformer option needs a transformer loaded with it."""
+        options = replace(pipe.options, **{option: False})
+        if option in TRANSFORMER_OPTIONS:
+            return Cosmos3ActionPipeline.from_pretrained(checkpoint, device=dev, options=options)
+        return Cosmos3ActionPipeline(
+            pipe.transformer, pipe.vae, pipe.tokenizer, pipe.policy, options=options
+        )
 
     # Each optimisation switched off alone, paired with the pipeline as shipped: slowdown
-    # factors, i.e. each one's speedup as shipped (whole call and denoising stage).
+    # factors, i.e. each one's speedup as shipped (whole call and denoising stage). One variant
+    # at a time, so at most two transformers are in memory.
     optimisations = {}
-    for name, (variant, settings) in switches.items():
-        m = _paired(switched_off(variant, settings), lambda: call(pipe, range(b), mixed),
-                    warmup, repeats)
+    for name, option in SWITCHES.items():
+        variant = switched_off(option)
+        m = _paired(lambda v=variant: call(v, range(b), mixed),
+                    lambda: call(pipe, range(b), mixed), warmup, repeats)
         optimisations[name] = {"total": m["ratio"], "denoise": m["denoise_ratio"]}
+        del variant
     m = _paired(lambda: call(pipe, range(b), mixed),
                 lambda: call(pipe, range(b), [EQUAL_PROMPT] * max_b), warmup, repeats)
     mixed_vs_equal = m["ratio"]
     env_overlap = None
     if overlap_env is not None:
-        from cosmos3_gym.eval.overlap import measure_overlap
+        from cosmos3_gym.bench.overlap import measure_overlap
 
         env_overlap = measure_overlap(
             pipe, env=overlap_env, num_envs=overlap_envs, num_rounds=overlap_rounds,
@@ -316,6 +310,8 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from cosmos3_gym.eval.tasks import ENV_NAMES
+
     parser.add_argument("--checkpoint", default="tiny", help="checkpoint folder or shipped name")
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
@@ -331,7 +327,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timed pairs per comparison (default 5)")
     parser.add_argument("--compare-batch", type=int, default=8,
                         help="batch size of the on/off comparisons (default 8)")
-    parser.add_argument("--overlap-env", choices=("color_reach", "libero"), default=None,
+    parser.add_argument("--overlap-env", choices=ENV_NAMES, default=None,
                         help="also measure env throughput with/without inference-env overlap")
     parser.add_argument("--overlap-envs", type=int, default=4,
                         help="envs for the overlap measurement, split in 2 groups (default 4)")

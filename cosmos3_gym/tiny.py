@@ -1,15 +1,17 @@
-"""Tiny, offline test assets in the real component formats (nothing is ever downloaded).
+"""Tiny Cosmos3 checkpoints in the real component formats, built offline (nothing is downloaded).
 
-Each ``write_tiny_*`` writer saves one checkpoint component with the library that production
-loads it with (``transformers`` tokenizer folder, ``diffusers`` model folder), so tests exercise
-the same ``from_pretrained`` paths as a real ``nvidia/Cosmos3-*`` checkpoint:
+Tests build them to exercise the same ``from_pretrained`` paths as a real ``nvidia/Cosmos3-*``
+checkpoint, and training (:mod:`cosmos3_gym.train`) starts the shipped ``tiny`` checkpoint from
+one. Each ``write_tiny_*`` writer saves one checkpoint component with the library that
+production loads it with (``transformers`` tokenizer folder, ``diffusers`` model folder):
 
 * :func:`write_tiny_tokenizer` -> ``text_tokenizer/``: a byte-level BPE trained in-process on a
   fixed corpus, with Qwen's special tokens and a Qwen3-style chat template.
 * :func:`write_tiny_vae` -> ``vae/``: a random ``AutoencoderKLWan`` in the Wan2.2 layout.
 
 The writers are deterministic (fixed corpus, fixed seeds) and take well under a second each.
-A full diffusers-layout checkpoint writer composes them (one sub-folder per component).
+:func:`write_tiny_checkpoint` composes them into the full diffusers layout (one sub-folder per
+component).
 """
 
 from __future__ import annotations

@@ -1,0 +1,44 @@
+"""``InferenceOptions``: how the pipeline computes, fixed when it is built.
+
+Every switch here leaves the actions equal (bit for bit, or within the float rounding its line
+states); each exists so that ``cosmos3-gym bench`` can measure what it saves by turning it off.
+A new execution strategy of the same kind (e.g. CUDA graphs for the denoising step) joins as one
+more field, off or on by default as its tests allow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The fields that from_pretrained applies to the transformer as it loads it; changing one needs a
+# freshly loaded transformer. The other fields configure the stages around a shared one.
+TRANSFORMER_OPTIONS = ("fuse_projections", "fold_query_groups", "compile_gen")
+
+
+@dataclass(frozen=True)
+class InferenceOptions:
+    """Every execution switch of :class:`~cosmos3_gym.pipeline.Cosmos3ActionPipeline`, with its
+    default (what production runs) and why it exists.
+
+    >>> from cosmos3_gym.pipeline import InferenceOptions
+    >>> InferenceOptions(text_cache=False).kv_buffers  # one switch off, the others as shipped
+    True
+    """
+
+    # The text (UND) pathway runs once per request and its K/V is reused at every denoising
+    # step; False recomputes it every step, as diffusers' reference does.
+    text_cache: bool = True
+    # Each step's GEN K/V is written into per-layer buffers that hold the text prefix, instead
+    # of concatenating [text ; gen] per layer and step (same values).
+    kv_buffers: bool = True
+    # Each GEN layer's Q/K/V and gate/up matmuls fused into one at load time (same outputs).
+    fuse_projections: bool = True
+    # GEN attention folds each group of query heads into one K/V head's query length instead of
+    # passing the K/V heads to SDPA with enable_gqa (bit-identical).
+    fold_query_groups: bool = True
+    # The conditioning frame encoded by the 2-D WanFrameEncoder; False runs diffusers' causal
+    # 3-D encode (same latents up to float summation order, ~1e-5).
+    frame_encoder: bool = True
+    # The GEN layers run through torch.compile: the first call per shape compiles, and fused
+    # kernels round differently from eager mode.
+    compile_gen: bool = False

@@ -1,0 +1,67 @@
+"""Gymnasium vector observations, read without knowing their layout: an array ``[B, ...]`` or a
+(nested) dict or tuple of them. How many envs they hold, one env's slice, and how to name what
+was found in an error message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+Observation = Any  # a Gymnasium vector observation: an array [B, ...] or a (nested) dict of them
+
+
+def batch_size(obs: Observation) -> int:
+    """B, the leading size every array in the observation shares."""
+    leading = {path: arr.shape for path, arr in _arrays(obs)}
+    sizes = {shape[0] if shape else None for shape in leading.values()}
+    if not leading:
+        raise ValueError(
+            f"expected an observation array [B, ...] or a dict of them; found {describe(obs)}"
+        )
+    if len(sizes) != 1 or None in sizes:
+        raise ValueError(
+            "observation arrays must share their leading (env) axis; found shapes "
+            f"{ {p: list(s) for p, s in leading.items()} }"
+        )
+    size = int(sizes.pop())
+    if size == 0:
+        raise ValueError(f"observation batch is empty: {shapes(obs)}; expected B >= 1 envs")
+    return size
+
+
+def take_envs(obs: Observation, envs: np.ndarray | int) -> Observation:
+    """The vector observation of ``envs`` only, leading axis kept (an int gives a batch of 1);
+    a copy, so the caller's arrays are never written."""
+    envs = np.atleast_1d(np.asarray(envs))
+    if isinstance(obs, np.ndarray):
+        return obs[envs]
+    if isinstance(obs, Mapping):
+        return {k: take_envs(v, envs) for k, v in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(take_envs(v, envs) for v in obs)
+    return obs
+
+
+def shapes(obs: Observation) -> str:
+    """Every array of the observation with its shape, e.g. ``obs['image'] [2, 64, 64, 3]``."""
+    return ", ".join(f"{p} {list(a.shape)}" for p, a in _arrays(obs))
+
+
+def describe(value: Any) -> str:
+    """``float32 [2, 8]`` for an array, the type name otherwise: what an error says it found."""
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} {list(value.shape)}"
+    return type(value).__name__
+
+
+def _arrays(obs: Observation, path: str = "obs") -> list[tuple[str, np.ndarray]]:
+    if isinstance(obs, np.ndarray):
+        return [(path, obs)]
+    if isinstance(obs, Mapping):
+        return [a for k, v in obs.items() for a in _arrays(v, f"{path}[{k!r}]")]
+    if isinstance(obs, tuple):
+        return [a for i, v in enumerate(obs) for a in _arrays(v, f"{path}[{i}]")]
+    return []

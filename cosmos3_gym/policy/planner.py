@@ -1,0 +1,244 @@
+"""The chunk planner: the one place where observations become env actions.
+
+One call of :meth:`ChunkPlanner.plan` for the envs that need a chunk:
+
+    obs ------------------ adapter.images --> uint8 [N, H, W, C]
+    tasks ---------------- adapter.prompt --> prompts
+    (env, episode, chunk) ----- seed rule --> seeds
+    pipeline(images, prompts, seed=seeds) --> raw actions [N, H, D]
+    raw actions ---------- adapter.actions -> env actions [N, H, D_env]  --> ChunkRecord
+
+:class:`~cosmos3_gym.policy.VectorPolicy` (its queues, and through it rollouts and the overlap
+runner) and the evaluator plan through it. They differ only in who counts episodes and chunks
+and in the seed rule they pass in: the policy's seeds follow ``(env, episode, chunk)``, the
+evaluator's follow ``(task, trial, chunk)``, so that an episode's result does not depend on the
+env slot that runs it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from cosmos3_gym.policy.adapters import Adapter
+from cosmos3_gym.policy.observations import Observation, batch_size, describe, take_envs
+
+if TYPE_CHECKING:
+    from cosmos3_gym.pipeline.output import ActionOutput
+
+
+def chunk_seed(seed: int, env_index: int, episode_index: int, chunk_index: int) -> int:
+    """The noise seed of one chunk in stochastic mode: a 63-bit hash of its four coordinates.
+
+    ``numpy.random.SeedSequence`` mixes the coordinates, so neighbouring envs, episodes and
+    chunks get unrelated seeds, and a learner can recompute any chunk's seed from its record.
+    """
+    entropy = [int(seed), int(env_index), int(episode_index), int(chunk_index)]
+    state = np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)
+    return int(state[0] >> np.uint64(1))
+
+
+@dataclass(frozen=True)
+class SeedRule:
+    """How a chunk's noise seed follows from its coordinates: ``seed_of(env, episode, chunk)``.
+
+    >>> SeedRule.fixed(7).seed_of(3, 1, 2), SeedRule.fixed(7).stochastic
+    (7, False)
+    >>> SeedRule.per_chunk(7).seed_of(3, 1, 2) == chunk_seed(7, 3, 1, 2)
+    True
+    """
+
+    seed_of: Callable[[int, int, int], int]
+    # False: every chunk starts from the same noise, so a chunk is a function of (image,
+    # prompt) alone; recorded as ChunkRecord.stochastic.
+    stochastic: bool = True
+
+    @classmethod
+    def per_chunk(cls, root: int) -> SeedRule:
+        """Fresh noise per ``(env, episode, chunk)``: :func:`chunk_seed` under ``root``."""
+        return cls(functools.partial(chunk_seed, root))
+
+    @classmethod
+    def fixed(cls, seed: int) -> SeedRule:
+        """The same seed for every chunk (the official server's rule, with seed 0)."""
+        return cls(lambda env, episode, chunk: seed, stochastic=False)
+
+
+@dataclass(frozen=True, eq=False)
+class ChunkRecord:
+    """What one pipeline call planned: everything a learner needs to replay or score it.
+
+    Row ``k`` of every array belongs to env ``env_indices[k]``. Records compare (and hash) by
+    identity: a queued action points back to the record and row it came from.
+
+    Attributes:
+        env_indices: int64 ``[N]``, the envs planned, in pipeline batch order.
+        episode_indices: int64 ``[N]``, each env's episode index when planned.
+        chunk_indices: int64 ``[N]``, each chunk's index within its episode.
+        tasks: the task strings (before the adapter's prompt augmentation).
+        prompts: the prompts the pipeline received.
+        seeds: the per-item seeds requested (``None`` where noise was passed in).
+        action_noise: float32 ``[N, H, 64]``, the initial action noise each item started from.
+        raw_actions: float32 ``[N, H, D]``, the pipeline's actions before the adapter.
+        normalized_actions: float32 ``[N, H, D]``, the sampler's output before un-normalisation.
+        actions: float32 ``[N, H, D_env]``, the env-space actions after the adapter.
+        stochastic: whether the seeds came from the stochastic schedule.
+    """
+
+    env_indices: np.ndarray
+    episode_indices: np.ndarray
+    chunk_indices: np.ndarray
+    tasks: list[str]
+    prompts: list[str]
+    seeds: list[int | None]
+    action_noise: np.ndarray
+    raw_actions: np.ndarray
+    normalized_actions: np.ndarray
+    actions: np.ndarray
+    stochastic: bool
+
+    def __len__(self) -> int:
+        return int(self.env_indices.shape[0])
+
+    @property
+    def horizon(self) -> int:
+        """H, the actions per chunk."""
+        return int(self.raw_actions.shape[1])
+
+
+@dataclass(frozen=True)
+class ChunkPlanner:
+    """Plans chunks with ``pipeline`` (anything with ``Cosmos3ActionPipeline.__call__``'s
+    signature) under ``adapter``'s conventions, seeding them by ``seed_rule``; the sampler
+    settings are forwarded to every call (None keeps the pipeline's defaults).
+    """
+
+    pipeline: Any
+    adapter: Adapter
+    seed_rule: SeedRule
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    flow_shift: float | None = None
+    progress: bool = False
+
+    def plan(
+        self,
+        obs: Observation,
+        envs: np.ndarray,
+        tasks: Sequence[str],
+        episodes: Sequence[int],
+        chunks: Sequence[int],
+        *,
+        action_noise: np.ndarray | None = None,
+        horizon: int | None = None,
+        action_dim: int | None = None,
+    ) -> ChunkRecord:
+        """One pipeline call for ``envs`` (indices into the vector observation ``obs``).
+
+        ``tasks``, ``episodes`` and ``chunks`` hold one entry per planned env: its task, and the
+        episode and chunk indices the seed rule reads. ``action_noise`` (``[N, H, 64]``)
+        replaces the seeded noise. ``horizon`` and ``action_dim``, where given, are what earlier
+        chunks had (H and D_env); a chunk of another shape is refused. Checks everything the
+        pipeline and the adapter return, raises ``ValueError`` naming what it found, and
+        changes nothing.
+        """
+        envs = np.asarray(envs, dtype=np.int64)
+        n = int(envs.size)
+        part = obs if n == batch_size(obs) else take_envs(obs, envs)
+        images = self.images(part, n)
+        prompts = [self.adapter.prompt(t) for t in tasks]
+        for env, prompt in zip(envs, prompts, strict=True):
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise ValueError(
+                    f"adapter {self.adapter!r} made prompt {prompt!r} for env {env}; "
+                    "expected non-empty text"
+                )
+        episodes = np.asarray(episodes, dtype=np.int64)
+        chunks = np.asarray(chunks, dtype=np.int64)
+        seeds: list[int | None]
+        if action_noise is not None:
+            seeds = [None] * n
+        else:
+            coords = zip(envs, episodes, chunks, strict=True)
+            seeds = [self.seed_rule.seed_of(int(e), int(ep), int(c)) for e, ep, c in coords]
+
+        out: ActionOutput = self.pipeline(
+            images,
+            prompts,
+            seed=None if action_noise is not None else seeds,
+            num_inference_steps=self.num_inference_steps,
+            guidance_scale=self.guidance_scale,
+            flow_shift=self.flow_shift,
+            action_noise=action_noise,
+            video_noise=None,
+            progress=self.progress,
+        )
+        raw, noise, normalized = self._checked_output(out, n, horizon)
+        actions = self._env_actions(raw, action_dim)
+        return ChunkRecord(
+            env_indices=envs,
+            episode_indices=episodes,
+            chunk_indices=chunks,
+            tasks=list(tasks),
+            prompts=prompts,
+            seeds=seeds,
+            action_noise=noise,
+            raw_actions=raw,
+            normalized_actions=normalized,
+            actions=actions,
+            stochastic=self.seed_rule.stochastic and action_noise is None,
+        )
+
+    def images(self, obs: Observation, n: int) -> np.ndarray:
+        """The adapter's model images of ``obs`` (``n`` envs), checked: uint8 ``[n, H, W, C]``."""
+        images = self.adapter.images(obs)
+        if not isinstance(images, np.ndarray) or images.dtype != np.uint8 or images.ndim != 4:
+            raise ValueError(
+                f"adapter {self.adapter!r} returned images {describe(images)}; "
+                "expected uint8 [B, H, W, C]"
+            )
+        if images.shape[0] != n:
+            raise ValueError(
+                f"adapter {self.adapter!r} returned {images.shape[0]} images for {n} envs"
+            )
+        return images
+
+    @staticmethod
+    def _checked_output(
+        out: Any, n: int, horizon: int | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raw = np.asarray(getattr(out, "actions", None), dtype=np.float32)
+        if raw.ndim != 3 or raw.shape[0] != n:
+            raise ValueError(f"pipeline returned actions {list(raw.shape)}; expected [{n}, H, D]")
+        if horizon is not None and raw.shape[1] != horizon:
+            raise ValueError(
+                f"pipeline returned chunks of H={raw.shape[1]}; expected H={horizon}"
+            )
+        noise = np.asarray(out.action_noise, dtype=np.float32)
+        normalized = np.asarray(out.normalized_actions, dtype=np.float32)
+        if noise.shape[:2] != raw.shape[:2] or normalized.shape != raw.shape:
+            raise ValueError(
+                f"pipeline returned action_noise {list(noise.shape)} and normalized_actions "
+                f"{list(normalized.shape)}; expected [{n}, {raw.shape[1]}, 64] and "
+                f"{list(raw.shape)}"
+            )
+        return raw, noise, normalized
+
+    def _env_actions(self, raw: np.ndarray, action_dim: int | None) -> np.ndarray:
+        n, horizon = raw.shape[:2]
+        actions = np.asarray(self.adapter.actions(raw.copy()), dtype=np.float32)
+        if actions.ndim != 3 or actions.shape[:2] != (n, horizon):
+            raise ValueError(
+                f"adapter {self.adapter!r} returned actions {list(actions.shape)}; "
+                f"expected [{n}, {horizon}, D_env]"
+            )
+        if action_dim is not None and actions.shape[2] != action_dim:
+            raise ValueError(
+                f"adapter {self.adapter!r} returned {actions.shape[2]}-D actions; "
+                f"earlier chunks were {action_dim}-D"
+            )
+        return actions

