@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 from diffusers import Cosmos3OmniTransformer
-from diffusers_reference import reference_forward
 
 from cosmos3_gym import Cosmos3ActionPipeline
+from cosmos3_gym.bench.diffusers_reference import reference_forward
 from cosmos3_gym.model import Cosmos3Config, Cosmos3Transformer
 from cosmos3_gym.tiny import write_tiny_checkpoint
 

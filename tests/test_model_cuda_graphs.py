@@ -124,3 +124,41 @@ def test_a_shape_that_cannot_be_captured_runs_eagerly(model, caplog) -> None:
     assert graphs.bind(req["text"], layout, v0, req["vision_noisy"], a0, req["action_noisy"],
                        req["domain_ids"]) is None  # remembered: no second attempt
     assert graphs.captures == 0
+
+
+@pytest.mark.parametrize("guidance_scale", [1.0, 3.0])
+def test_denoise_stage_with_graphs_gives_the_eager_actions(guidance_scale) -> None:
+    """The denoising stage replaying its GEN forward through GenGraphs (mixed prompt lengths,
+    micro-batches, CFG's doubled batch) gives the eager stage's actions bit for bit."""
+    import tempfile
+
+    import numpy as np
+
+    from cosmos3_gym import Cosmos3ActionPipeline
+    from cosmos3_gym.tiny import write_tiny_checkpoint
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_tiny_checkpoint(folder)
+        eager = Cosmos3ActionPipeline.from_pretrained(path, max_batch_size=2)
+        graphed = Cosmos3ActionPipeline.from_pretrained(path, max_batch_size=2)
+    graphed.denoise.graphs = GenGraphs(graphed.transformer, capture=rerun_capture)
+    images = np.random.default_rng(1).integers(0, 256, (3, 64, 64, 3), dtype=np.uint8)
+    prompts = ["pick up the bowl", "open the top drawer and put the bowl inside", "push"]
+    kwargs = dict(seed=[4, 5, 6], num_inference_steps=3, guidance_scale=guidance_scale,
+                  progress=False)
+    expected = eager(images, prompts, **kwargs).actions
+    for _ in range(2):  # the second call reuses the captured shapes
+        assert np.array_equal(graphed(images, prompts, **kwargs).actions, expected)
+    assert graphed.denoise.graphs.captures == 2  # a batch of 2 and a batch of 1
+
+
+def test_cuda_graphs_need_a_cuda_model() -> None:
+    from cosmos3_gym.pipeline import InferenceOptions
+    from cosmos3_gym.pipeline.stages import DenoiseStage
+
+    with pytest.raises(ValueError, match="cuda_graphs needs the model on a CUDA device; found cpu"):
+        DenoiseStage(random_transformer("tiny"), None, InferenceOptions(cuda_graphs=True))
+    with pytest.raises(ValueError, match="cuda_graphs needs text_cache=True"):
+        InferenceOptions(cuda_graphs=True, text_cache=False)
+    with pytest.raises(ValueError, match="max_cuda_graphs must be an int >= 1; found 0"):
+        InferenceOptions(max_cuda_graphs=0)

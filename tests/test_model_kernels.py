@@ -1,24 +1,21 @@
 """The fused Triton GEN kernels against eager PyTorch.
 
 Without a GPU the kernels run in Triton's interpreter (the same kernel source, executed on the
-CPU), which is how CI checks their arithmetic; tests/test_gpu.py runs them compiled.
+CPU; tests/conftest.py switches it on), which is how CI checks their arithmetic; on a GPU these
+tests run them compiled.
 """
 
 from __future__ import annotations
 
-import os
 import platform
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # read when the kernels are first made, not at import
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from cosmos3_gym.model.kernels import TorchGenOps, TritonGenOps  # noqa: E402
-from cosmos3_gym.model.presets import random_transformer  # noqa: E402
-from cosmos3_gym.model.rope import rope_tables  # noqa: E402
-from cosmos3_gym.model.transformer import RMSNorm  # noqa: E402
+from cosmos3_gym.model.kernels import TorchGenOps, TritonGenOps
+from cosmos3_gym.model.presets import random_transformer
+from cosmos3_gym.model.rope import rope_tables
+from cosmos3_gym.model.transformer import RMSNorm
 
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.machine() != "x86_64",
@@ -184,3 +181,33 @@ def test_fused_ops_refuse_autograd(triton_ops) -> None:
             torch.ones(1, 4, dtype=torch.bool), torch.tensor([1]), torch.tensor([300.0]))
     with pytest.raises(RuntimeError, match="inference; run under no_grad"):
         model.forward_gen(text, layout, *args, ops=triton_ops)
+
+
+def test_pipeline_with_fused_kernels_gives_the_eager_actions(tmp_path) -> None:
+    import numpy as np
+
+    from cosmos3_gym import Cosmos3ActionPipeline
+    from cosmos3_gym.pipeline import InferenceOptions
+    from cosmos3_gym.tiny import write_tiny_checkpoint
+
+    path = write_tiny_checkpoint(tmp_path / "tiny")
+    images = np.random.default_rng(2).integers(0, 256, (2, 64, 64, 3), dtype=np.uint8)
+    prompts = ["pick up the bowl", "open the top drawer and put the bowl inside"]
+    kwargs = dict(seed=[1, 2], num_inference_steps=3, progress=False)
+    eager = Cosmos3ActionPipeline.from_pretrained(path, device=DEVICE)(images, prompts, **kwargs)
+    fused = Cosmos3ActionPipeline.from_pretrained(
+        path, device=DEVICE, options=InferenceOptions(triton_kernels=True)
+    )(images, prompts, **kwargs)
+    # fp32 on CPU (interpreted) or bf16 on a GPU: the same tolerance as the layer tests' scale.
+    tolerance = 1e-4 if DEVICE == "cpu" else 5e-2
+    np.testing.assert_allclose(fused.actions, eager.actions, rtol=tolerance, atol=tolerance)
+
+
+def test_fused_kernels_need_fused_projections_and_kv_buffers() -> None:
+    from cosmos3_gym.pipeline import InferenceOptions
+
+    with pytest.raises(ValueError, match="triton_kernels needs fuse_projections=True and "
+                                         "kv_buffers=True; found fuse_projections=False"):
+        InferenceOptions(triton_kernels=True, fuse_projections=False)
+    with pytest.raises(ValueError, match="kv_buffers=False"):
+        InferenceOptions(triton_kernels=True, kv_buffers=False)

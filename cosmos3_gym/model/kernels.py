@@ -160,7 +160,8 @@ def _rounds_before_gain(norm: RMSNorm, weight: torch.Tensor) -> bool:
 
 @functools.cache
 def _triton_kernels() -> Any:
-    """The kernel module, imported on first use (see its docstring)."""
+    """The kernel module, imported on first use: building the pipeline without the kernels
+    never compiles them."""
     return importlib.import_module("cosmos3_gym.model.triton_kernels")
 
 

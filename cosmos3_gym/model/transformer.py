@@ -323,6 +323,14 @@ class TextKVCache:
     def padded(self) -> bool:
         return bool((self.lengths != self.text_mask.shape[1]).any())
 
+    def rows(self, index: torch.Tensor) -> TextKVCache:
+        """Rows ``index`` of the batch, e.g. each training sample's caption out of the few
+        distinct ones encoded once (indexing keeps gradients flowing to the UND pathway)."""
+        return TextKVCache(
+            [k[index] for k in self.keys], [v[index] for v in self.values],
+            self.lengths[index], self.text_mask[index],
+        )
+
     def repeat_interleave(self, repeats: int) -> TextKVCache:
         """The same prompts, each repeated ``repeats`` times (e.g. several candidates)."""
         return TextKVCache(

@@ -1,7 +1,8 @@
 """Triton kernels of the fused GEN ops (see :mod:`cosmos3_gym.model.kernels`).
 
-Imported only when :class:`~cosmos3_gym.model.kernels.TritonGenOps` is first built, so Triton is
-never imported otherwise and ``TRITON_INTERPRET`` is read when the kernels are made.
+Imported only when :class:`~cosmos3_gym.model.kernels.TritonGenOps` is first built. To run them
+in Triton's interpreter (no GPU), set ``TRITON_INTERPRET=1`` before Triton is first imported
+(diffusers imports it when it is installed); the test suite's conftest does.
 
 Every rounding to bf16 goes through ``rnd`` (round to nearest, ties to even, done on the bits),
 so the kernels round exactly where and as eager PyTorch does, compiled or interpreted (the
