@@ -101,6 +101,20 @@ def synthetic_pipeline(
     return Cosmos3ActionPipeline(*components, policy, options=options), components
 
 
+def busy_time(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals (overlapping kernels count once).
+
+    >>> busy_time([(0, 4), (2, 6), (10, 11)])
+    7
+    """
+    busy, end = 0, float("-inf")
+    for start, stop in sorted(spans):
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    return busy
+
+
 def profile_call(fn: Callable[[], Any], device: torch.device, top: int = 8) -> dict[str, Any]:
     """One profiled run of ``fn``: the fraction of its wall time during which the GPU ran a
     kernel or a copy (the union of their intervals), the kernel count, and the ``top``
@@ -119,11 +133,7 @@ def profile_call(fn: Callable[[], Any], device: torch.device, top: int = 8) -> d
         torch.cuda.synchronize(device)
         wall_us = (time.perf_counter() - start) * 1e6
     events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    busy, end = 0.0, float("-inf")
-    for s, e in sorted((e.time_range.start, e.time_range.end) for e in events):
-        if e > end:
-            busy += e - max(s, end)
-            end = e
+    busy = busy_time([(e.time_range.start, e.time_range.end) for e in events])
     totals: dict[str, list[float]] = {}
     for e in events:
         entry = totals.setdefault(e.name, [0.0, 0])
@@ -203,20 +213,24 @@ def _synchronizer(device: torch.device) -> Callable[[], None]:
 
 def _latent_grid(pipe: Cosmos3ActionPipeline, case: Case) -> tuple[int, int, int]:
     """(T, h, w) of the latent the denoiser sees: the content region of the case's canvas."""
-    from cosmos3_gym.pipeline.preprocess import plan_canvas
+    from cosmos3_gym.pipeline.preprocess import latent_content_shape, plan_canvas
 
     plan = plan_canvas(*case.image_hw, case.resolution_tier)
-    factor = pipe.vae.config.scale_factor_spatial
-    t = ACTION_HORIZON // int(pipe.vae.config.scale_factor_temporal) + 1
-    return t, -(-plan.content_h // factor), -(-plan.content_w // factor)
+    return (pipe.noise.num_latent_frames, *latent_content_shape(plan))
 
 
 def token_counts(pipe: Cosmos3ActionPipeline, case: Case, prompts: list[str]) -> dict[str, int]:
-    """Text tokens (padded length of the batch's prompts), vision and action GEN tokens."""
+    """Text tokens (the padded length of the batch's captions, as the prompt stage makes
+    them), vision and action GEN tokens."""
     from cosmos3_gym.pipeline.preprocess import plan_canvas
+    from cosmos3_gym.pipeline.stages import MicroBatch, SamplingParams
 
-    plan = plan_canvas(*case.image_hw, case.resolution_tier)
-    text = pipe.prompt.tokenize(prompts, plan, guidance_scale=1.0).input_ids.shape[1]
+    batch = MicroBatch(indices=list(range(len(prompts))), images=[], prompts=prompts,
+                       seeds=[0] * len(prompts),
+                       plan=plan_canvas(*case.image_hw, case.resolution_tier))
+    params = SamplingParams(num_inference_steps=1, guidance_scale=1.0, flow_shift=1.0,
+                            progress=False)
+    text = pipe.prompt.tokenize(batch, params)[0].shape[1]
     p = pipe.transformer.config.latent_patch_size
     t, h, w = _latent_grid(pipe, case)
     return {"text": int(text), "vision": t * -(-h // p) * -(-w // p), "action": ACTION_HORIZON}
@@ -362,7 +376,7 @@ def format_synthetic(result: dict[str, Any]) -> str:
         t = r["tokens"]
         lines.append(
             f"{r['case']:<16} {r['batch_size']:>3} {r['steps']:>5} {r['call_s']:>8.3f} "
-            f"{r['denoise_tflops']:>15.2f} {busy:>8} {r['peak_memory_mb']:>8.0f} "
+            f"{r['denoise_tflops']:>15.3g} {busy:>8} {r['peak_memory_mb']:>8.0f} "
             f"{t['text']:>7}/{t['vision'] + t['action']:<7}"
         )
     for case, ref in result["reference"].items():
@@ -385,31 +399,52 @@ def format_synthetic(result: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The synthetic benchmark's own options, beside the latency benchmark's (``--device``,
+    ``--out``, ``--batch-sizes``, ``--warmup``, ``--repeats``, ``--threads`` are shared)."""
+    parser.add_argument("--synthetic", metavar="PRESET", default=None,
+                        help="measure a published model shape with random weights instead of a "
+                             "checkpoint: nano, super or edge (tiny runs on a CPU)")
     parser.add_argument("--cases", default=",".join(CASES),
-                        help=f"comma-separated cases (default: {','.join(CASES)})")
-    parser.add_argument("--synthetic-batch-sizes", default=None,
-                        help="comma-separated batch sizes for every case (default: 1..32 for "
-                             "LIBERO, 1..8 for DROID)")
+                        help=f"with --synthetic: comma-separated cases (default: "
+                             f"{','.join(CASES)})")
     parser.add_argument("--steps", default="10,30",
-                        help="comma-separated denoising step counts (default: 10,30)")
+                        help="with --synthetic: comma-separated denoising step counts "
+                             "(default: 10,30)")
     parser.add_argument("--no-reference", action="store_true",
-                        help="skip diffusers' reference forward (it needs a second copy of the "
-                             "weights in memory)")
+                        help="with --synthetic: skip diffusers' reference forward (it needs a "
+                             "second copy of the weights in memory)")
+
+
+def _int_list(text: str, name: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"{name}: expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{name}: expected integers >= 1, got {text!r}")
+    return values
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from cosmos3_gym.model.presets import preset_config
+
+    preset_config(args.synthetic)  # an unknown name fails here, before anything is built
     cases = tuple(c.strip() for c in args.cases.split(","))
     unknown = [c for c in cases if c not in CASES]
     if unknown:
-        raise ValueError(f"unknown cases {unknown}; expected some of {sorted(CASES)}")
+        raise ValueError(f"--cases: unknown {unknown}; expected some of {sorted(CASES)}")
     sizes = None
-    if args.synthetic_batch_sizes:
-        chosen = tuple(int(b) for b in args.synthetic_batch_sizes.split(","))
+    if args.batch_sizes is not None:
+        chosen = _int_list(args.batch_sizes, "--batch-sizes")
         sizes = {c: chosen for c in cases}
     result = run_synthetic(
         args.synthetic, device=args.device, cases=cases, batch_sizes=sizes,
-        steps=tuple(int(s) for s in args.steps.split(",")), warmup=args.warmup,
-        repeats=args.repeats, reference=not args.no_reference,
+        steps=_int_list(args.steps, "--steps"), warmup=args.warmup, repeats=args.repeats,
+        compare_batches=(1, args.compare_batch), reference=not args.no_reference,
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,14 +12,15 @@ widths are those of the Wan2.2 TI2V-5B ``vae/config.json`` that every Cosmos3 ch
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from cosmos3_gym.model.config import Cosmos3Config
-from cosmos3_gym.model.transformer import Cosmos3Transformer
-from cosmos3_gym.model.weights import KEEP_IN_FP32
+
+if TYPE_CHECKING:  # torch loads when a model is built, so the tables cost nothing to import
+    import torch
+    from torch import nn
+
+    from cosmos3_gym.model.transformer import Cosmos3Transformer
 
 _QWEN3_VL_ROPE = {"mrope_section": [24, 20, 20], "mrope_interleaved": True}
 _ACTION_HEADS = {"action_gen": True, "action_dim": 64, "num_embodiment_domains": 32}
@@ -85,7 +86,6 @@ def vae_preset(generator_preset: str) -> dict[str, Any]:
     return dict(VAE_PRESETS["tiny" if generator_preset == "tiny" else "wan2.2"])
 
 
-@torch.no_grad()
 def randomize_(module: nn.Module, generator: torch.Generator) -> nn.Module:
     """Fill every parameter in place with finite, well-scaled random values.
 
@@ -94,18 +94,21 @@ def randomize_(module: nn.Module, generator: torch.Generator) -> nn.Module:
     ``DomainAwareLinear`` table row holds an ``[in, out]`` matrix, so its fan-in is ``in``.
     Deterministic for a given generator seed and device.
     """
+    import torch
+
     fan_in_of = {}
     for name, sub in module.named_modules():
         if hasattr(sub, "input_size") and hasattr(sub, "fc"):  # DomainAwareLinear
             fan_in_of[f"{name}.fc.weight"] = sub.input_size
-    for name, param in module.named_parameters():
-        if param.ndim <= 1:
-            param.fill_(0.0 if name.endswith("bias") else 1.0)
-            continue
-        fan_in = fan_in_of.get(name, param[0].numel())
-        sample = torch.empty(param.shape, device=param.device, dtype=torch.float32)
-        sample.normal_(0.0, fan_in**-0.5, generator=generator)
-        param.copy_(sample)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if param.ndim <= 1:
+                param.fill_(0.0 if name.endswith("bias") else 1.0)
+                continue
+            fan_in = fan_in_of.get(name, param[0].numel())
+            sample = torch.empty(param.shape, device=param.device, dtype=torch.float32)
+            sample.normal_(0.0, fan_in**-0.5, generator=generator)
+            param.copy_(sample)
     return module
 
 
@@ -116,6 +119,8 @@ def _on_device(
     """Allocate a module built on the meta device once on ``device`` in ``dtype`` (children
     named in ``keep_fp32`` in float32), then randomise it: no CPU copy and no second
     allocation, whatever the model's size."""
+    import torch
+
     if next(module.parameters()).dtype != dtype:
         module = module.to(dtype)
     for name, child in module.named_children():
@@ -130,31 +135,38 @@ def random_transformer(
     config: Cosmos3Config | str,
     *,
     device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     seed: int = 0,
 ) -> Cosmos3Transformer:
     """A ``Cosmos3Transformer`` with random weights, allocated straight on ``device``.
 
-    The same dtype rule as loading a checkpoint: the timestep embedder stays fp32.
+    ``dtype`` defaults to float32. The same dtype rule as loading a checkpoint: the timestep
+    embedder stays fp32.
     """
+    import torch
+
+    from cosmos3_gym.model.transformer import Cosmos3Transformer
+    from cosmos3_gym.model.weights import KEEP_IN_FP32
+
     if isinstance(config, str):
         config = preset_config(config)
     with torch.device("meta"):
         model = Cosmos3Transformer(config)
     keep = tuple(prefix.rstrip(".") for prefix in KEEP_IN_FP32)
-    return _on_device(model, torch.device(device), dtype, seed, keep_fp32=keep)
+    return _on_device(model, torch.device(device), dtype or torch.float32, seed, keep_fp32=keep)
 
 
 def random_vae(
     vae_config: dict[str, Any],
     *,
     device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     seed: int = 0,
 ):  # -> diffusers.AutoencoderKLWan
     """A diffusers ``AutoencoderKLWan`` with random weights, allocated straight on ``device``."""
+    import torch
     from diffusers import AutoencoderKLWan
 
     with torch.device("meta"):
         vae = AutoencoderKLWan(**vae_config)
-    return _on_device(vae, torch.device(device), dtype, seed)
+    return _on_device(vae, torch.device(device), dtype or torch.float32, seed)
