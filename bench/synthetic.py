@@ -246,11 +246,13 @@ class _Run:
     options: InferenceOptions
     warmup: int
     repeats: int
+    save: Callable[[], None]  # writes what is measured so far (a killed run keeps its rows)
     components: tuple[Any, Any, Any] | None = None
 
 
 def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tuple[int, ...],
-                  compare_batches: tuple[int, ...], reference: bool) -> dict[str, Any]:
+                  compare_batches: tuple[int, ...], reference: bool,
+                  rows: list[dict[str, Any]]) -> dict[str, Any]:
     import torch
 
     from cosmos3_gym.model.flops import gen_step_flops
@@ -270,7 +272,6 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
                 progress=False)
         return _stage_seconds(out.timings)
 
-    rows = []
     for b in batch_sizes:
         counts = token_counts(pipe, case, prompts[:b])
         for n in steps:
@@ -289,6 +290,7 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
                 "stages_s": stages, "peak_memory_mb": _peak_memory_mb(dev),
                 "tokens": counts, "denoise_step_s": stages["denoise"] / n,
             })
+            run.save()
 
     n = min(steps)
     flips: dict[str, Any] = {}
@@ -305,9 +307,10 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
             flips[str(b)][field] = {"flipped_to": getattr(flipped, field),
                                     "ratio": m["ratio"], "denoise_ratio": m["denoise_ratio"]}
 
-    result: dict[str, Any] = {"rows": rows, "flips": flips, "reference": None}
+    result: dict[str, Any] = {"flips": flips, "reference": None}
     if reference:
-        ours = {r["batch_size"]: r["denoise_step_s"] for r in rows if r["steps"] == n}
+        ours = {r["batch_size"]: r["denoise_step_s"] for r in rows
+                if r["case"] == case.name and r["steps"] == n}
         ref_s = reference_step_s(run.preset, device=dev, dtype=run.dtype,
                                  counts=token_counts(pipe, case, prompts[:1]),
                                  latent_grid=_latent_grid(pipe, case), repeats=run.repeats)
@@ -334,8 +337,10 @@ def run_synthetic(
     options: InferenceOptions | None = None,
     compare_batches: tuple[int, ...] = (1, 8),
     reference: bool = True,
+    out: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the synthetic benchmark; returns its JSON-ready result (see the module docstring)."""
+    """Run the synthetic benchmark; returns its JSON-ready result (see the module docstring),
+    written to ``out`` after every measurement (``"complete": false`` until the end)."""
     import torch
 
     from cosmos3_gym.pipeline.options import InferenceOptions
@@ -344,23 +349,31 @@ def run_synthetic(
     if options is None:  # the fastest the device supports
         on_gpu = dev.type == "cuda"
         options = InferenceOptions(cuda_graphs=on_gpu, triton_kernels=on_gpu)
-    run = _Run(preset, dev, torch.bfloat16 if dev.type == "cuda" else torch.float32, options,
-               warmup, repeats)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    result: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "none (cpu)",
+        "preset": preset, "device": str(dev), "dtype": str(dtype).removeprefix("torch."),
+        "host": platform.node(), "torch": torch.__version__, "options": asdict(options),
+        "warmup": warmup, "repeats": repeats, "statistic": "median", "complete": False,
+        "rows": [], "reference": {}, "flips": {},
+    }
+
+    def save() -> None:
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=2))
+
+    run = _Run(preset, dev, dtype, options, warmup, repeats, save)
     sizes = batch_sizes or {"libero_256x512": (1, 2, 4, 8, 16, 32), "droid_480x832": (1, 2, 4, 8)}
-    rows, references, flips = [], {}, {}
     for name in cases:
         measured = _measure_case(run, CASES[name], sizes[name], steps, compare_batches,
-                                 reference)
-        rows += measured["rows"]
-        flips[name] = measured["flips"]
-        references[name] = measured["reference"]
-    return {
-        "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "none (cpu)",
-        "preset": preset, "device": str(dev), "dtype": str(run.dtype).removeprefix("torch."),
-        "host": platform.node(), "torch": torch.__version__, "options": asdict(options),
-        "warmup": warmup, "repeats": repeats, "statistic": "median", "rows": rows,
-        "reference": references, "flips": flips,
-    }
+                                 reference, result["rows"])
+        result["flips"][name] = measured["flips"]
+        result["reference"][name] = measured["reference"]
+        save()
+    result["complete"] = True
+    save()
+    return result
 
 
 def format_synthetic(result: dict[str, Any]) -> str:
@@ -445,9 +458,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         args.synthetic, device=args.device, cases=cases, batch_sizes=sizes,
         steps=_int_list(args.steps, "--steps"), warmup=args.warmup, repeats=args.repeats,
         compare_batches=(1, args.compare_batch), reference=not args.no_reference,
+        out=Path(args.out),
     )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
     print(format_synthetic(result))
     return result

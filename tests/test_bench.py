@@ -91,7 +91,7 @@ def test_synthetic_bench_measures_a_preset_without_a_checkpoint(tmp_path, capsys
     ])
     assert code == 0
     result = json.loads(out.read_text())
-    assert result["gpu"] == "none (cpu)" and result["preset"] == "tiny"
+    assert result["gpu"] == "none (cpu)" and result["preset"] == "tiny" and result["complete"]
     rows = result["rows"]
     assert [(r["case"], r["batch_size"], r["steps"]) for r in rows] == [
         ("libero_256x512", 1, 1), ("libero_256x512", 1, 2)

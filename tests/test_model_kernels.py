@@ -87,14 +87,14 @@ def _buffers(text_kv, tokens):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("hidden_act", ["silu", "relu2"])
-def test_qk_norm_rope_writes_keys_and_values_into_the_buffer(triton_ops, dtype, hidden_act):
-    overrides = {"hidden_act": hidden_act}
-    model = random_transformer("tiny", dtype=dtype, device=DEVICE, seed=2)
-    if hidden_act == "relu2":
-        model = random_transformer(
-            _tiny_config(**overrides), dtype=dtype, device=DEVICE, seed=2
-        )
+@pytest.mark.parametrize(("hidden_act", "heads"), [("silu", (4, 2)), ("relu2", (4, 2)),
+                                                   ("silu", (6, 3))])
+def test_qk_norm_rope_writes_keys_and_values_into_the_buffer(triton_ops, dtype, hidden_act,
+                                                             heads):
+    """(6, 3): 12 heads per token, more than one program's block of heads, the last partial."""
+    config = _tiny_config(hidden_act=hidden_act, num_attention_heads=heads[0],
+                          num_key_value_heads=heads[1])
+    model = random_transformer(config, dtype=dtype, device=DEVICE, seed=2)
     model.fuse_gen_projections()
     attn = model.layers[0].self_attn
     with torch.no_grad():  # distinct per-head gains, so a wrong head or gain row shows

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from cosmos3_gym.model.transformer import MLP, MoTAttention, RMSNorm
 
 KV = tuple[torch.Tensor, torch.Tensor]
+QK_HEAD_BLOCK = 8
 
 
 class GenOps:
@@ -115,10 +116,13 @@ class TritonGenOps(GenOps):
         qkv = F.linear(h, *attn.gen_qkv).contiguous()  # [B, N, (Hq + 2 Hkv) D]
         q = torch.empty(b, hq, n, d, dtype=h.dtype, device=h.device)
         k_buf, v_buf = kv_buffers
-        self.kernels.qk_norm_rope_kv[(b * n,)](
+        # A few heads per program keep each program's tiles in registers (Nano has 48 heads
+        # of 128 per token, Super 80).
+        grid = (b * n, -(-(hq + 2 * hkv) // QK_HEAD_BLOCK))
+        self.kernels.qk_norm_rope_kv[grid](
             qkv, attn.gen_qk_gain, cos.contiguous(), sin.contiguous(), q, k_buf, v_buf,
             n, k_buf.shape[2], text_kv[0].shape[2], attn.norm_added_q.eps,
-            HQ=hq, HKV=hkv, HALF=d // 2, HEADS_P2=_pow2(hq + 2 * hkv),
+            HQ=hq, HKV=hkv, HALF=d // 2, HEAD_BLOCK=QK_HEAD_BLOCK,
             LOWP_ROUND=_rounds_before_gain(attn.norm_added_q, attn.gen_qk_gain), BF16=_bf16(h),
         )
         return q, k_buf, v_buf

@@ -19,7 +19,7 @@ def rnd(x, BF16: tl.constexpr):
     if BF16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        x = bits.to(tl.float32, bitcast=True)
+        x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))  # NaN stays NaN
     return x
 
 
@@ -47,12 +47,13 @@ def add_rms_norm(x_ptr, delta_ptr, w_ptr, res_ptr, out_ptr, width, eps,
 def qk_norm_rope_kv(qkv_ptr, gain_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr,
                     tokens, key_len, text_len, eps,
                     HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
-                    HEADS_P2: tl.constexpr, LOWP_ROUND: tl.constexpr, BF16: tl.constexpr):
-    # One program per GEN token: all its q, k and v heads as a [heads, D/2] tile per half.
+                    HEAD_BLOCK: tl.constexpr, LOWP_ROUND: tl.constexpr, BF16: tl.constexpr):
+    # Program (token, j): heads j*HEAD_BLOCK ... of one GEN token (q heads, then k, then v, as
+    # they sit in the fused projection's row), as a [heads, D/2] tile per half.
     token = tl.program_id(0).to(tl.int64)
     b = token // tokens
     n = token % tokens
-    head = tl.arange(0, HEADS_P2)[:, None]
+    head = (tl.program_id(1) * HEAD_BLOCK + tl.arange(0, HEAD_BLOCK))[:, None]
     col = tl.arange(0, HALF)[None, :]
     d = 2 * HALF
     heads = HQ + 2 * HKV
