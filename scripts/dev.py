@@ -242,7 +242,8 @@ def set_up(venv: Environment, extras: set[str]) -> None:
         # Keep what the environment already had: a rerun of the other command then needs nothing.
         extras = extras | set(stamp.get("extras", []))
     venv.stamp.unlink(missing_ok=True)
-    pip_install(venv, "upgrade pip", f"pip>={MIN_PIP}",
+    key = stamp_key(extras)  # what is about to be installed, recorded once all of it is
+    pip_install(venv, "update pip", f"pip>={MIN_PIP}",
                 hint="pip could not reach the package index; check the network and rerun.")
     gpu = gpu_name()
     install_torch(venv, gpu)
@@ -251,7 +252,7 @@ def set_up(venv: Environment, extras: set[str]) -> None:
     pip_install(venv, "install the project", "-e", target,
                 hint="Fix what pip reports and rerun; what is installed already is kept.")
     check_environment(venv, gpu)
-    venv.stamp.write_text(json.dumps(stamp_key(extras), indent=2) + "\n")
+    venv.stamp.write_text(json.dumps(key, indent=2) + "\n")
 
 
 def demo(venv: Environment, args: list[str]) -> int:
