@@ -114,11 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("train", add_help=False,
                    help="train the tiny checkpoint on ColorReach demos (see train --help)")
 
-    from cosmos3_gym.bench import latency
+    from cosmos3_gym.bench import latency, synthetic
 
-    latency.add_arguments(sub.add_parser(
-        "bench", help="latency/throughput of the action stack: batched vs serial, cache on/off"
-    ))
+    bench = sub.add_parser(
+        "bench", help="latency/throughput of the action stack: batched vs serial, cache on/off; "
+                      "--synthetic PRESET: a published model shape without weights"
+    )
+    latency.add_arguments(bench)
+    synthetic.add_arguments(bench)
     return parser
 
 
@@ -204,9 +207,9 @@ def _run(args: argparse.Namespace) -> int:
             print(format_table(results))
         return 0
     if args.command == "bench":
-        from cosmos3_gym.bench import latency
+        from cosmos3_gym.bench import latency, synthetic
 
-        latency.run(args)
+        (synthetic if args.synthetic else latency).run(args)
         return 0
     from cosmos3_gym.eval.rollout import run_rollout_command
 
