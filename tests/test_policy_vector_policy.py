@@ -465,9 +465,14 @@ def test_chunk_record_holds_what_a_learner_needs_and_replays():
     np.testing.assert_array_equal(action, record.actions[:, 0])
     policy.select_action(obs, ["a", "b", "c"])
     assert policy.last_chunk_record is None  # this step popped; nothing was planned
-    replayed = policy.predict_action_chunk(obs, ["a", "b", "c"], action_noise=record.action_noise)
+    replayed = policy.predict_action_chunk(obs, ["a", "b", "c"], action_noise=record.action_noise,
+                                           seeds=record.seeds)
     np.testing.assert_array_equal(replayed, record.actions)
-    assert policy.last_chunk_record.seeds == [None] * 3
+    # The recorded seeds reach the pipeline (they draw the video noise) alongside the noise.
+    assert pipe.calls[-1]["seeds"] == policy.last_chunk_record.seeds == record.seeds
+    assert not policy.last_chunk_record.stochastic
+    with pytest.raises(ValueError, match="expected 3 seeds, one per planned env; found 2"):
+        policy.predict_action_chunk(obs, "a", seeds=record.seeds[:2])
     message = r"action_noise must be \[B=3, 4, 64\]; found \[2, 4, 64\]"
     with pytest.raises(ValueError, match=message):
         policy.predict_action_chunk(obs, "a", action_noise=record.action_noise[:2])

@@ -207,26 +207,29 @@ class VectorPolicy:
 
     def __call__(
         self, obs: Observation, prompts: str | Sequence[str] | None = None, *,
-        action_noise: np.ndarray | None = None,
+        action_noise: np.ndarray | None = None, seeds: Sequence[int] | None = None,
     ) -> np.ndarray:
         """Same as :meth:`predict_action_chunk`."""
-        return self.predict_action_chunk(obs, prompts, action_noise=action_noise)
+        return self.predict_action_chunk(obs, prompts, action_noise=action_noise, seeds=seeds)
 
     def predict_action_chunk(
         self, obs: Observation, prompts: str | Sequence[str] | None = None, *,
-        action_noise: np.ndarray | None = None,
+        action_noise: np.ndarray | None = None, seeds: Sequence[int] | None = None,
     ) -> np.ndarray:
         """Plan every env in one pipeline call: float32 ``[B, H, D_env]``. Queues are untouched.
 
         Each env's chunk index advances (so stochastic mode draws fresh noise each call).
-        ``action_noise`` (``[B, H, 64]``) replaces the seeded noise, e.g. to replay a recorded
-        chunk from its :attr:`ChunkRecord.action_noise`.
+        ``seeds`` (one per env) replace the policy's noise seeds; ``action_noise``
+        (``[B, H, 64]``) replaces the seeded action noise, while the video noise, which the
+        actions depend on too, still comes from the seeds. To replay a recorded chunk of every
+        env, pass both from its record: ``action_noise=record.action_noise,
+        seeds=record.seeds``.
         """
         num_envs = self._check_num_envs(batch_size(obs))
         tasks = self._resolve_tasks(prompts, num_envs, obs)
         if action_noise is not None:
             action_noise = self._check_noise(action_noise, num_envs)
-        record = self._plan(obs, tasks, np.arange(num_envs), action_noise)
+        record = self._plan(obs, tasks, np.arange(num_envs), action_noise, seeds)
         self._commit(record, num_envs)
         return record.actions.copy()
 
@@ -247,7 +250,7 @@ class VectorPolicy:
             empty, stale = self._queues.lengths() == 0, self._stale
         replan = np.flatnonzero(empty & ~stale)
         if replan.size:
-            record = self._plan(obs, tasks, replan, None)
+            record = self._plan(obs, tasks, replan, None, None)
         else:
             # Nothing to plan, but a malformed observation should fail now, not at the next
             # replan: one env's slice through the adapter is a cheap check of the format.
@@ -389,7 +392,8 @@ class VectorPolicy:
     # ------------------------------------------------------------------ planning
 
     def _plan(
-        self, obs: Observation, tasks: list[str], envs: np.ndarray, action_noise: np.ndarray | None
+        self, obs: Observation, tasks: list[str], envs: np.ndarray,
+        action_noise: np.ndarray | None, seeds: Sequence[int] | None,
     ) -> ChunkRecord:
         """One planner call for ``envs``, at their episode and chunk counters; checks everything
         and changes no state."""
@@ -398,7 +402,7 @@ class VectorPolicy:
         chunks = self._chunk[envs] if started else np.zeros(envs.size, np.int64)
         record = self.planner.plan(
             obs, envs, [tasks[e] for e in envs], episodes, chunks, action_noise=action_noise,
-            horizon=self._horizon, action_dim=self._action_dim,
+            seeds=seeds, horizon=self._horizon, action_dim=self._action_dim,
         )
         self._check_horizon(record.horizon)
         if not np.isfinite(record.raw_actions).all():
