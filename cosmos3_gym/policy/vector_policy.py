@@ -438,6 +438,19 @@ class PolicyFeed(ForwardingVectorWrapper):
         self.tasks: list[str | None] = [None] * self.num_envs
         self._pending_reset = np.zeros(self.num_envs, bool)
 
+    @property
+    def envs(self) -> list[Any]:
+        """The sub-envs, as the wrapped ``SyncVectorEnv`` holds them (LeRobot reads
+        ``env.envs[0]``); an ``AttributeError`` where they live in worker processes."""
+        for env in (self.env, self.unwrapped):
+            sub_envs = getattr(env, "envs", None)
+            if sub_envs is not None:
+                return sub_envs
+        raise AttributeError(
+            f"the attached {type(self.unwrapped).__name__} keeps no sub-envs in this process "
+            "(only a SyncVectorEnv has .envs); read theirs with call() or get_attr()"
+        )
+
     def _find_task_attribute(self) -> str:
         # Probe with has_wrapper_attr: a failing env.call would close an AsyncVectorEnv's pipes.
         found = {}
