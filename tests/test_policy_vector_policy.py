@@ -370,6 +370,30 @@ class NoTaskEnv(gym.Env):
     action_space = gym.spaces.Box(-np.inf, np.inf, (6,), np.float32)
 
 
+def test_attach_refuses_a_checkpoint_whose_actions_do_not_fit_the_envs():
+    from types import SimpleNamespace
+
+    envs = SyncVectorEnv(countdown_fns(LENGTHS))  # Box (6,) actions
+    pipe = StandInPipeline(action_dim=10)
+    pipe.policy = SimpleNamespace(domain_name="libero")  # as Cosmos3ActionPipeline describes it
+    message = (r"the pipeline's checkpoint makes 10-D actions \(domain 'libero'\), which the "
+               r"'generic' adapter passes on as 10-D env actions, but the attached envs' action "
+               r"space is Box\(-inf, inf, \(6,\), float32\), 6-D\. Fix: .*adapter='libero' is "
+               r"the one made for domain 'libero' checkpoints")
+    with pytest.raises(ValueError, match=message):
+        VectorPolicy(pipe).attach(envs)
+    # Through the LIBERO adapter the 10-D actions become 7-D ones: still not 6-D.
+    with pytest.raises(ValueError, match="passes on as 7-D env actions, but"):
+        VectorPolicy(pipe, adapter="libero").attach(envs)
+    narrow = StandInPipeline(action_dim=2)  # the LIBERO adapter takes 10-D actions only
+    with pytest.raises(ValueError, match=r"makes 2-D actions \(domain None\), which the 'libero' "
+                                         r"adapter cannot take \(libero adapter: expected raw"):
+        VectorPolicy(narrow, adapter="libero").attach(envs)
+    assert pipe.calls == narrow.calls == []  # refused before any model call
+    assert all(env.episode == -1 for env in envs.envs)  # and before any env reset
+    envs.close()
+
+
 def test_attach_needs_a_task_attribute_on_every_env():
     envs = SyncVectorEnv([lambda: CountdownEnv(0, 3, ("a",)), NoTaskEnv])
     with pytest.raises(ValueError, match=r"task_description: \[0\], with task: \[\], of 2"):

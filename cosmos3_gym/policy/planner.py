@@ -43,6 +43,20 @@ def chunk_seed(seed: int, env_index: int, episode_index: int, chunk_index: int) 
     return int(state[0] >> np.uint64(1))
 
 
+def pipeline_action_head(pipeline: Any) -> tuple[int, str | None] | None:
+    """``(raw action width, domain)`` of a pipeline's checkpoint, read from its ``action_dim`` and
+    ``policy.domain_name`` as :class:`~cosmos3_gym.pipeline.Cosmos3ActionPipeline` has them (the
+    domain ``None`` where it has no ``policy``); ``None`` for a callable without ``action_dim``.
+    No model call: what :func:`~cosmos3_gym.policy.adapters.check_action_fit` needs to refuse a
+    checkpoint before any env or model runs.
+    """
+    width = getattr(pipeline, "action_dim", None)
+    if isinstance(width, bool) or not isinstance(width, (int, np.integer)):
+        return None
+    domain = getattr(getattr(pipeline, "policy", None), "domain_name", None)
+    return int(width), domain if isinstance(domain, str) else None
+
+
 @dataclass(frozen=True)
 class SeedRule:
     """How a chunk's noise seed follows from its coordinates: ``seed_of(env, episode, chunk)``.

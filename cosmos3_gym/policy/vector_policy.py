@@ -33,9 +33,14 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from cosmos3_gym.policy.adapters import Adapter, get_adapter
+from cosmos3_gym.policy.adapters import (
+    Adapter,
+    adapter_for_domain,
+    check_action_fit,
+    get_adapter,
+)
 from cosmos3_gym.policy.observations import Observation, batch_size, shapes, take_envs
-from cosmos3_gym.policy.planner import ChunkPlanner, ChunkRecord, SeedRule
+from cosmos3_gym.policy.planner import ChunkPlanner, ChunkRecord, SeedRule, pipeline_action_head
 from cosmos3_gym.policy.queues import ActionQueues, ActionSource
 from cosmos3_gym.seeding import check_noise, check_seed
 from cosmos3_gym.vector_env import ForwardingVectorWrapper, autoreset_mode
@@ -72,7 +77,8 @@ class VectorPolicy:
     """Cosmos3 as a policy for a Gymnasium ``VectorEnv``: one prompt and one chunk queue per env.
 
     ``pipeline`` is anything with ``Cosmos3ActionPipeline.__call__``'s signature; the policy calls
-    it and nothing else (it reads an optional ``action_horizon`` attribute). The ``adapter``
+    it and nothing else (it reads optional ``action_horizon``, ``action_dim`` and
+    ``policy.domain_name`` attributes, which describe the checkpoint). The ``adapter``
     (``"generic"``, ``"libero"`` or your own :class:`~cosmos3_gym.policy.Adapter`) holds the
     benchmark's image, prompt and action conventions.
 
@@ -82,6 +88,8 @@ class VectorPolicy:
     - ``reset(mask)``: the masked envs (default: all) start a new episode (queues cleared).
     - ``attach(envs)``: a wrapper that feeds the policy each env's ``task_description`` and its
       episode ends, honouring ``envs.metadata["autoreset_mode"]``; then ``prompts`` may be omitted.
+      It first checks that the checkpoint's actions, through the adapter, are as wide as the
+      envs' action space (where the pipeline has ``action_dim``).
     - ``last_chunk_record``: the :class:`ChunkRecord` of the most recent call's pipeline call
       (``None`` if that call planned nothing): noise, seeds, raw actions, prompts, for RL;
       ``last_action_sources``: per env, the :class:`ActionSource` (chunk record, row, step) of
@@ -308,6 +316,7 @@ class VectorPolicy:
                 f"attach expects a gymnasium.vector.VectorEnv; found {type(envs).__name__}"
             )
         self._check_num_envs(envs.num_envs, what="attached envs")
+        self._check_action_fit(envs)
         feed = PolicyFeed(envs, self)
         if self._num_envs is None:
             self._init_state(envs.num_envs)
@@ -347,6 +356,24 @@ class VectorPolicy:
                 "call or attach); build a new VectorPolicy for a different number of envs"
             )
         return found
+
+    def _check_action_fit(self, envs: VectorEnv) -> None:
+        head = pipeline_action_head(self.pipeline)
+        if head is None:  # a callable that does not describe its checkpoint: nothing to check
+            return
+        raw_dim, domain = head
+        made_for = adapter_for_domain(domain)
+        hint = "" if made_for is None else (
+            f"; adapter={made_for!r} is the one made for domain {domain!r} checkpoints"
+        )
+        check_action_fit(
+            self.adapter, raw_dim, domain, envs.single_action_space,
+            checkpoint="the pipeline's checkpoint", env_label="the attached envs'",
+            fix=(
+                "Fix: use a checkpoint trained for these envs, or an adapter that turns its "
+                f"{raw_dim}-D actions into the envs' (VectorPolicy(pipeline, adapter=...)){hint}."
+            ),
+        )
 
     def _check_horizon(self, horizon: int) -> None:
         n = self.config.n_action_steps
