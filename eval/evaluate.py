@@ -22,6 +22,11 @@ to the env. An action outside the space's bounds is counted (``out_of_range_step
 env applies its own documented handling (both built-in envs clip to the box). With
 ``out_of_range="fail"`` the episode ends as a failure instead. Nothing is clipped here.
 
+Checks first. Before anything is loaded, built or written, the checkpoint's action width (from
+its ``action_policy.json``, or the pipeline passed in) is checked through the env's adapter
+against the env's action space (:meth:`~cosmos3_gym.eval.tasks.EvalEnv.single_action_space`, which
+builds no simulator), so a checkpoint made for another env fails in seconds with one error.
+
 Resume. ``config.json`` stores the run's identity; a rerun into the same folder with another
 identity is refused. The JSONL logs (:mod:`cosmos3_gym.eval.results`) are read first and every
 finished ``(task, trial)`` is skipped, so a rerun after a crash or Ctrl-C finishes the run and
@@ -56,8 +61,22 @@ from cosmos3_gym.eval.distributed import (
     destroy_process_group,
     init_process_group,
 )
-from cosmos3_gym.eval.tasks import Episode, EvalEnv, episode_seed_rule, make_eval_env
-from cosmos3_gym.policy import ActionQueues, Adapter, ChunkPlanner, get_adapter, take_envs
+from cosmos3_gym.eval.tasks import (
+    EVAL_ENVS,
+    Episode,
+    EvalEnv,
+    episode_seed_rule,
+    make_eval_env,
+)
+from cosmos3_gym.policy import (
+    ActionQueues,
+    Adapter,
+    ChunkPlanner,
+    check_action_fit,
+    get_adapter,
+    pipeline_action_head,
+    take_envs,
+)
 from cosmos3_gym.progress import progress_bar
 from cosmos3_gym.seeding import check_seed
 
@@ -151,6 +170,22 @@ class _Slot:
         self.frames = []
 
 
+def checkpoint_action_head(checkpoint: str) -> tuple[int, str] | None:
+    """``(raw action width, domain)`` from a checkpoint folder's ``action_policy.json``, read
+    without loading any weights; ``None`` where the folder has none, or is not found (loading
+    reports that)."""
+    from cosmos3_gym.checkpoint import POLICY_CONFIG, PolicyConfig, resolve_checkpoint
+
+    try:
+        root = resolve_checkpoint(checkpoint)
+    except FileNotFoundError:
+        return None
+    if not (root / POLICY_CONFIG).is_file():
+        return None
+    policy = PolicyConfig.from_json_file(root / POLICY_CONFIG)
+    return policy.raw_action_dim, policy.domain_name
+
+
 def load_pipeline(checkpoint: str) -> Any:
     """``Cosmos3ActionPipeline`` for a folder or a shipped name, with a clear error if absent."""
     from cosmos3_gym.checkpoint import resolve_checkpoint
@@ -241,6 +276,9 @@ class Evaluator:
     def run(self) -> dict[str, Any] | None:
         """Run the pending episodes of this rank; on rank 0 return (and write) the results."""
         cfg = self.config
+        # Before the folder is written: a refused checkpoint leaves nothing to clash with the
+        # corrected rerun.
+        checked = self.check_action_fit()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         init_process_group(self.rank)
         try:
@@ -251,6 +289,8 @@ class Evaluator:
             pending = deque(e for e in mine if e.key not in done)
             if pending and self.pipeline is None:
                 self.pipeline = load_pipeline(cfg.checkpoint)
+                if not checked:  # its width is known only now it is loaded
+                    self.check_action_fit()
             start = time.perf_counter()
             if pending:
                 self._run_pool(pending, already_done=len(mine) - len(pending))
@@ -267,6 +307,29 @@ class Evaluator:
         finally:
             self._discard_envs()
             destroy_process_group(self.rank)
+
+    def check_action_fit(self) -> bool:
+        """Refuse a checkpoint whose actions, through the env's adapter, do not fit the env's
+        action space; builds no simulator and calls no model. False where the checkpoint's width
+        is not known without loading it (no ``action_policy.json``, no pipeline given)."""
+        if self.pipeline is not None:
+            head, source = pipeline_action_head(self.pipeline), "the pipeline's checkpoint"
+        else:
+            head = checkpoint_action_head(self.config.checkpoint)
+            source = f"--checkpoint {self.config.checkpoint}"
+        if head is None:
+            return False
+        raw_dim, domain = head
+        env, own = self.config.env, self.eval_env.domain
+        homes = [name for name, cls in EVAL_ENVS.items() if domain and cls.domain == domain]
+        hint = f"evaluate it with --env {homes[0]}, " if homes and homes[0] != env else ""
+        check_action_fit(
+            self.adapter, raw_dim, domain, self.eval_env.single_action_space(),
+            checkpoint=source, env_label=f"--env {env}'s",
+            fix=f"Fix: {hint}or pass a --checkpoint trained for --env {env}"
+                + (f" (domain {own!r})." if own else "."),
+        )
+        return True
 
     def _throughput_name(self) -> str:
         ws = self.rank.world_size

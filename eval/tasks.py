@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from gymnasium.spaces import Space
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from cosmos3_gym.envs import (
@@ -86,6 +87,8 @@ class EvalEnv:
 
     suite: str = ""
     adapter: str = "generic"
+    # The checkpoint domain this env's actions belong to (names the fix of a width mismatch).
+    domain: str | None = None
     # The suite `cosmos3-gym bench --overlap-env` measures when none is named (None: no suites).
     bench_suite: str | None = None
 
@@ -140,6 +143,19 @@ class EvalEnv:
         """The instruction an env shows for task ``task_index`` (its ``task_description``)."""
         raise NotImplementedError
 
+    def single_action_space(self) -> Space:
+        """One sub-env's action space, known before any simulator runs: what a checkpoint's
+        actions are checked against at the start of an evaluation.
+
+        The default builds a one-env sync vector env and closes it unreset; both built-in envs
+        build their simulator only at the first reset. Override it where a constructor is costly.
+        """
+        envs = self.make(1, False)
+        try:
+            return envs.single_action_space
+        finally:
+            envs.close()
+
     def shuffled_prompt(self, task_index: int) -> str:
         """Another task's instruction: the prompt-reading check of ``--shuffle-prompts``.
 
@@ -159,6 +175,7 @@ class ColorReachEval(EvalEnv):
 
     suite = "color_reach"
     adapter = "generic"
+    domain = "color_reach"
 
     def __init__(
         self, tasks: list[str] | None = None, *, image_size: int = 128, max_episode_steps: int = 40
@@ -205,6 +222,7 @@ class LiberoEval(EvalEnv):
     """
 
     adapter = "libero"
+    domain = "libero"
     bench_suite = "libero_spatial"
 
     def __init__(

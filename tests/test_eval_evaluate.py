@@ -379,3 +379,84 @@ def test_cli_reports_bad_input_as_one_error_line(tmp_path: Path, capsys) -> None
     err = capsys.readouterr().err
     assert err.startswith("cosmos3-gym eval: error: no checkpoint folder at")
     assert "Traceback" not in err
+
+
+def test_a_checkpoint_of_another_action_width_is_refused_before_anything_runs(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    import time
+
+    import cosmos3_gym.eval.evaluate as evaluate_module
+    from cosmos3_gym.eval.cli import main
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a mismatched checkpoint must be refused before this runs")
+
+    monkeypatch.setattr(evaluate_module, "load_pipeline", refused)
+    monkeypatch.setattr(ColorReachEnv, "reset", refused)
+    checkpoint = write_tiny_checkpoint(tmp_path / "ckpt10")  # a LIBERO-style 10-D head
+    out = tmp_path / "out"
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--checkpoint", str(checkpoint), "--out", str(out)])
+    elapsed = time.perf_counter() - start
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"cosmos3-gym eval: error: the checkpoint's actions do not fit the env: --checkpoint "
+        f"{checkpoint} makes 10-D actions (domain 'libero'), which the 'generic' adapter passes "
+        "on as 10-D env actions, but --env color_reach's action space is Box(-1.0, 1.0, (2,), "
+        "float32), 2-D. Fix: evaluate it with --env libero, or pass a --checkpoint trained for "
+        "--env color_reach (domain 'color_reach').\n"
+    )
+    assert not out.exists()  # nothing written: the corrected rerun may use the same folder
+    assert elapsed < 10.0, elapsed  # it took about 25 s (model loaded, env stepped) before
+
+
+def test_a_pipeline_of_another_action_width_is_refused_before_any_env_runs(
+    pipeline, checkpoint: Path, tmp_path: Path, monkeypatch
+) -> None:
+    def refused(*args, **kwargs):
+        raise AssertionError("a mismatched pipeline must be refused before any env is reset")
+
+    monkeypatch.setattr(ColorReachEnv, "reset", refused)
+
+    class LiberoAdapted(ColorReachEval):
+        adapter = "libero"  # takes 10-D raw actions; the fixture pipeline makes 2-D ones
+
+    message = (r"the pipeline's checkpoint makes 2-D actions \(domain 'libero'\), which the "
+               r"'libero' adapter cannot take .*--env color_reach's action space is Box")
+    with pytest.raises(ValueError, match=message):
+        evaluate(small_config(checkpoint), tmp_path / "out", pipeline=pipeline,
+                 eval_env=LiberoAdapted(TASKS, image_size=32, max_episode_steps=6))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.libero
+def test_libero_with_a_checkpoint_of_another_width_fails_before_any_simulator(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    import time
+
+    import cosmos3_gym.eval.evaluate as evaluate_module
+    from cosmos3_gym.envs import LiberoEnv
+    from cosmos3_gym.eval.cli import main
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a mismatched checkpoint must be refused before this runs")
+
+    monkeypatch.setattr(evaluate_module, "load_pipeline", refused)
+    monkeypatch.setattr(LiberoEnv, "_build_sim", refused)
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--env", "libero", "--suite", "libero_spatial", "--tasks", "0",
+              "--num-envs", "2", "--out", str(tmp_path / "out")])  # the shipped 2-D checkpoint
+    elapsed = time.perf_counter() - start
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--checkpoint tiny makes 2-D actions (domain 'color_reach'), which the 'libero' " \
+           "adapter cannot take" in err
+    assert "--env libero's action space is Box(-1.0, 1.0, (7,), float32), 7-D. Fix: evaluate " \
+           "it with --env color_reach, or pass a --checkpoint trained for --env libero" in err
+    assert not (tmp_path / "out").exists()
+    assert elapsed < 15.0, elapsed  # it took 23 s (simulators built) before
