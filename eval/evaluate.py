@@ -85,7 +85,7 @@ from cosmos3_gym.seeding import check_seed
 # how robustly the same episodes are produced, so they may change between sessions.
 IDENTITY_KEYS = (
     "checkpoint", "env", "suite", "tasks", "trials", "seed", "image_size", "max_episode_steps",
-    "num_inference_steps", "n_action_steps", "out_of_range", "shuffle_prompts",
+    "step_budget", "num_inference_steps", "n_action_steps", "out_of_range", "shuffle_prompts",
 )
 
 
@@ -110,6 +110,9 @@ class EvalConfig:
     # None = the env's default (color_reach 128, LIBERO 256).
     image_size: int | None = None
     max_episode_steps: int | None = None
+    # LIBERO's episode budget: "cosmos3" (the official Cosmos3 client's, the default when None)
+    # or "openpi" (settle steps on top); see docs/libero.md.
+    step_budget: str | None = None
     # None = the checkpoint's defaults.
     num_inference_steps: int | None = None
     # Actions executed per chunk before replanning; None = the whole chunk.
@@ -253,6 +256,7 @@ class Evaluator:
             tasks=config.tasks,
             image_size=config.image_size,
             max_episode_steps=config.max_episode_steps,
+            step_budget=config.step_budget,
         )
         self.adapter: Adapter = get_adapter(self.eval_env.adapter)
         self.pipeline = pipeline
@@ -349,6 +353,7 @@ class Evaluator:
             expected_episodes=len(self.all_episodes),
             incidents=results_io.read_incidents(self.out_dir),
             throughput=throughput,
+            episode_budget=self.eval_env.episode_budget(),
         )
         results_io.write_json_atomic(self.out_dir / "results.json", results)
         return results

@@ -192,7 +192,8 @@ def run_rollout_command(args: Any) -> Path:
     from cosmos3_gym.policy import VectorPolicy
 
     eval_env = make_eval_env(args.env, suite=args.suite, tasks=args.tasks,
-                             image_size=args.image_size, max_episode_steps=args.max_episode_steps)
+                             image_size=args.image_size, max_episode_steps=args.max_episode_steps,
+                             step_budget=args.step_budget)
     # Tasks are assigned to envs round-robin; episodes follow each other by autoreset.
     envs = eval_env.make(args.num_envs, args.async_envs, autoreset_mode=Mode.NEXT_STEP)
     policy = VectorPolicy(load_pipeline(args.checkpoint), adapter=eval_env.adapter,

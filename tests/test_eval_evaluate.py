@@ -381,6 +381,19 @@ def test_cli_reports_bad_input_as_one_error_line(tmp_path: Path, capsys) -> None
     assert "Traceback" not in err
 
 
+def test_results_record_and_the_summary_prints_the_step_budget(reference: Path) -> None:
+    from cosmos3_gym.eval.results import format_table
+
+    results = json.loads((reference / "results.json").read_text())
+    assert results["episode_budget"] == {
+        "step_budget": None, "settle_steps": 0, "max_episode_steps": {"color_reach": 6}}
+    assert "step budget: color_reach 6 policy steps per episode" in format_table(results)
+    libero = {**results, "episode_budget": {
+        "step_budget": "cosmos3", "settle_steps": 10, "max_episode_steps": {"libero_10": 510}}}
+    assert ("step budget cosmos3: libero_10 510 policy steps per episode after 10 settle steps"
+            in format_table(libero))
+
+
 def test_a_checkpoint_of_another_action_width_is_refused_before_anything_runs(
     tmp_path: Path, capsys, monkeypatch
 ) -> None:
