@@ -27,6 +27,15 @@ its ``action_policy.json``, or the pipeline passed in) is checked through the en
 against the env's action space (:meth:`~cosmos3_gym.eval.tasks.EvalEnv.single_action_space`, which
 builds no simulator), so a checkpoint made for another env fails in seconds with one error.
 
+Records. Each finished episode is one record (:mod:`cosmos3_gym.eval.results`) holding what
+replays it, ``seed`` and ``reset_options`` (a sub-env's ``reset(seed=..., options=...)`` that
+starts it again: the task, and LIBERO's init state), and ``obs_sha256``, a SHA-256 over every
+observation of the episode exactly as the env returned it (the reset observation, then one per
+step; each array by sorted key path, with its dtype and shape, then its bytes). Hashing the raw
+observations rather than the policy's resized model images or ``render()`` covers everything
+the env produced (both cameras and the state) before any adapter touches it, so two runs that
+record the same hash saw the same episode, frame for frame.
+
 Resume. ``config.json`` stores the run's identity; a rerun into the same folder with another
 identity is refused. The JSONL logs (:mod:`cosmos3_gym.eval.results`) are read first and every
 finished ``(task, trial)`` is skipped, so a rerun after a crash or Ctrl-C finishes the run and
@@ -42,10 +51,12 @@ more than ``max_episode_restarts`` times is recorded as a failure with its ``err
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import re
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,6 +175,8 @@ class _Slot:
     restarts: int = 0
     needs_reset: bool = False
     frames: list[np.ndarray] = field(default_factory=list)
+    # SHA-256 of the episode's observations so far (see the module notes).
+    obs_digest: Any = field(default_factory=hashlib.sha256)
 
     def start(self, episode: Episode, restarts: int = 0) -> None:
         self.episode, self.restarts, self.needs_reset = episode, restarts, True
@@ -171,6 +184,22 @@ class _Slot:
         self.max_excess = 0.0
         self.started = time.perf_counter()
         self.frames = []
+        self.obs_digest = hashlib.sha256()
+
+
+def hash_observation(digest: Any, obs: Any, env: int, path: str = "obs") -> None:
+    """Feed env ``env``'s slice of a vector observation to a ``hashlib`` digest: every array by
+    sorted key path, with its dtype and shape, then its bytes."""
+    if isinstance(obs, Mapping):
+        for key in sorted(obs):
+            hash_observation(digest, obs[key], env, f"{path}/{key}")
+    elif isinstance(obs, tuple):
+        for k, value in enumerate(obs):
+            hash_observation(digest, value, env, f"{path}/{k}")
+    else:
+        array = np.ascontiguousarray(np.asarray(obs)[env])
+        digest.update(f"{path}:{array.dtype.str}:{array.shape}".encode())
+        digest.update(array.tobytes())
 
 
 def checkpoint_action_head(checkpoint: str) -> tuple[int, str] | None:
@@ -467,6 +496,7 @@ class Evaluator:
                 obs, _ = self._guard(f"reset of env {i}", envs.reset, seed=seeds, options=options)
             self.obs = obs
             slot.needs_reset = False
+            hash_observation(slot.obs_digest, obs, i)
             if self.config.videos:
                 slot.frames.append(self.adapter.images(take_envs(obs, i))[0])
 
@@ -550,6 +580,7 @@ class Evaluator:
             slot = slots[i]
             slot.steps += 1
             self.env_steps += 1
+            hash_observation(slot.obs_digest, obs, i)
             if self.config.videos:
                 slot.frames.append(self.adapter.images(take_envs(obs, i))[0])
             terminated = _info_flag(info, "episode_terminated", i)
@@ -611,6 +642,8 @@ class Evaluator:
             "trial": ep.trial,
             "init_state_id": ep.init_state_id,
             "seed": ep.seed,
+            "reset_options": self.eval_env.reset_options(ep),
+            "obs_sha256": slot.obs_digest.hexdigest(),
             "steps": slot.steps,
             "chunks": slot.chunks,
             "success": bool(success),

@@ -381,6 +381,26 @@ def test_cli_reports_bad_input_as_one_error_line(tmp_path: Path, capsys) -> None
     assert "Traceback" not in err
 
 
+def test_two_runs_record_identical_episodes_frame_for_frame(
+    reference: Path, checkpoint: Path, pipeline, tmp_path: Path
+) -> None:
+    np.random.seed(12345)  # whatever numpy's global generator holds must not matter
+    evaluate(small_config(checkpoint), tmp_path / "again", pipeline=pipeline)
+    first, second = read_episode_records(reference), read_episode_records(tmp_path / "again")
+
+    def without_timing(records: list[dict]) -> list[dict]:
+        return [{k: v for k, v in r.items() if k != "wall_time_s"} for r in records]
+
+    assert without_timing(first) == without_timing(second)
+    hashes = [r["obs_sha256"] for r in first]
+    assert all(len(h) == 64 for h in hashes) and len(set(hashes)) == len(hashes)
+    assert [r["reset_options"] for r in first] == [{"target": r["task"]} for r in first]
+    # Other seeds start other episodes, and the hashes tell them apart.
+    evaluate(small_config(checkpoint, seed=8), tmp_path / "seed8", pipeline=pipeline)
+    other = read_episode_records(tmp_path / "seed8")
+    assert all(a["obs_sha256"] != b["obs_sha256"] for a, b in zip(first, other, strict=True))
+
+
 def test_results_record_and_the_summary_prints_the_step_budget(reference: Path) -> None:
     from cosmos3_gym.eval.results import format_table
 
@@ -473,3 +493,36 @@ def test_libero_with_a_checkpoint_of_another_width_fails_before_any_simulator(
            "it with --env color_reach, or pass a --checkpoint trained for --env libero" in err
     assert not (tmp_path / "out").exists()
     assert elapsed < 15.0, elapsed  # it took 23 s (simulators built) before
+
+
+@pytest.mark.slow
+@pytest.mark.libero
+def test_two_runs_of_a_libero_eval_command_record_identical_episodes(
+    tmp_path: Path, capsys
+) -> None:
+    from cosmos3_gym.eval.cli import main
+
+    checkpoint = write_tiny_checkpoint(tmp_path / "ckpt")  # LIBERO-like 10-D head
+    command = ["eval", "--checkpoint", str(checkpoint), "--env", "libero",
+               "--suite", "libero_spatial", "--tasks", "0", "--trials", "2", "--num-envs", "2",
+               "--image-size", "64", "--max-episode-steps", "3", "--num-inference-steps", "1",
+               "--no-progress"]
+    assert main([*command, "--out", str(tmp_path / "first")]) == 0
+    summary = capsys.readouterr().out
+    np.random.seed(12345)  # the simulator's randomness must come from the episode alone
+    assert main([*command, "--out", str(tmp_path / "second")]) == 0
+    first = read_episode_records(tmp_path / "first")
+    second = read_episode_records(tmp_path / "second")
+
+    def without_timing(records: list[dict]) -> list[dict]:
+        return [{k: v for k, v in r.items() if k != "wall_time_s"} for r in records]
+
+    assert len(first) == 2 and without_timing(first) == without_timing(second)
+    assert [r["reset_options"] for r in first] == [
+        {"task": ["libero_spatial", 0], "init_state_id": k} for k in (0, 1)]
+    assert first[0]["obs_sha256"] != first[1]["obs_sha256"]  # two init states, two episodes
+    results = json.loads((tmp_path / "first" / "results.json").read_text())
+    assert results["episode_budget"] == {
+        "step_budget": "custom", "settle_steps": 10, "max_episode_steps": {"libero_spatial": 3}}
+    assert "step budget custom: libero_spatial 3 policy steps per episode after 10 settle " \
+           "steps" in summary
