@@ -65,9 +65,13 @@ def test_a_chunk_record_replays_its_actions_exactly(pipe) -> None:
                                            seeds=record.seeds)
     np.testing.assert_array_equal(replayed, record.actions)
     # The seeds are needed: they draw the video noise, which the actions depend on too. The
-    # action noise alone (this call's own seeds for the video) gives other actions.
+    # action noise alone (the policy's root seed for the video) gives other actions...
     other = policy.predict_action_chunk(obs, PROMPTS[:2], action_noise=record.action_noise)
     assert np.abs(other - record.actions).max() > 1e-4
+    assert policy.last_chunk_record.seeds == [5, 5]
+    # ...the same ones on every call: then a chunk is a function of (obs, prompt, noise).
+    again = policy.predict_action_chunk(obs, PROMPTS[:2], action_noise=record.action_noise)
+    np.testing.assert_array_equal(again, other)
 
 
 @pytest.mark.parametrize("async_", [False, True])

@@ -229,14 +229,18 @@ class VectorPolicy:
         Each env's chunk index advances (so stochastic mode draws fresh noise each call).
         ``seeds`` (one per env) replace the policy's noise seeds; ``action_noise``
         (``[B, H, 64]``) replaces the seeded action noise, while the video noise, which the
-        actions depend on too, still comes from the seeds. To replay a recorded chunk of every
-        env, pass both from its record: ``action_noise=record.action_noise,
-        seeds=record.seeds``.
+        actions depend on too, still comes from the seeds. ``action_noise`` without ``seeds``
+        takes the policy's root ``seed`` for every env, so the chunk is a function of the
+        observation, prompt and noise alone (what LeRobot's ``noise`` argument means). To replay
+        a recorded chunk of every env, pass both from its record:
+        ``action_noise=record.action_noise, seeds=record.seeds``.
         """
         num_envs = self._check_num_envs(batch_size(obs))
         tasks = self._resolve_tasks(prompts, num_envs, obs)
         if action_noise is not None:
             action_noise = self._check_noise(action_noise, num_envs)
+            if seeds is None:
+                seeds = [self.config.seed] * num_envs
         record = self._plan(obs, tasks, np.arange(num_envs), action_noise, seeds)
         self._commit(record, num_envs)
         return record.actions.copy()
