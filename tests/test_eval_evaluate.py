@@ -463,6 +463,15 @@ def test_a_pipeline_of_another_action_width_is_refused_before_any_env_runs(
         evaluate(small_config(checkpoint), tmp_path / "out", pipeline=pipeline,
                  eval_env=LiberoAdapted(TASKS, image_size=32, max_episode_steps=6))
     assert not (tmp_path / "out").exists()
+    # A checkpoint folder that does not describe its head (no action_policy.json) is checked
+    # once loaded, still before any env runs.
+    import cosmos3_gym.eval.evaluate as evaluate_module
+
+    monkeypatch.setattr(evaluate_module, "checkpoint_action_head", lambda checkpoint: None)
+    monkeypatch.setattr(evaluate_module, "load_pipeline", lambda checkpoint: pipeline)
+    with pytest.raises(ValueError, match=message):
+        evaluate(small_config(checkpoint), tmp_path / "loaded",
+                 eval_env=LiberoAdapted(TASKS, image_size=32, max_episode_steps=6))
 
 
 @pytest.mark.libero
