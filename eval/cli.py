@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from cosmos3_gym.checkpoint import DOMAINS
+from cosmos3_gym.envs import STEP_BUDGETS
 from cosmos3_gym.eval.tasks import ENV_NAMES
 
 
@@ -68,6 +69,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-size", type=_positive_int, default=None, help="env image size")
     p.add_argument("--max-episode-steps", type=_positive_int, default=None,
                    help="episode step limit")
+    p.add_argument("--step-budget", choices=STEP_BUDGETS, default=None,
+                   help="LIBERO episode budget: cosmos3 (default; the official Cosmos3 client's, "
+                        "settle steps counted inside: 510 on libero_10) or openpi (settle steps "
+                        "on top: 520)")
     p.add_argument("--num-inference-steps", type=_positive_int, default=None,
                    help="denoising steps (default: the checkpoint's)")
     p.add_argument("--n-action-steps", type=_positive_int, default=None,
@@ -193,7 +198,7 @@ def _run(args: argparse.Namespace) -> int:
             env=args.env, suite=args.suite, tasks=args.tasks,
             trials=args.trials, seed=args.seed, num_envs=args.num_envs,
             async_envs=args.async_envs, image_size=args.image_size,
-            max_episode_steps=args.max_episode_steps,
+            max_episode_steps=args.max_episode_steps, step_budget=args.step_budget,
             num_inference_steps=args.num_inference_steps, n_action_steps=args.n_action_steps,
             out_of_range=args.out_of_range, env_timeout=args.env_timeout, videos=args.videos,
             shuffle_prompts=args.shuffle_prompts, progress=not args.no_progress,
