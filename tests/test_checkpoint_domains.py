@@ -160,6 +160,26 @@ def test_cli_evaluates_a_bare_diffusers_folder_by_domain(diffusers_folder, tmp_p
     assert results["episodes"] == 1 and results["config"]["domain"] == "pusht"
 
 
+def test_a_domain_of_another_width_is_refused_before_the_model_loads(
+    diffusers_folder, tmp_path, capsys, monkeypatch
+) -> None:
+    import cosmos3_gym.eval.evaluate as evaluate_module
+    from cosmos3_gym.eval.cli import main
+
+    def refused(*args, **kwargs):
+        raise AssertionError("--domain's width is known without loading the model")
+
+    monkeypatch.setattr(evaluate_module, "load_pipeline", refused)
+    root, _ = diffusers_folder
+    out = tmp_path / "droid"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--checkpoint", str(root), "--domain", "droid_lerobot", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert "makes 10-D actions (domain 'droid_lerobot')" in err and "(2,)" in err
+    assert not out.exists()
+
+
 def test_action_stats_file_replaces_the_policys_statistics(diffusers_folder, tmp_path) -> None:
     from cosmos3_gym.eval.evaluate import load_pipeline
 
