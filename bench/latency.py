@@ -16,6 +16,12 @@ Every comparison alternates its two sides (serial pass, batched call, serial pas
 switch off, as shipped, ...) for ``repeats`` pairs after ``warmup`` untimed pairs, and reports
 the median of each side and the median of the per-pair ratios, so that a shared machine's
 drift moves both sides of a ratio together.
+
+A busy machine can still make a ratio meaningless, so every comparison is checked before it is
+shown: its per-pair ratios must agree within ``MAX_PAIR_SPREAD``, and at B=1, where batched and
+serial are the same call, the two sides must agree within ``SAME_CALL_TOLERANCE``. A comparison
+that fails is listed under ``unstable`` in the JSON (with its per-pair ratios, ``stable`` false)
+and its ratio is replaced by ``unstable`` in the table, with the reason below it.
 """
 
 from __future__ import annotations
@@ -57,6 +63,13 @@ SWITCHES = {
 
 Stages = dict[str, float]
 
+# A quiet machine repeats a comparison's ratio to within a few percent from pair to pair; pairs
+# whose ratios differ by more than this factor (largest over smallest) measured the machine.
+MAX_PAIR_SPREAD = 1.5
+# At B=1 "batched" and "serial" are one and the same call: sides further apart than this factor
+# mean the timing is noise, and so is every other ratio of the run.
+SAME_CALL_TOLERANCE = 1.2
+
 
 def _timed(fn: Callable[[], Stages]) -> tuple[float, Stages]:
     start = time.perf_counter()
@@ -82,14 +95,37 @@ def _paired(
         keys = pairs[0][side][1].keys()
         return {k: statistics.median(p[side][1][k] for p in pairs) for k in keys}
 
+    ratios = [a[0] / b[0] for a, b in pairs]
+    denoise_ratios = [a[1]["denoise"] / b[1]["denoise"] for a, b in pairs]
     return {
         "a_s": statistics.median(a[0] for a, _ in pairs),
         "b_s": statistics.median(b[0] for _, b in pairs),
         "a_stages_s": median_stages(0),
         "b_stages_s": median_stages(1),
-        "ratio": statistics.median(a[0] / b[0] for a, b in pairs),
-        "denoise_ratio": statistics.median(a[1]["denoise"] / b[1]["denoise"] for a, b in pairs),
+        "ratio": statistics.median(ratios),
+        "denoise_ratio": statistics.median(denoise_ratios),
+        "pair_ratios": ratios,
+        "pair_denoise_ratios": denoise_ratios,
     }
+
+
+def _unstable(m: dict[str, Any], same_call: bool = False) -> str | None:
+    """Why the ratios of a :func:`_paired` measurement cannot be trusted, or None if they can.
+
+    ``same_call``: both sides ran the same call, so their ratio must be 1.
+
+    >>> _unstable({"pair_ratios": [1.0, 3.1, 1.1], "pair_denoise_ratios": [1.0, 1.0, 1.0]})
+    'its paired ratios range from 1.00x to 3.10x'
+    """
+    for ratios in (m["pair_ratios"], m["pair_denoise_ratios"]):
+        if max(ratios) / min(ratios) > MAX_PAIR_SPREAD:
+            return f"its paired ratios range from {min(ratios):.2f}x to {max(ratios):.2f}x"
+    if same_call:
+        for what, ratio in (("paired ratio", m["ratio"]),
+                            ("ratio of their median seconds", m["a_s"] / m["b_s"])):
+            if not 1 / SAME_CALL_TOLERANCE <= ratio <= SAME_CALL_TOLERANCE:
+                return f"both sides are the same call, yet the {what} is {ratio:.2f}x"
+    return None
 
 
 def _stage_seconds(timings: dict[str, float]) -> Stages:
@@ -165,15 +201,21 @@ def run_benchmark(
     overlap_env: str | None = None,
     overlap_envs: int = 4,
     overlap_rounds: int = 4,
+    domain: str | None = None,
+    action_stats: str | None = None,
 ) -> dict[str, Any]:
-    """Run the benchmark and return its JSON-ready result (see the module docstring)."""
+    """Run the benchmark and return its JSON-ready result (see the module docstring).
+
+    ``domain`` and ``action_stats`` say how a checkpoint without ``action_policy.json`` is used
+    (:func:`~cosmos3_gym.eval.evaluate.load_pipeline`)."""
     import torch
 
     from cosmos3_gym import Cosmos3ActionPipeline
+    from cosmos3_gym.eval.evaluate import load_pipeline
     from cosmos3_gym.pipeline.options import TRANSFORMER_OPTIONS
 
     dev = torch.device(device)
-    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, device=dev)
+    pipe = load_pipeline(checkpoint, domain, action_stats, device=dev)
     horizon = pipe.action_horizon
     rng = np.random.default_rng(0)
     max_b = max(*batch_sizes, compare_batch)
@@ -194,12 +236,22 @@ def run_benchmark(
         return total
 
     per_batch: dict[str, Any] = {}
+    unstable: dict[str, str] = {}  # comparison -> why its ratio is not shown
+
+    def check(name: str, m: dict[str, Any], same_call: bool = False) -> bool:
+        reason = _unstable(m, same_call)
+        if reason is not None:
+            unstable[name] = reason
+        return reason is None
+
     for b in batch_sizes:
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         m = _paired(lambda b=b: serial(b), lambda b=b: call(pipe, range(b), mixed),
                     warmup, repeats)
         per_batch[str(b)] = {
+            "stable": check(f"B={b} vs serial", m, same_call=b == 1),
+            "pair_ratios": m["pair_ratios"],
             "latency_s": m["b_s"],
             "actions_per_s": b * horizon / m["b_s"],
             "serial_latency_s": m["a_s"],
@@ -220,7 +272,9 @@ def run_benchmark(
         VAE and tokenizer; a transformer option needs a transformer loaded with it."""
         options = replace(pipe.options, **{option: False})
         if option in TRANSFORMER_OPTIONS:
-            return Cosmos3ActionPipeline.from_pretrained(checkpoint, device=dev, options=options)
+            return Cosmos3ActionPipeline.from_pretrained(
+                checkpoint, device=dev, policy=pipe.policy, options=options
+            )
         return Cosmos3ActionPipeline(
             pipe.transformer, pipe.vae, pipe.tokenizer, pipe.policy, options=options
         )
@@ -233,11 +287,13 @@ def run_benchmark(
         variant = switched_off(option)
         m = _paired(lambda v=variant: call(v, range(b), mixed),
                     lambda: call(pipe, range(b), mixed), warmup, repeats)
-        optimisations[name] = {"total": m["ratio"], "denoise": m["denoise_ratio"]}
+        optimisations[name] = {"total": m["ratio"], "denoise": m["denoise_ratio"],
+                               "stable": check(name, m), "pair_ratios": m["pair_ratios"]}
         del variant
     m = _paired(lambda: call(pipe, range(b), mixed),
                 lambda: call(pipe, range(b), [EQUAL_PROMPT] * max_b), warmup, repeats)
     mixed_vs_equal = m["ratio"]
+    check("mixed/equal prompt lengths", m)
     env_overlap = None
     if overlap_env is not None:
         from cosmos3_gym.bench.overlap import measure_overlap
@@ -248,6 +304,7 @@ def run_benchmark(
         )
     return {
         "checkpoint": str(checkpoint),
+        "domain": pipe.policy.domain_name,
         "device": str(dev),
         "host": platform.node(),
         "torch": torch.__version__,
@@ -258,6 +315,8 @@ def run_benchmark(
         "warmup": warmup,
         "repeats": repeats,
         "statistic": "median",
+        "stable": not unstable,
+        "unstable": unstable,
         "batched": per_batch,
         "speedup_vs_serial": {k: v["speedup_vs_serial"] for k, v in per_batch.items()},
         "compare_batch": b,
@@ -278,21 +337,29 @@ def format_table(result: dict[str, Any]) -> str:
         f"{'B':>4} {'serial s':>9} {'latency s':>10} {'actions/s':>10} {'vs serial':>10} "
         f"{'denoise s':>10} {'encode s':>9} {'peak MB':>8} {'denoise vs serial':>8}",
     ]
+    unstable = result["unstable"]
+
+    def ratio(name: str, value: float, width: int = 0, unit: str = "x") -> str:
+        return f"{'unstable' if name in unstable else f'{value:.2f}{unit}':>{width}}"
+
     for b, row in result["batched"].items():
+        name = f"B={b} vs serial"
         lines.append(
             f"{b:>4} {row['serial_latency_s']:>9.3f} {row['latency_s']:>10.3f} "
             f"{row['actions_per_s']:>10.1f} "
-            f"{result['speedup_vs_serial'][b]:>9.2f}x {row['stages_s']['denoise']:>10.3f} "
+            f"{ratio(name, result['speedup_vs_serial'][b], 10)} "
+            f"{row['stages_s']['denoise']:>10.3f} "
             f"{row['stages_s']['encode']:>9.3f} {row['peak_memory_mb']:>8.0f} "
-            f"{row['denoise_speedup_vs_serial']:>8.2f}x"
+            f"{ratio(name, row['denoise_speedup_vs_serial'], 9)}"
         )
     b = result["compare_batch"]
     opts = result["optimisations"]
     lines.append(f"at B={b}, each optimisation's speedup as shipped (whole call / denoise stage): "
-                 + ", ".join(f"{name} {r['total']:.2f}x / {r['denoise']:.2f}x"
+                 + ", ".join(f"{name} {ratio(name, r['total'])} / {ratio(name, r['denoise'])}"
                              for name, r in opts.items()))
+    mixed = result["mixed_vs_equal_prompt_latency"]
     lines.append(f"mixed/equal prompt lengths: latency ratio "
-                 f"{result['mixed_vs_equal_prompt_latency']:.2f}")
+                 f"{ratio('mixed/equal prompt lengths', mixed, unit='')}")
     k = result["kernels"]
     lines.append(
         f"kernels at Nano shapes {k['shape']}: RoPE without cat {k['rope_speedup']:.2f}x "
@@ -306,13 +373,21 @@ def format_table(result: dict[str, Any]) -> str:
             f"{overlap['sequential_steps_per_s']:.1f} -> {overlap['overlapped_steps_per_s']:.1f} "
             f"env steps/s ({overlap['overlap_speedup']:.2f}x)"
         )
+    if unstable:
+        lines.append(
+            f"UNSTABLE timing: {len(unstable)} comparison(s) not shown, the machine was too busy "
+            "for their ratios to mean anything: "
+            + "; ".join(f"{name}: {why}" for name, why in unstable.items())
+            + ". Rerun on an idle machine or with --threads 1 (the JSON keeps every pair's ratio)."
+        )
     return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from cosmos3_gym.eval.cli import add_checkpoint_arguments
     from cosmos3_gym.eval.tasks import ENV_NAMES
 
-    parser.add_argument("--checkpoint", default="tiny", help="checkpoint folder or shipped name")
+    add_checkpoint_arguments(parser)
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--batch-sizes", default=None,
@@ -351,7 +426,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         image_size=(height, width), num_inference_steps=args.num_inference_steps,
         warmup=args.warmup, repeats=args.repeats, compare_batch=args.compare_batch,
         overlap_env=args.overlap_env, overlap_envs=args.overlap_envs,
-        overlap_rounds=args.overlap_rounds,
+        overlap_rounds=args.overlap_rounds, domain=args.domain, action_stats=args.action_stats,
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
+import logging
 import math
+import sys
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -110,6 +113,45 @@ class LiberoEpisode:
     seed: int  # the reset's seed, or the one drawn from the env's generator for an unseeded reset
 
 
+# Start-up notices of the simulator stack that say nothing about the run: LIBERO prints its
+# (identity) task order each time a suite is built, robosuite warns at import, once per process
+# and so once per async worker, that no private macro file exists (the defaults are what we use).
+_TASK_ORDER_NOTICE = "[info] Applying task order"
+_MACRO_FILE_NOTICES = ("No private macro file found", "It is recommended to use a private macro",
+                       "To setup, run:")
+
+
+@contextlib.contextmanager
+def _without_task_order_notice() -> Iterator[None]:
+    """Run a block with LIBERO's task-order line kept off stdout; other output passes through."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured):
+            yield
+    finally:
+        kept = [line for line in captured.getvalue().splitlines(keepends=True)
+                if not line.startswith(_TASK_ORDER_NOTICE)]
+        sys.stdout.write("".join(kept))
+
+
+class _MacroFileNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(_MACRO_FILE_NOTICES)
+
+
+@contextlib.contextmanager
+def _without_macro_file_notice() -> Iterator[None]:
+    """Run a block (the first robosuite import) with robosuite's macro-file warning dropped;
+    its other log records pass."""
+    robosuite_log = logging.getLogger("robosuite_logs")
+    notice = _MacroFileNotice()
+    robosuite_log.addFilter(notice)
+    try:
+        yield
+    finally:
+        robosuite_log.removeFilter(notice)
+
+
 @functools.cache
 def _suite(name: str) -> Any:
     from libero.libero import benchmark
@@ -117,7 +159,8 @@ def _suite(name: str) -> Any:
     suites = benchmark.get_benchmark_dict()
     if name not in suites:
         raise ValueError(f"unknown LIBERO suite {name!r}; expected one of {sorted(suites)}")
-    return suites[name]()
+    with _without_task_order_notice():
+        return suites[name]()
 
 
 def libero_num_tasks(suite: str) -> int:
@@ -289,8 +332,9 @@ class LiberoEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
         return int(k)
 
     def _build_sim(self) -> None:
-        from libero.libero.envs import OffScreenRenderEnv
-        from libero.libero.envs.env_wrapper import ControlEnv
+        with _without_macro_file_notice():
+            from libero.libero.envs import OffScreenRenderEnv
+            from libero.libero.envs.env_wrapper import ControlEnv
 
         if self._sim is not None:
             self._sim.close()

@@ -8,13 +8,17 @@ Examples:
     torchrun --nproc_per_node 2 -m cosmos3_gym.eval.cli eval ... --out DIR   # rank 0 merges
     cosmos3-gym rollout --steps 256 --num-envs 4 --out runs/rollouts
     cosmos3-gym bench --checkpoint PATH --out bench.json          # add --device cuda on a GPU
+    cosmos3-gym bench --checkpoint /models/Cosmos3-Nano --domain droid_lerobot --device cuda \\
+        --out bench.json                     # a diffusers folder: name its embodiment
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from cosmos3_gym.checkpoint import DOMAINS
 from cosmos3_gym.envs import STEP_BUDGETS
 from cosmos3_gym.eval.tasks import ENV_NAMES
 
@@ -26,28 +30,52 @@ def _csv(text: str) -> list[str]:
     return items
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1; found {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1; found {value}")
+    return value
+
+
+def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
+    """``--checkpoint``, and how to use one whose folder has no ``action_policy.json``."""
     p.add_argument("--checkpoint", default="tiny",
                    help="checkpoint folder or shipped name (default: tiny)")
+    p.add_argument("--domain", default=None, choices=sorted(DOMAINS), metavar="NAME",
+                   help="embodiment of a checkpoint without action_policy.json (a diffusers "
+                        "folder such as nvidia/Cosmos3-*): libero (the official LIBERO recipe), "
+                        f"or one of {', '.join(n for n in sorted(DOMAINS) if n != 'libero')}")
+    p.add_argument("--action-stats", default=None, metavar="FILE",
+                   help="action statistics JSON (cosmos-framework's global / global_raw blocks); "
+                        "without statistics the actions stay in the model's normalised space")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    add_checkpoint_arguments(p)
     p.add_argument("--env", default="color_reach", choices=ENV_NAMES,
                    help="env family (default: the built-in color_reach)")
     p.add_argument("--suite", default=None, help="LIBERO suite, e.g. libero_10 (--env libero)")
     p.add_argument("--tasks", type=_csv, default=None,
                    help="comma-separated tasks: colours for color_reach, task ids for LIBERO "
                         "(default: all)")
-    p.add_argument("--num-envs", type=int, default=4, help="parallel env slots (default: 4)")
+    p.add_argument("--num-envs", type=_positive_int, default=4,
+                   help="parallel env slots (default: 4)")
     p.add_argument("--async-envs", action="store_true",
                    help="run sub-envs in worker processes (crash/hang recovery)")
     p.add_argument("--seed", type=int, default=0, help="global seed (default: 0)")
-    p.add_argument("--image-size", type=int, default=None, help="env image size")
-    p.add_argument("--max-episode-steps", type=int, default=None, help="episode step limit")
+    p.add_argument("--image-size", type=_positive_int, default=None, help="env image size")
+    p.add_argument("--max-episode-steps", type=_positive_int, default=None,
+                   help="episode step limit")
     p.add_argument("--step-budget", choices=STEP_BUDGETS, default=None,
                    help="LIBERO episode budget: cosmos3 (default; the official Cosmos3 client's, "
                         "settle steps counted inside: 510 on libero_10) or openpi (settle steps "
                         "on top: 520)")
-    p.add_argument("--num-inference-steps", type=int, default=None,
+    p.add_argument("--num-inference-steps", type=_positive_int, default=None,
                    help="denoising steps (default: the checkpoint's)")
-    p.add_argument("--n-action-steps", type=int, default=None,
+    p.add_argument("--n-action-steps", type=_positive_int, default=None,
                    help="actions executed per chunk before replanning (default: whole chunk)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -55,12 +83,19 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``cosmos3-gym`` argument parser."""
-    parser = argparse.ArgumentParser(prog="cosmos3-gym", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="cosmos3-gym",
+        description="Cosmos3 action policies in Gymnasium envs, in one process:\n"
+                    "success-rate evaluation, RL rollouts, benchmarks and training.",
+        epilog=__doc__[__doc__.index("Examples:"):],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     ev = sub.add_parser("eval", help="success-rate evaluation (resumable; torchrun-shardable)")
     _common(ev)
-    ev.add_argument("--trials", type=int, default=10, help="episodes per task (default: 10)")
+    ev.add_argument("--trials", type=_positive_int, default=10,
+                    help="episodes per task (default: 10)")
     ev.add_argument("--out-of-range", choices=("report", "fail"), default="report",
                     help="actions outside the action space: count them and let the env apply "
                          "its own handling (report), or fail the episode (fail)")
@@ -73,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ro = sub.add_parser("rollout", help="collect policy rollouts as .npz shards")
     _common(ro)
-    ro.add_argument("--steps", type=int, required=True, help="vector env steps to collect")
-    ro.add_argument("--shard-steps", type=int, default=256, help="steps per .npz shard")
+    ro.add_argument("--steps", type=_positive_int, required=True,
+                    help="vector env steps to collect")
+    ro.add_argument("--shard-steps", type=_positive_int, default=256, help="steps per .npz shard")
     ro.add_argument("--deterministic", action="store_true",
                     help="same noise for every chunk (default: fresh noise per chunk)")
 
@@ -98,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``cosmos3-gym`` console script.
 
     Bad input (a missing checkpoint, a mismatched resume folder, an unknown task...) ends with
-    one ``error:`` line and exit status 2, like argparse's own errors; other exceptions keep their
+    one ``error:`` line and exit status 2, like argparse's own errors; Ctrl-C ends with one line
+    saying what was saved and how to go on, exit status 130; other exceptions keep their
     traceback, since they are bugs to report.
     """
     parser = build_parser()
@@ -110,17 +147,55 @@ def main(argv: list[str] | None = None) -> int:
 
             return train_main(argv[1:])
         return _run(parser.parse_args(argv))
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
         parser.exit(2, f"cosmos3-gym {command}: error: {err}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, f"cosmos3-gym {command}: interrupted; {_interrupted(command, argv)}\n")
+
+
+def _interrupted(command: str | None, argv: list[str]) -> str:
+    """What an interrupted command leaves behind and how to go on, in one line."""
+    if command == "train":
+        from cosmos3_gym.train.trainer import parse_args
+
+        out = parse_args(argv[1:]).out
+        return (f"the checkpoint in {out} is incomplete (training does not resume); rerun the "
+                "same command to train from the start")
+    out = build_parser().parse_known_args(argv)[0].out
+    if command == "eval":
+        from cosmos3_gym.eval.results import read_episode_records
+
+        folder = Path(out)
+        finished = len(read_episode_records(folder)) if folder.is_dir() else 0
+        return (f"{out} holds {finished} finished episode{'' if finished == 1 else 's'}; rerun "
+                "the same command to resume (finished episodes are not run again)")
+    if command == "rollout":
+        return (f"the shards in {out} have no meta.json and rollouts do not resume; rerun with "
+                "a new --out")
+    return f"nothing written ({out} is written at the end)"
+
+
+def _check_out_folder(out: str) -> None:
+    """``--out`` must be a folder or a new path (no part of it an existing file)."""
+    path = Path(out)
+    for part in (path, *path.parents):
+        if part.exists() and not part.is_dir():
+            raise ValueError(
+                f"--out {out}: {part} is a file; expected a folder (a new one, or one this "
+                "command wrote)"
+            )
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command in ("eval", "rollout"):
+        _check_out_folder(args.out)
     if args.command == "eval":
-        from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
+        from cosmos3_gym.eval.evaluate import EvalConfig, Evaluator
         from cosmos3_gym.eval.results import format_table
 
         config = EvalConfig(
-            checkpoint=args.checkpoint, env=args.env, suite=args.suite, tasks=args.tasks,
+            checkpoint=args.checkpoint, domain=args.domain, action_stats=args.action_stats,
+            env=args.env, suite=args.suite, tasks=args.tasks,
             trials=args.trials, seed=args.seed, num_envs=args.num_envs,
             async_envs=args.async_envs, image_size=args.image_size,
             max_episode_steps=args.max_episode_steps, step_budget=args.step_budget,
@@ -128,8 +203,12 @@ def _run(args: argparse.Namespace) -> int:
             out_of_range=args.out_of_range, env_timeout=args.env_timeout, videos=args.videos,
             shuffle_prompts=args.shuffle_prompts, progress=not args.no_progress,
         )
-        results = evaluate(config, args.out)
+        evaluator = Evaluator(config, args.out)
+        results = evaluator.run()
         if results is not None:
+            if evaluator.already_complete:
+                print(f"{args.out} is complete: its {results['episodes']} episodes were recorded "
+                      "before, nothing to run. Its results:")
             print(format_table(results))
         return 0
     if args.command == "bench":

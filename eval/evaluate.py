@@ -23,9 +23,10 @@ env applies its own documented handling (both built-in envs clip to the box). Wi
 ``out_of_range="fail"`` the episode ends as a failure instead. Nothing is clipped here.
 
 Checks first. Before anything is loaded, built or written, the checkpoint's action width (from
-its ``action_policy.json``, or the pipeline passed in) is checked through the env's adapter
-against the env's action space (:meth:`~cosmos3_gym.eval.tasks.EvalEnv.single_action_space`, which
-builds no simulator), so a checkpoint made for another env fails in seconds with one error.
+its ``action_policy.json`` or ``--domain``, or the pipeline passed in) is checked through the
+env's adapter against the env's action space
+(:meth:`~cosmos3_gym.eval.tasks.EvalEnv.single_action_space`, which builds no simulator), so a
+checkpoint made for another env fails in seconds with one error.
 
 Records. Each finished episode is one record (:mod:`cosmos3_gym.eval.results`) holding what
 replays it, ``seed`` and ``reset_options`` (a sub-env's ``reset(seed=..., options=...)`` that
@@ -36,10 +37,13 @@ observations rather than the policy's resized model images or ``render()`` cover
 the env produced (both cameras and the state) before any adapter touches it, so two runs that
 record the same hash saw the same episode, frame for frame.
 
-Resume. ``config.json`` stores the run's identity; a rerun into the same folder with another
-identity is refused. The JSONL logs (:mod:`cosmos3_gym.eval.results`) are read first and every
-finished ``(task, trial)`` is skipped, so a rerun after a crash or Ctrl-C finishes the run and
-never repeats or loses an episode.
+Resume. ``config.json`` stores the run's identity; once the folder holds an episode, a rerun
+into it with another identity is refused. Before that there is nothing to mix, so a run that
+failed before its first episode (a bad checkpoint, a wrong env) does not block the corrected
+command: it takes the folder over. The JSONL logs (:mod:`cosmos3_gym.eval.results`) are read
+first and every finished ``(task, trial)`` is skipped, so a rerun after a crash or Ctrl-C
+finishes the run and never repeats or loses an episode; a rerun of a complete folder runs
+nothing and keeps its stored throughput.
 
 Faults. A sub-env that raises, dies (a simulator segfault kills its worker) or does not answer a
 step or reset within ``env_timeout`` seconds (async envs) is a fault: the vector env is thrown
@@ -97,6 +101,7 @@ from cosmos3_gym.seeding import check_seed
 IDENTITY_KEYS = (
     "checkpoint", "env", "suite", "tasks", "trials", "seed", "image_size", "max_episode_steps",
     "step_budget", "num_inference_steps", "n_action_steps", "out_of_range", "shuffle_prompts",
+    "domain", "action_stats",
 )
 
 
@@ -106,6 +111,11 @@ class EvalConfig:
 
     # A checkpoint folder, or the name of one shipped in the package ("tiny").
     checkpoint: str = "tiny"
+    # The checkpoint's embodiment (cosmos3_gym.checkpoint.DOMAINS) when its folder has no
+    # action_policy.json (a diffusers folder); None = the folder's action_policy.json.
+    domain: str | None = None
+    # An action statistics JSON for checkpoints without their own; None = the checkpoint's.
+    action_stats: str | None = None
     # "color_reach" (built in, runs anywhere) or "libero".
     env: str = "color_reach"
     # LIBERO suite (libero_10, libero_spatial, ...); None for color_reach.
@@ -148,6 +158,10 @@ class EvalConfig:
         for name in ("trials", "num_envs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1; found {getattr(self, name)}")
+        for name in ("image_size", "max_episode_steps", "num_inference_steps", "n_action_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be None or at least 1; found {value}")
         check_seed(self.seed)
 
     def identity(self) -> dict[str, Any]:
@@ -202,25 +216,33 @@ def hash_observation(digest: Any, obs: Any, env: int, path: str = "obs") -> None
         digest.update(array.tobytes())
 
 
-def checkpoint_action_head(checkpoint: str) -> tuple[int, str] | None:
-    """``(raw action width, domain)`` from a checkpoint folder's ``action_policy.json``, read
-    without loading any weights; ``None`` where the folder has none, or is not found (loading
-    reports that)."""
-    from cosmos3_gym.checkpoint import POLICY_CONFIG, PolicyConfig, resolve_checkpoint
+def checkpoint_action_head(
+    checkpoint: str, domain: str | None = None
+) -> tuple[int, str] | None:
+    """``(raw action width, domain)`` of a checkpoint folder's policy (``domain`` where given,
+    else its ``action_policy.json``), read without loading any weights; ``None`` where neither
+    says, or the folder is not found (loading reports that)."""
+    from cosmos3_gym.checkpoint import resolve_checkpoint, resolve_policy
 
     try:
-        root = resolve_checkpoint(checkpoint)
-    except FileNotFoundError:
+        policy = resolve_policy(resolve_checkpoint(checkpoint), domain=domain)
+    except (FileNotFoundError, ValueError):
         return None
-    if not (root / POLICY_CONFIG).is_file():
-        return None
-    policy = PolicyConfig.from_json_file(root / POLICY_CONFIG)
     return policy.raw_action_dim, policy.domain_name
 
 
-def load_pipeline(checkpoint: str) -> Any:
-    """``Cosmos3ActionPipeline`` for a folder or a shipped name, with a clear error if absent."""
-    from cosmos3_gym.checkpoint import resolve_checkpoint
+def load_pipeline(
+    checkpoint: str, domain: str | None = None, action_stats: str | None = None, **kwargs: Any
+) -> Any:
+    """``Cosmos3ActionPipeline`` for a folder or a shipped name, with a clear error if absent.
+
+    ``domain`` names the embodiment of a folder without ``action_policy.json``; ``action_stats``
+    is a statistics JSON that replaces the policy's (see :mod:`cosmos3_gym.checkpoint`);
+    ``kwargs`` go to ``from_pretrained`` (``device``, ``options``).
+    """
+    from dataclasses import replace
+
+    from cosmos3_gym.checkpoint import read_action_stats, resolve_checkpoint, resolve_policy
     from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
     try:
@@ -234,27 +256,41 @@ def load_pipeline(checkpoint: str) -> Any:
                 "cosmos3_gym.tiny.write_tiny_checkpoint"
             )
         raise FileNotFoundError(f"{err}{hint}") from None
-    return Cosmos3ActionPipeline.from_pretrained(path)
+    policy = None
+    if domain is not None or action_stats is not None:
+        policy = resolve_policy(path, domain=domain)
+        if action_stats is not None:
+            policy = replace(policy, stats=read_action_stats(action_stats))
+    return Cosmos3ActionPipeline.from_pretrained(path, policy=policy, **kwargs)
 
 
-def check_config_file(out_dir: Path, config: EvalConfig) -> None:
-    """Write ``config.json``, or refuse to continue a folder that holds another run."""
+def check_config_file(out_dir: Path, config: EvalConfig, recorded: bool) -> None:
+    """Write ``config.json``, or refuse to continue a folder that holds another run.
+
+    The stored identity binds once the folder holds an episode (``recorded``). Until then the
+    command's identity replaces it, and the files of the attempt that recorded nothing (its
+    incidents and throughput) go with it.
+    """
     path = out_dir / "config.json"
     identity = config.identity()
     if path.exists():
         found = _read_json(path)
         stored = found.get("identity", {})
-        if stored != identity:
-            diff = {
-                k: {"expected (stored)": stored.get(k), "found (this command)": identity.get(k)}
-                for k in sorted(set(stored) | set(identity))
-                if stored.get(k) != identity.get(k)
-            }
+        # A key the stored identity lacks (a folder older than the key) reads as None, its default.
+        diff = {
+            k: {"expected (stored)": stored.get(k), "found (this command)": identity.get(k)}
+            for k in sorted(set(stored) | set(identity))
+            if stored.get(k) != identity.get(k)
+        }
+        if not diff:
+            return
+        if recorded:
             raise ValueError(
                 f"{out_dir} holds a different evaluation; refusing to mix results. "
                 f"Differences: {diff}. Use another --out folder, or rerun with the stored settings."
             )
-        return
+        for stale in [*out_dir.glob("incidents*.jsonl"), *out_dir.glob("throughput*.json")]:
+            stale.unlink(missing_ok=True)  # torchrun: every rank clears the same files
     results_io.write_json_atomic(path, {"identity": identity, "session": asdict(config)})
 
 
@@ -303,6 +339,8 @@ class Evaluator:
         self.env_steps = 0
         self.chunks = 0
         self.finished = 0
+        # Whether the folder held every episode before this run (then it runs nothing).
+        self.already_complete = False
 
     # ------------------------------------------------------------------ run
 
@@ -315,24 +353,26 @@ class Evaluator:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         init_process_group(self.rank)
         try:
-            check_config_file(self.out_dir, cfg)
             finished = results_io.read_episode_records(self.out_dir)
+            check_config_file(self.out_dir, cfg, recorded=bool(finished))
             done = {(r["task"], int(r["trial"])) for r in finished}
+            self.already_complete = all(e.key in done for e in self.all_episodes)
             mine = self.rank.shard(self.all_episodes)
             pending = deque(e for e in mine if e.key not in done)
             if pending and self.pipeline is None:
-                self.pipeline = load_pipeline(cfg.checkpoint)
+                self.pipeline = load_pipeline(cfg.checkpoint, cfg.domain, cfg.action_stats)
                 if not checked:  # its width is known only now it is loaded
                     self.check_action_fit()
             start = time.perf_counter()
             if pending:
                 self._run_pool(pending, already_done=len(mine) - len(pending))
             wall = time.perf_counter() - start
-            results_io.write_json_atomic(
-                self.out_dir / self._throughput_name(),
-                {"episodes": self.finished, "env_steps": self.env_steps, "chunks": self.chunks,
-                 "wall_s": wall},
-            )
+            if not self.already_complete:  # a complete folder keeps its last session's figures
+                results_io.write_json_atomic(
+                    self.out_dir / self._throughput_name(),
+                    {"episodes": self.finished, "env_steps": self.env_steps,
+                     "chunks": self.chunks, "wall_s": wall},
+                )
             barrier(self.rank)
             if not self.rank.is_main:
                 return None
@@ -348,7 +388,7 @@ class Evaluator:
         if self.pipeline is not None:
             head, source = pipeline_action_head(self.pipeline), "the pipeline's checkpoint"
         else:
-            head = checkpoint_action_head(self.config.checkpoint)
+            head = checkpoint_action_head(self.config.checkpoint, self.config.domain)
             source = f"--checkpoint {self.config.checkpoint}"
         if head is None:
             return False

@@ -182,7 +182,8 @@ def summarize(
 
 
 def format_table(results: dict[str, Any]) -> str:
-    """A short plain-text table: one row per task, one per suite, then the throughput."""
+    """A short plain-text table: one row per task, one per suite, then the throughput and any
+    episodes with out-of-range or invalid actions, and incidents."""
     rows = [("task", "success", "n", "95% interval")]
 
     def row(name: str, entry: dict[str, Any]) -> tuple[str, str, str, str]:
@@ -209,6 +210,14 @@ def format_table(results: dict[str, Any]) -> str:
             f"throughput: {t['episodes_per_s']:.3f} episodes/s, {t['steps_per_s']:.1f} steps/s, "
             f"{t['chunks_per_s']:.2f} chunks/s over {t['wall_s']:.1f} s"
         )
+    n = results["episodes"]
+    if results["out_of_range_episodes"]:
+        lines.append(f"out-of-range actions: {results['out_of_range_episodes']} of {n} episodes "
+                     "sent an action outside the action space (see out_of_range_steps in "
+                     "episodes.jsonl)")
+    if results["invalid_action_episodes"]:
+        lines.append(f"invalid actions: {results['invalid_action_episodes']} of {n} episodes "
+                     "failed on an invalid action (see invalid_action in episodes.jsonl)")
     if results["incidents"]:
         lines.append(f"incidents: {len(results['incidents'])} (see results.json)")
     return "\n".join(lines)

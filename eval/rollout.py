@@ -68,10 +68,9 @@ def collect_rollouts(
     mode = autoreset_mode(envs)
     if mode == AutoresetMode.DISABLED:
         raise ValueError("collect_rollouts needs an autoresetting env; found autoreset DISABLED")
+    check_rollout_folder(out_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if (out / "meta.json").exists():
-        raise FileExistsError(f"{out} already holds rollouts (meta.json); expected an empty folder")
     feed = policy.attach(envs)
     obs, _ = feed.reset(seed=seed)
     num_envs = envs.num_envs
@@ -152,6 +151,18 @@ def collect_rollouts(
     return out
 
 
+def check_rollout_folder(out_dir: str | Path) -> None:
+    """Refuse a folder that holds rollouts already (``meta.json`` or shards): new shards would
+    overwrite or mix with them, and rollouts do not resume."""
+    out = Path(out_dir)
+    held = sorted(p.name for p in [out / "meta.json", *out.glob("shard-*.npz")] if p.exists())
+    if held:
+        raise FileExistsError(
+            f"{out} already holds rollouts ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}"
+            "); expected a new or empty folder"
+        )
+
+
 def _tail(chunks: dict[str, list[Any]]) -> tuple[int, ...]:
     return tuple(chunks["noise"][0].shape) if chunks["noise"] else (0, 64)
 
@@ -191,12 +202,14 @@ def run_rollout_command(args: Any) -> Path:
     from cosmos3_gym.eval.tasks import make_eval_env
     from cosmos3_gym.policy import VectorPolicy
 
+    check_rollout_folder(args.out)  # before the env and the model load
     eval_env = make_eval_env(args.env, suite=args.suite, tasks=args.tasks,
                              image_size=args.image_size, max_episode_steps=args.max_episode_steps,
                              step_budget=args.step_budget)
     # Tasks are assigned to envs round-robin; episodes follow each other by autoreset.
     envs = eval_env.make(args.num_envs, args.async_envs, autoreset_mode=Mode.NEXT_STEP)
-    policy = VectorPolicy(load_pipeline(args.checkpoint), adapter=eval_env.adapter,
+    pipeline = load_pipeline(args.checkpoint, args.domain, args.action_stats)
+    policy = VectorPolicy(pipeline, adapter=eval_env.adapter,
                           n_action_steps=args.n_action_steps, seed=args.seed,
                           stochastic=not args.deterministic,
                           num_inference_steps=args.num_inference_steps)

@@ -294,3 +294,35 @@ def test_camera_free_env_switches_task_on_reset() -> None:
             env.reset(options={"init_state_id": 50})
     finally:
         env.close()
+
+
+def test_task_order_filter_passes_other_output(capsys) -> None:
+    from cosmos3_gym.envs.libero import _without_task_order_notice
+
+    with _without_task_order_notice():
+        print("[info] Applying task order index 0 (permutation: [0, 1]) for benchmark 'x'.")
+        print("[warning] No tasks found for benchmark: y")
+    assert capsys.readouterr().out == "[warning] No tasks found for benchmark: y\n"
+
+
+_START_A_LIBERO_WORKER = """
+from cosmos3_gym.envs import make_libero_vector_env
+envs = make_libero_vector_env([("libero_spatial", 0)], 1, async_=True, image_size=32)
+obs, info = envs.reset(seed=0)
+print("task:", envs.call("task_description")[0])
+envs.close()
+"""
+
+
+@pytest.mark.libero
+@pytest.mark.slow
+def test_starting_libero_workers_prints_no_start_up_notices() -> None:
+    """robosuite's macro-file warning (3 lines per worker) and LIBERO's task-order line are
+    start-up noise; a fresh process, so robosuite's import really happens here."""
+    done = subprocess.run([sys.executable, "-c", _START_A_LIBERO_WORKER],
+                          capture_output=True, text=True, timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "task: pick up the black bowl" in done.stdout
+    assert "macro file" not in output and "setup_macros" not in output
+    assert "Applying task order" not in output

@@ -467,8 +467,8 @@ def test_a_pipeline_of_another_action_width_is_refused_before_any_env_runs(
     # once loaded, still before any env runs.
     import cosmos3_gym.eval.evaluate as evaluate_module
 
-    monkeypatch.setattr(evaluate_module, "checkpoint_action_head", lambda checkpoint: None)
-    monkeypatch.setattr(evaluate_module, "load_pipeline", lambda checkpoint: pipeline)
+    monkeypatch.setattr(evaluate_module, "checkpoint_action_head", lambda *a: None)
+    monkeypatch.setattr(evaluate_module, "load_pipeline", lambda *a: pipeline)
     with pytest.raises(ValueError, match=message):
         evaluate(small_config(checkpoint), tmp_path / "loaded",
                  eval_env=LiberoAdapted(TASKS, image_size=32, max_episode_steps=6))

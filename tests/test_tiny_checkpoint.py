@@ -86,6 +86,25 @@ def test_training_is_bit_reproducible(tmp_path: Path) -> None:
     assert [n for n in gen if torch.equal(initial.state_dict()[n], weights[0][n])] == []
 
 
+def test_training_progress_shows_its_loss_and_changes_nothing(tmp_path: Path, capsys) -> None:
+    runs = {}
+    for shown in (True, False):
+        cfg = _small_run(tmp_path / f"progress{int(shown)}")
+        log = train(cfg, progress=shown)
+        bars = capsys.readouterr().err
+        folder = Path(cfg.out) / "transformer"
+        weights = load_file(str(folder / "diffusion_pytorch_model.safetensors"))
+        runs[shown] = ([p["loss"] for p in log["loss_curve"]], weights, bars)
+    (curve_on, weights_on, bars_on), (curve_off, weights_off, bars_off) = runs[True], runs[False]
+    assert curve_on == curve_off
+    assert weights_on.keys() == weights_off.keys()
+    assert all(torch.equal(weights_on[k], weights_off[k]) for k in weights_on)
+    # One bar per phase; the training bar carries the last logged loss.
+    assert "demos:" in bars_on and "encode:" in bars_on
+    assert f"loss={curve_on[-1]:.4f}" in bars_on and "4/4" in bars_on
+    assert bars_off == ""
+
+
 def test_train_command_writes_a_loadable_checkpoint(tmp_path: Path, capsys) -> None:
     out = tmp_path / "ckpt"
     argv = ["--out", str(out), "--seed", "1", "--episodes", "1", "--steps", "2",

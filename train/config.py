@@ -3,7 +3,7 @@ the transformer and policy-head configs it writes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 VIEW_POINT = "ego_view"
@@ -11,43 +11,53 @@ DOMAIN_NAME = "color_reach"
 DOMAIN_ID = 0  # ColorReach is no released embodiment; row 0 of the DomainAwareLinear tables
 
 
+def _knob(default: Any, text: str) -> Any:
+    """A field with its default and its one-line help (``cosmos3-gym train --help``)."""
+    return field(default=default, metadata={"help": text})
+
+
 @dataclass
 class TrainConfig:
     """Every knob of a training run, with its default (the shipped ``tiny`` checkpoint's)."""
 
-    out: str = "tiny"
-    seed: int = 0
+    out: str = _knob("tiny", "checkpoint folder to write")
+    seed: int = _knob(0, "seed of the demos, the initial weights and the data order")
     # Demo collection: episodes, the chance of a random detour per step, and the chance that
     # a visited state is kept as a sample (fewer samples per layout, more layouts per VAE second).
-    episodes: int = 1400
-    detour_prob: float = 0.3
-    keep_prob: float = 0.3
-    image_size: int = 128
+    episodes: int = _knob(1400, "expert ColorReach episodes collected as demos")
+    detour_prob: float = _knob(
+        0.3, "chance per step that a random velocity replaces the expert's (off-expert states)"
+    )
+    keep_prob: float = _knob(0.3, "chance that a visited state is kept as a training sample")
+    image_size: int = _knob(128, "ColorReach image size in pixels")
     # Model: the real architecture at tiny widths.
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 32
-    intermediate_size: int = 256
+    hidden_size: int = _knob(128, "transformer width")
+    num_layers: int = _knob(2, "transformer layers")
+    num_heads: int = _knob(4, "attention query heads")
+    num_kv_heads: int = _knob(2, "attention key/value heads (grouped-query attention)")
+    head_dim: int = _knob(32, "width of one attention head")
+    intermediate_size: int = _knob(256, "MLP width")
     # Policy head.
-    action_horizon: int = 4
-    num_inference_steps: int = 8
-    flow_shift: float = 1.0
+    action_horizon: int = _knob(4, "actions per chunk (a multiple of 4)")
+    num_inference_steps: int = _knob(8, "denoising steps the policy head asks for at inference")
+    flow_shift: float = _knob(1.0, "sampler flow shift the policy head asks for at inference")
     # Optimisation.
-    steps: int = 2400
-    batch_size: int = 64
-    lr: float = 2e-3
-    weight_decay: float = 0.01
-    warmup_steps: int = 150
-    video_loss_weight: float = 0.1
-    log_every: int = 25
-    encode_batch_size: int = 32
-    # Demos whose latents set the VAE's per-channel normalisation statistics.
-    stats_samples: int = 64
+    steps: int = _knob(2400, "optimiser steps")
+    batch_size: int = _knob(64, "samples per optimiser step")
+    lr: float = _knob(2e-3, "peak learning rate (AdamW)")
+    weight_decay: float = _knob(0.01, "AdamW weight decay")
+    warmup_steps: int = _knob(150, "linear warmup steps before the cosine decay")
+    video_loss_weight: float = _knob(
+        0.1, "weight of the future-frame velocity loss beside the action loss"
+    )
+    log_every: int = _knob(25, "steps per point of the loss curve (train_log.json)")
+    encode_batch_size: int = _knob(32, "demo images per VAE encode call")
+    stats_samples: int = _knob(
+        64, "demos whose latents set the VAE's per-channel normalisation statistics"
+    )
     # One intra-op thread: the result does not depend on how busy a shared machine is, and
     # two threads on two shared cores are slower than one.
-    threads: int = 1
+    threads: int = _knob(1, "torch intra-op threads")
 
 
 def transformer_overrides(cfg: TrainConfig) -> dict[str, Any]:

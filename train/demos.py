@@ -17,6 +17,7 @@ from cosmos3_gym.envs import ColorReachEnv, ColorReachExpert
 from cosmos3_gym.envs.color_reach import prompt_for
 from cosmos3_gym.pipeline.preprocess import plan_canvas
 from cosmos3_gym.pipeline.stages import MicroBatch, SamplingParams
+from cosmos3_gym.progress import progress_bar
 from cosmos3_gym.train.config import TrainConfig
 
 
@@ -36,10 +37,11 @@ class Demos:
 COLOR_ORDER = ("red", "green", "blue", "yellow")
 
 
-def collect_demos(cfg: TrainConfig) -> Demos:
+def collect_demos(cfg: TrainConfig, progress: bool = False) -> Demos:
     """Roll the expert (with random detours) from fixed seeds; label states with expert chunks."""
     expert = ColorReachExpert()
     images, colors, chunks = [], [], []
+    episodes = progress_bar(enabled=progress, total=cfg.episodes, desc="demos", unit="ep")
     for episode in range(cfg.episodes):
         env = ColorReachEnv(image_size=cfg.image_size, colors=COLOR_ORDER)
         rng = np.random.default_rng([cfg.seed, episode])
@@ -57,6 +59,8 @@ def collect_demos(cfg: TrainConfig) -> Demos:
             obs, _, terminated, truncated, _ = env.step(action)
             if terminated or truncated:
                 break
+        episodes.update(1)
+    episodes.close()
     return Demos(np.stack(images), np.asarray(colors, np.int64), np.stack(chunks))
 
 
@@ -74,7 +78,7 @@ class EncodedDemos:
     text_mask: torch.Tensor  # [4, L]
 
 
-def encode_demos(pipe: Any, demos: Demos, batch_size: int) -> EncodedDemos:
+def encode_demos(pipe: Any, demos: Demos, batch_size: int, progress: bool = False) -> EncodedDemos:
     """Turn demos into the pipeline's exact tensors through its own stages: preprocess and
     encode (the image on the tier canvas, the VAE latent of its content) and the prompt stage's
     tokens (the JSON caption of each colour)."""
@@ -85,6 +89,7 @@ def encode_demos(pipe: Any, demos: Demos, batch_size: int) -> EncodedDemos:
         flow_shift=policy.flow_shift, progress=False,
     )
     latents = []
+    bar = progress_bar(enabled=progress, total=len(demos), desc="encode", unit="sample")
     for start in range(0, len(demos), batch_size):
         images = list(demos.images[start : start + batch_size])
         batch = MicroBatch(
@@ -93,6 +98,8 @@ def encode_demos(pipe: Any, demos: Demos, batch_size: int) -> EncodedDemos:
         for stage in (pipe.preprocess, pipe.encode):
             batch = stage(batch, params)
         latents.append(batch.cond_latent)  # [b, 48, 1, h, w] normalised content latents
+        bar.update(len(images))
+    bar.close()
     captions = MicroBatch(
         indices=list(range(len(COLOR_ORDER))), images=[],
         prompts=[prompt_for(color) for color in COLOR_ORDER], seeds=[], plan=plan,

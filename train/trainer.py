@@ -45,13 +45,14 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from cosmos3_gym.progress import progress_bar
 from cosmos3_gym.train.config import TrainConfig, policy_overrides, transformer_overrides
 from cosmos3_gym.train.demos import EncodedDemos, collect_demos, encode_demos, latent_statistics
 
@@ -115,9 +116,10 @@ def _lr_factor(step: int, warmup: int, total: int) -> float:
 
 def train_transformer(
     model: torch.nn.Module, data: EncodedDemos, cfg: TrainConfig, *, raw_action_dim: int,
-    domain_id: int, fps: float, num_latent_frames: int,
+    domain_id: int, fps: float, num_latent_frames: int, progress: bool = True,
 ) -> list[dict[str, float]]:
-    """Fixed-step AdamW on the flow-matching loss; returns the logged loss curve."""
+    """Fixed-step AdamW on the flow-matching loss; returns the logged loss curve (a progress
+    bar shows the last logged losses)."""
     model.train().requires_grad_(True)
     generator = torch.Generator().manual_seed(cfg.seed)
     optimizer = torch.optim.AdamW(
@@ -128,6 +130,7 @@ def train_transformer(
     cursor = 0
     curve: list[dict[str, float]] = []
     window: list[tuple[float, float, float]] = []
+    bar = progress_bar(enabled=progress, total=cfg.steps, desc="train", unit="step")
     for step in range(cfg.steps):
         if cursor + cfg.batch_size > n:  # a fresh permutation per epoch, from the one generator
             order, cursor = torch.randperm(n, generator=generator), 0
@@ -148,14 +151,19 @@ def train_transformer(
             mean = np.mean(window, axis=0)
             curve.append({"step": step + 1, "loss": float(mean[0]), "action_loss": float(mean[1]),
                           "video_loss": float(mean[2]), "lr": optimizer.param_groups[0]["lr"]})
-            print(f"step {step + 1:5d}  loss {mean[0]:.4f}  action {mean[1]:.4f}  "
-                  f"video {mean[2]:.4f}", flush=True)
+            bar.set_postfix({"loss": f"{mean[0]:.4f}", "action": f"{mean[1]:.4f}",
+                             "video": f"{mean[2]:.4f}"}, refresh=False)
             window = []
+        bar.update(1)
+    bar.close()
     return curve
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Collect, encode, train and write the checkpoint to ``cfg.out``; returns the log."""
+def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
+    """Collect, encode, train and write the checkpoint to ``cfg.out``; returns the log.
+
+    ``progress`` shows a bar per phase (demos, encoding, training with its loss), on rank 0
+    only; it changes nothing else."""
     from cosmos3_gym.model import Cosmos3Transformer
     from cosmos3_gym.model.weights import save_transformer
     from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions
@@ -174,7 +182,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     write_tiny_checkpoint(
         out, seed=cfg.seed, policy_overrides=policy_overrides(cfg), **transformer_overrides(cfg)
     )
-    demos = collect_demos(cfg)
+    demos = collect_demos(cfg, progress=progress)
     # The random VAE's latents barely move between frames under the test statistics; like the
     # real Wan2.2 VAE, the shipped one normalises with per-channel statistics of its data.
     mean, std = latent_statistics(
@@ -184,7 +192,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     write_tiny_vae(out / "vae", seed=cfg.seed, latents_mean=mean, latents_std=std)
     pipe = Cosmos3ActionPipeline.from_pretrained(out, options=options)
     policy = pipe.policy
-    data = encode_demos(pipe, demos, cfg.encode_batch_size)
+    data = encode_demos(pipe, demos, cfg.encode_batch_size, progress=progress)
     encoded_at = time.perf_counter()
     print(f"{len(demos)} samples from {cfg.episodes} episodes, encoded in "
           f"{encoded_at - start:.1f}s", flush=True)
@@ -194,7 +202,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     model = Cosmos3Transformer.from_pretrained(out / "transformer")
     curve = train_transformer(
         model, data, cfg, raw_action_dim=policy.raw_action_dim, domain_id=policy.domain_id,
-        fps=policy.fps, num_latent_frames=pipe.noise.num_latent_frames,
+        fps=policy.fps, num_latent_frames=pipe.noise.num_latent_frames, progress=progress,
     )
     save_transformer(model.eval(), out / "transformer")
     wall = time.perf_counter() - start
@@ -209,21 +217,33 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     return log
 
 
-def parse_args(argv: Sequence[str] | None) -> TrainConfig:
-    defaults = TrainConfig()
+def build_parser() -> argparse.ArgumentParser:
+    """``cosmos3-gym train``'s options: one per :class:`TrainConfig` field, and the bars."""
     parser = argparse.ArgumentParser(
         prog="cosmos3-gym train",
         description="Train a tiny Cosmos3 policy on ColorReach expert demos (CPU, deterministic).",
     )
-    for name, value in asdict(defaults).items():
-        flag = "--" + name.replace("_", "-")
-        parser.add_argument(flag, type=type(value), default=value, dest=name)
-    return TrainConfig(**vars(parser.parse_args(argv)))
+    for knob in fields(TrainConfig):
+        parser.add_argument(
+            "--" + knob.name.replace("_", "-"), type=type(knob.default), default=knob.default,
+            dest=knob.name, help=f"{knob.metadata['help']} (default: {knob.default})",
+        )
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    return parser
+
+
+def _config(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(**{knob.name: getattr(args, knob.name) for knob in fields(TrainConfig)})
+
+
+def parse_args(argv: Sequence[str] | None) -> TrainConfig:
+    return _config(build_parser().parse_args(argv))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg = parse_args(argv)
-    log = train(cfg)
+    args = build_parser().parse_args(argv)
+    cfg = _config(args)
+    log = train(cfg, progress=not args.no_progress)
     print(f"wrote {cfg.out}: {log['num_samples']} samples, {cfg.steps} steps, final loss "
           f"{log['final_loss']:.4f}, {log['wall_s']:.0f}s")
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ from cosmos3_gym.seeding import check_noise, check_seed
 from cosmos3_gym.timing import StageTimer
 
 DEFAULT_SEED = 0  # the official LIBERO server's seed
+
+logger = logging.getLogger(__name__)
 
 
 class Cosmos3ActionPipeline:
@@ -75,7 +78,14 @@ class Cosmos3ActionPipeline:
         self.max_batch_size = max_batch_size
         self.options = options = options or InferenceOptions()
         self.device = transformer.device
-        stats = None if policy.normalization == "none" else ActionStats.from_dict(policy.stats)
+        stats = ActionStats.from_dict(policy.stats) if policy.denormalizes else None
+        if policy.normalization != "none" and policy.stats is None:
+            logger.warning(
+                "no action statistics for domain %r (normalization %r): actions are returned in "
+                "the model's normalised space; give PolicyConfig(stats=...) (command line: "
+                "--action-stats FILE) for actions in the domain's units",
+                policy.domain_name, policy.normalization,
+            )
         self.preprocess = PreprocessStage(self.device, next(vae.parameters()).dtype)
         self.prompt = PromptStage(transformer, tokenizer, policy)
         self.encode = EncodeStage(vae, use_frame_encoder=options.frame_encoder)
@@ -106,14 +116,20 @@ class Cosmos3ActionPipeline:
         max_batch_size: int | None = None,
         *,
         policy: PolicyConfig | None = None,
+        domain: str | None = None,
         options: InferenceOptions | None = None,
     ) -> Cosmos3ActionPipeline:
         """Load a diffusers-layout checkpoint folder (or the name of a shipped checkpoint).
 
-        ``dtype`` defaults to bfloat16 on CUDA and float32 on CPU. ``policy`` overrides the
-        folder's ``action_policy.json`` (real ``nvidia/Cosmos3-*`` folders have none).
-        ``options`` (:class:`InferenceOptions`, default: as shipped) says how to compute: the
-        transformer is fused, folded and compiled here as they ask, the stages get the rest.
+        ``dtype`` defaults to bfloat16 on CUDA and float32 on CPU. How the action head is used
+        comes from, in order: ``policy``; ``domain``, an embodiment of
+        :data:`~cosmos3_gym.checkpoint.DOMAINS` (``"droid_lerobot"``, ...; ``"libero"`` is the
+        official LIBERO recipe), for folders that have no ``action_policy.json``, like the ones
+        diffusers' ``Cosmos3OmniPipeline.save_pretrained`` writes; the folder's
+        ``action_policy.json``. Without action statistics the actions stay normalised (one
+        warning). ``options`` (:class:`InferenceOptions`, default: as shipped) says how to
+        compute: the transformer is fused, folded and compiled here as they ask, the stages get
+        the rest.
         """
         options = options or InferenceOptions()
         from diffusers import AutoencoderKLWan
@@ -124,14 +140,7 @@ class Cosmos3ActionPipeline:
         device = torch.device(device)
         if dtype is None:
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        if policy is None:
-            policy_file = root / layout.POLICY_CONFIG
-            if not policy_file.exists():
-                raise FileNotFoundError(
-                    f"{root} has no {layout.POLICY_CONFIG}; pass policy=PolicyConfig(...) with the "
-                    "domain, raw action width, normalisation and statistics of this checkpoint"
-                )
-            policy = PolicyConfig.from_json_file(policy_file)
+        policy = layout.resolve_policy(root, policy, domain)
         transformer = Cosmos3Transformer.from_pretrained(
             root / layout.TRANSFORMER, device=device, dtype=dtype
         )

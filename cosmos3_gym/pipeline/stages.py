@@ -306,7 +306,7 @@ class DecodeStage(Stage):
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
         p = self.policy
         normalized = batch.actions[..., : p.raw_action_dim].float().cpu().numpy()
-        if p.normalization == "none":
+        if self.stats is None:  # no statistics: the normalised actions themselves
             actions = normalized.copy()
         else:
             actions = denormalize_actions(normalized, self.stats, p.normalization)
