@@ -61,7 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "its own handling (report), or fail the episode (fail)")
     ev.add_argument("--env-timeout", type=float, default=300.0,
                     help="seconds before an async env step/reset counts as hung (default: 300)")
-    ev.add_argument("--videos", action="store_true", help="write a GIF per episode to OUT/videos")
+    ev.add_argument("--videos", nargs="?", const="env", default=None, choices=("env", "imagined"),
+                    help="write a video per episode to OUT/videos: the env's frames as a GIF, "
+                         "or with 'imagined' the model's input, its predicted future and the "
+                         "env's frames side by side (MP4 with imageio-ffmpeg, else GIF; decodes "
+                         "the future, so it costs time)")
+    ev.add_argument("--video-trials", type=int, default=None, metavar="N",
+                    help="videos for the first N trials of each task only (default: every trial)")
     ev.add_argument("--shuffle-prompts", action="store_true",
                     help="diagnostic: give each episode another task's prompt; a policy that "
                          "reads its prompt should then drop to chance")
@@ -118,6 +124,7 @@ def _run(args: argparse.Namespace) -> int:
             max_episode_steps=args.max_episode_steps,
             num_inference_steps=args.num_inference_steps, n_action_steps=args.n_action_steps,
             out_of_range=args.out_of_range, env_timeout=args.env_timeout, videos=args.videos,
+            video_trials=args.video_trials,
             shuffle_prompts=args.shuffle_prompts, progress=not args.no_progress,
         )
         results = evaluate(config, args.out)
