@@ -8,6 +8,8 @@ Examples:
     torchrun --nproc_per_node 2 -m cosmos3_gym.eval.cli eval ... --out DIR   # rank 0 merges
     cosmos3-gym rollout --steps 256 --num-envs 4 --out runs/rollouts
     cosmos3-gym bench --checkpoint PATH --out bench.json          # add --device cuda on a GPU
+    cosmos3-gym report runs/color_reach                            # table + results.png again
+    cosmos3-gym report runs/right runs/shuffled --out compare.png  # two runs in one plot
 """
 
 from __future__ import annotations
@@ -84,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("train", add_help=False,
                    help="train the tiny checkpoint on ColorReach demos (see train --help)")
 
+    from cosmos3_gym.eval import report
+
+    report.add_arguments(sub.add_parser(
+        "report", help="print a run's results table and redraw its plot (finished or partial "
+                       "runs; two or more runs side by side)"
+    ))
+
     from cosmos3_gym.bench import latency
 
     latency.add_arguments(sub.add_parser(
@@ -131,6 +140,10 @@ def _run(args: argparse.Namespace) -> int:
         if results is not None:
             print(format_table(results))
         return 0
+    if args.command == "report":
+        from cosmos3_gym.eval import report
+
+        return report.run(args)
     if args.command == "bench":
         from cosmos3_gym.bench import latency
 

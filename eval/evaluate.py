@@ -55,6 +55,7 @@ from cosmos3_gym.eval.distributed import (
     destroy_process_group,
     init_process_group,
 )
+from cosmos3_gym.eval.report import ResultsPlot
 from cosmos3_gym.eval.tasks import Episode, EvalEnv, episode_seed_rule, make_eval_env
 from cosmos3_gym.eval.videos import (
     ImaginedChunk,
@@ -260,6 +261,7 @@ class Evaluator:
         self.env_steps = 0
         self.chunks = 0
         self.finished = 0
+        self.plot = ResultsPlot(self.out_dir)
 
     # ------------------------------------------------------------------ run
 
@@ -313,6 +315,7 @@ class Evaluator:
             throughput=throughput,
         )
         results_io.write_json_atomic(self.out_dir / "results.json", results)
+        self.plot.update(results, final=final)
         return results
 
     def _run_pool(self, pending: deque[Episode], already_done: int) -> None:
