@@ -80,7 +80,7 @@ def plot_results(runs: Sequence[RunResults], stem: Path) -> list[Path]:
     ax = fig.add_subplot()
     bar = 0.8 / n_runs
     n_tasks = sum(kind == "task" for kind, _, _ in rows)
-    for r, (label, results) in enumerate(runs):
+    for r, (_, results) in enumerate(runs):
         colour = RUN_COLOURS[r % len(RUN_COLOURS)]
         for y, (kind, key, _) in enumerate(rows):
             # Rows go down the page; runs within a row go down in the legend's order.
@@ -93,8 +93,7 @@ def plot_results(runs: Sequence[RunResults], stem: Path) -> list[Path]:
             rate = entry["success_rate"]
             lo, hi = entry["interval"]
             patch = ax.barh(centre, rate, height=bar * 0.9, color=colour,
-                            alpha=1.0 if kind == "task" else 0.75,
-                            label=label if y == 0 else None)[0]
+                            alpha=1.0 if kind == "task" else 0.75)[0]
             patch.set_gid(f"bar-{kind}-{y}-run{r}")
             ax.errorbar(rate, centre, xerr=[[rate - lo], [hi - rate]], fmt="none",
                         ecolor="#222222", elinewidth=1.2, capsize=3)
@@ -116,8 +115,18 @@ def plot_results(runs: Sequence[RunResults], stem: Path) -> list[Path]:
         ax.spines[side].set_visible(False)
     ax.set_title(_title(runs), fontsize=10, loc="left")
     if n_runs > 1:
-        fig.legend(loc="outside lower center", ncols=n_runs, frameon=False)
+        from matplotlib.patches import Patch
+
+        handles = [Patch(color=RUN_COLOURS[r % len(RUN_COLOURS)], label=_legend_label(*run))
+                   for r, run in enumerate(runs)]
+        fig.legend(handles=handles, loc="outside lower center", ncols=n_runs, frameon=False)
     return save_figure(fig, stem)
+
+
+def _legend_label(label: str, results: dict[str, Any]) -> str:
+    if results["complete"]:
+        return label
+    return f"{label} (partial: {results['episodes']} of {results['episodes_expected']} episodes)"
 
 
 class ResultsPlot:
