@@ -316,8 +316,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", default="tiny", help="checkpoint folder or shipped name")
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32",
-                        help="comma-separated batch sizes (default: 1,2,4,8,16,32)")
+    parser.add_argument("--batch-sizes", default=None,
+                        help="comma-separated batch sizes (default: 1,2,4,8,16,32; with "
+                             "--synthetic: 1..32 for LIBERO, 1..8 for DROID)")
     parser.add_argument("--image-size", default="256x512",
                         help="HxW of the synthetic observations (default: LIBERO's 256x512)")
     parser.add_argument("--num-inference-steps", type=int, default=None,
@@ -347,7 +348,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     height, width = (int(x) for x in args.image_size.lower().split("x"))
     result = run_benchmark(
         args.checkpoint, device=args.device,
-        batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")),
+        batch_sizes=tuple(int(b) for b in (args.batch_sizes or "1,2,4,8,16,32").split(",")),
         image_size=(height, width), num_inference_steps=args.num_inference_steps,
         warmup=args.warmup, repeats=args.repeats, compare_batch=args.compare_batch,
         overlap_env=args.overlap_env, overlap_envs=args.overlap_envs,

@@ -93,11 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "runs; two or more runs side by side)"
     ))
 
-    from cosmos3_gym.bench import latency
+    from cosmos3_gym.bench import latency, synthetic
 
-    latency.add_arguments(sub.add_parser(
-        "bench", help="latency/throughput of the action stack: batched vs serial, cache on/off"
-    ))
+    bench = sub.add_parser(
+        "bench", help="latency/throughput of the action stack: batched vs serial, cache on/off; "
+                      "--synthetic PRESET: a published model shape without weights"
+    )
+    latency.add_arguments(bench)
+    synthetic.add_arguments(bench)
     return parser
 
 
@@ -145,9 +148,9 @@ def _run(args: argparse.Namespace) -> int:
 
         return report.run(args)
     if args.command == "bench":
-        from cosmos3_gym.bench import latency
+        from cosmos3_gym.bench import latency, synthetic
 
-        latency.run(args)
+        (synthetic if args.synthetic else latency).run(args)
         return 0
     from cosmos3_gym.eval.rollout import run_rollout_command
 

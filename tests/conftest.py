@@ -1,9 +1,13 @@
-"""Suite-wide rules: LIBERO tests skip where the extra is absent, and fail where it is required.
+"""Suite-wide rules: LIBERO tests skip where the extra is absent, and fail where it is required;
+Triton kernels run in Triton's interpreter where there is no GPU.
 
 Tests marked ``libero`` need the ``libero`` extra. On a machine without it they are skipped. CI
 installs the extra and sets ``COSMOS3_GYM_REQUIRE_LIBERO=1``: there an extra that cannot be
 imported (a broken install, a missing system library) fails those tests instead of quietly
 turning them into skips.
+
+Triton reads ``TRITON_INTERPRET`` when it is first imported (diffusers imports it when it is
+installed), so the switch is set here, before any test module imports anything.
 """
 
 from __future__ import annotations
@@ -11,6 +15,10 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REQUIRE_LIBERO = "COSMOS3_GYM_REQUIRE_LIBERO"
 

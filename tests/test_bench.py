@@ -98,6 +98,56 @@ def test_bench_bit_identity_flags_turn_false_when_a_kernel_differs(monkeypatch) 
     assert broken["rope_bit_identical"] is False and broken["rmsnorm_bit_identical"] is False
 
 
+def test_synthetic_bench_measures_a_preset_without_a_checkpoint(tmp_path, capsys) -> None:
+    """`bench --synthetic tiny` (the CPU-sized preset; nano/super/edge run the same code on a
+    GPU) writes the documented rows, the reference ratio and the option flips."""
+    out = tmp_path / "synthetic.json"
+    code = main([
+        "bench", "--synthetic", "tiny", "--cases", "libero_256x512", "--steps", "1,2",
+        "--batch-sizes", "1", "--warmup", "0", "--repeats", "1", "--compare-batch", "2",
+        "--out", str(out),
+    ])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["gpu"] == "none (cpu)" and result["preset"] == "tiny" and result["complete"]
+    rows = result["rows"]
+    assert [(r["case"], r["batch_size"], r["steps"]) for r in rows] == [
+        ("libero_256x512", 1, 1), ("libero_256x512", 1, 2)
+    ]
+    for row in rows:
+        assert row["call_s"] > 0 and math.isfinite(row["denoise_tflops"])
+        assert row["denoise_tflops"] > 0
+        assert row["gpu_busy"] is None  # measured on CUDA only
+        # LIBERO's 256x512 concat: 5 latent frames of 5x10 patches, then 16 action tokens.
+        assert row["tokens"]["vision"] == 250 and row["tokens"]["action"] == 16
+    reference = result["reference"]["libero_256x512"]
+    assert reference["diffusers_step_s"] > 0 and reference["speedup"]["1"] > 0
+    flips = result["flips"]["libero_256x512"]
+    assert set(flips) == {"1", "2"}
+    assert set(flips["1"]) == {"text_cache", "kv_buffers", "frame_encoder"}  # CUDA ones skipped
+    assert "one step, diffusers" in capsys.readouterr().out
+
+
+def test_synthetic_bench_refuses_an_unknown_preset(tmp_path, capsys) -> None:
+    try:
+        main(["bench", "--synthetic", "mega", "--out", str(tmp_path / "x.json")])
+    except SystemExit as exit_:
+        assert exit_.code == 2
+    assert "unknown preset 'mega'" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_droid_case_has_sglangs_token_count() -> None:
+    """480x832 at the 480 tier: 5 latent frames of 15x26 patches (1950) + 16 actions = 1966."""
+    from cosmos3_gym.bench.synthetic import CASES, synthetic_pipeline, token_counts
+    from cosmos3_gym.pipeline import InferenceOptions
+
+    pipe, _ = synthetic_pipeline("tiny", CASES["droid_480x832"], device=torch.device("cpu"),
+                                 dtype=torch.float32, options=InferenceOptions())
+    counts = token_counts(pipe, CASES["droid_480x832"], ["put the bowl on the plate"])
+    assert counts["vision"] + counts["action"] == 1966
+
+
 def test_bench_plot_without_matplotlib_says_how_to_get_it(monkeypatch) -> None:
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)

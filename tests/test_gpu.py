@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 from diffusers import Cosmos3OmniTransformer
-from diffusers_reference import reference_forward
 
 from cosmos3_gym import Cosmos3ActionPipeline
+from cosmos3_gym.bench.diffusers_reference import reference_forward
 from cosmos3_gym.model import Cosmos3Config, Cosmos3Transformer
 from cosmos3_gym.tiny import write_tiny_checkpoint
 
@@ -104,3 +104,80 @@ def test_frame_encoder_bf16_on_gpu_tracks_diffusers_bf16() -> None:
         ours16 = WanFrameEncoder(vae16)(frames.cuda().bfloat16()).float()
     diffusers_error = (diffusers16 - reference).abs().max()
     assert (ours16 - reference).abs().max() <= 1.5 * diffusers_error + 1e-3
+
+
+def _nano_layers(num_layers: int = 2, **overrides):
+    """Cosmos3-Nano's layer widths (4096 hidden, 32/8 heads of 128, MLP 12288), fewer layers:
+    the kernels' real block sizes at a test's cost."""
+    from cosmos3_gym.model.presets import GENERATOR_PRESETS
+
+    return Cosmos3Config.from_dict({**GENERATOR_PRESETS["nano"], "num_hidden_layers": num_layers,
+                                    "vocab_size": 1024, "sound_gen": False, **overrides})
+
+
+def _gen_step_inputs(model, lengths, batch_tokens=(3, 10, 20), actions=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    b = len(lengths)
+    ids = torch.zeros(b, max(lengths), dtype=torch.long)
+    mask = torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]
+    ids[mask] = torch.randint(1, 1000, (sum(lengths),), generator=gen)
+    t, h, w = batch_tokens
+    return dict(
+        ids=ids.cuda(), mask=mask.cuda(),
+        vision=torch.randn(b, 48, t, h, w, generator=gen).cuda().bfloat16(),
+        vision_noisy=(torch.arange(t) > 0)[None].expand(b, t).cuda(),
+        actions=torch.randn(b, actions, 64, generator=gen).cuda().bfloat16(),
+        action_noisy=torch.ones(b, actions, dtype=torch.bool).cuda(),
+        domains=torch.full((b,), 5).cuda(), timesteps=torch.full((b,), 611.0).cuda(),
+        latent=(t, h, w), num_actions=actions,
+    )
+
+
+def _forward(model, inp, ops=None):
+    from cosmos3_gym.model.kernels import TORCH_OPS
+
+    text = model.encode_text(inp["ids"], inp["mask"])
+    layout = model.gen_layout(text, latent_shape=inp["latent"], num_actions=inp["num_actions"],
+                              fps=20.0, preallocate_kv=True)
+    return model.forward_gen(text, layout, inp["vision"], inp["vision_noisy"], inp["actions"],
+                             inp["action_noisy"], inp["domains"], inp["timesteps"],
+                             ops=ops or TORCH_OPS)
+
+
+@pytest.mark.parametrize("hidden_act", ["silu", "relu2"])
+def test_triton_kernels_compiled_track_eager_at_nano_widths(hidden_act) -> None:
+    """Compiled Triton kernels at the real block sizes, against eager bf16 on the same GPU."""
+    from cosmos3_gym.model.kernels import TritonGenOps
+    from cosmos3_gym.model.presets import random_transformer
+
+    model = random_transformer(_nano_layers(hidden_act=hidden_act), device="cuda",
+                               dtype=torch.bfloat16, seed=1).fuse_gen_projections()
+    inp = _gen_step_inputs(model, [121, 97])
+    with torch.no_grad():
+        expected, actual = _forward(model, inp), _forward(model, inp, TritonGenOps())
+    for e, a in zip(expected, actual, strict=True):
+        scale = e.float().abs().max()
+        assert (a.float() - e.float()).abs().max() <= 2e-2 * scale, hidden_act
+
+
+def test_cuda_graph_replay_is_bit_identical_to_eager() -> None:
+    from cosmos3_gym.model.cuda_graphs import GenGraphs
+    from cosmos3_gym.model.presets import random_transformer
+
+    model = random_transformer(_nano_layers(), device="cuda", dtype=torch.bfloat16, seed=2)
+    model.fuse_gen_projections()
+    graphs = GenGraphs(model)
+    for lengths, seed in (([121], 0), ([110, 121], 1), ([115], 2)):
+        inp = _gen_step_inputs(model, lengths, seed=seed)
+        with torch.no_grad():
+            expected = _forward(model, inp)
+            text = model.encode_text(inp["ids"], inp["mask"])
+            layout = model.gen_layout(text, latent_shape=inp["latent"],
+                                      num_actions=inp["num_actions"], fps=20.0)
+            step = graphs.bind(text, layout, inp["vision"], inp["vision_noisy"], inp["actions"],
+                               inp["action_noisy"], inp["domains"])
+            assert step is not None
+            actual = step(inp["vision"], inp["actions"], inp["timesteps"])
+        for e, a in zip(expected, actual, strict=True):
+            assert torch.equal(e, a), lengths
+    assert graphs.captures == 3

@@ -93,6 +93,29 @@ def test_fused_projections_kv_buffers_and_folded_groups_are_bit_identical(hidden
         assert torch.equal(value, fused.state_dict()[key]), key
 
 
+def test_folded_gen_attention_accepts_any_sdpa_output_layout(monkeypatch) -> None:
+    """CUDA's fp32 SDPA returns its output in the [B, queries, heads, D] memory layout; the
+    folded GQA path must not assume a contiguous result (it crashed with ``view`` there)."""
+    import cosmos3_gym.model.transformer as transformer_module
+
+    model = build_tiny_transformer(97, seed=3).fuse_gen_projections()
+    inp = _gen_inputs(model, [9, 5])
+    with torch.no_grad():
+        expected = _gen_forward(model, inp, preallocate_kv=True)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def transposed_layout_sdpa(*args, **kwargs):
+        out = sdpa(*args, **kwargs)  # same values, strides of [B, queries, heads, D]
+        return out.transpose(1, 2).contiguous().transpose(1, 2)
+
+    monkeypatch.setattr(transformer_module.F, "scaled_dot_product_attention",
+                        transposed_layout_sdpa)
+    with torch.no_grad():
+        actual = _gen_forward(model, inp, preallocate_kv=True)
+    for (e_vis, e_act), (a_vis, a_act) in zip(expected, actual, strict=True):
+        assert torch.equal(e_vis, a_vis) and torch.equal(e_act, a_act)
+
+
 def test_kv_buffers_refuse_autograd() -> None:
     model = build_tiny_transformer(97)
     inp = _gen_inputs(model, [4])

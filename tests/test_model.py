@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 from diffusers import Cosmos3OmniTransformer
-from diffusers_reference import reference_forward
 from safetensors.torch import save_file
 
+from cosmos3_gym.bench.diffusers_reference import reference_forward
 from cosmos3_gym.model import Cosmos3Config, Cosmos3Transformer
 
 DOMAIN = 5

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 from diffusers import Cosmos3OmniTransformer, UniPCMultistepScheduler
-from diffusers_reference import reference_forward
 from safetensors.torch import load_file
 
 from cosmos3_gym import Cosmos3ActionPipeline
+from cosmos3_gym.bench.diffusers_reference import reference_forward
 from cosmos3_gym.checkpoint import POLICY_CONFIG, TRANSFORMER
 from cosmos3_gym.pipeline.preprocess import latent_content_shape, plan_canvas, preprocess
 from cosmos3_gym.tiny import write_tiny_checkpoint

@@ -20,7 +20,7 @@ The recipe, end to end:
    (:func:`~cosmos3_gym.train.demos.encode_demos`): preprocess and encode (the 128x128 image on
    the 256 canvas, 8x8 content latents, one 2x2 patch per arena cell) and the prompt stage's
    tokens (the JSON caption). Each step runs the UND pathway once over the four captions and
-   takes each sample's rows (:func:`~cosmos3_gym.pipeline.stages.text_rows`); the latent frame
+   takes each sample's rows (:meth:`~cosmos3_gym.model.TextKVCache.rows`); the latent frame
    count follows the VAE's temporal compression (``pipe.noise.num_latent_frames``).
 4. **Loss.** Flow matching in the sampler's convention: ``x_σ = (1 − σ)·x0 + σ·ε``, target
    velocity ``ε − x0``, timestep ``σ·1000``; σ drawn half uniform, half logit-normal. The action
@@ -52,7 +52,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from cosmos3_gym.pipeline.stages import text_rows
 from cosmos3_gym.train.config import TrainConfig, policy_overrides, transformer_overrides
 from cosmos3_gym.train.demos import EncodedDemos, collect_demos, encode_demos, latent_statistics
 
@@ -88,7 +87,7 @@ def flow_matching_loss(
     noisy_vision = (1.0 - s_v) * x0_vision + s_v * eps_vision
     noisy_vision[:, :, :1] = cond  # latent frame 0 is the clean observation
 
-    text = text_rows(model.encode_text(data.input_ids, data.text_mask), data.colors[index])
+    text = model.encode_text(data.input_ids, data.text_mask).rows(data.colors[index])
     layout = model.gen_layout(
         text, latent_shape=tuple(noisy_vision.shape[2:]), num_actions=horizon, fps=fps
     )

@@ -27,6 +27,7 @@ from diffusers.models.embeddings import TimestepEmbedding, Timesteps
 from torch import nn
 
 from cosmos3_gym.model.config import Cosmos3Config
+from cosmos3_gym.model.kernels import TORCH_OPS, GenOps
 from cosmos3_gym.model.rope import apply_rope, gen_position_ids, rope_tables, text_position_ids
 
 
@@ -222,7 +223,10 @@ class MoTAttention(nn.Module):
         if self.fold_query_groups and groups > 1 and not training:
             q = q.reshape(b, self.num_kv_heads, groups * n, d)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
-            out = out.view(b, hq, n, d)
+            # SDPA's output strides depend on the kernel (CUDA's fp32 path returns the
+            # [B, queries, heads, D] memory layout): split the query axis without assuming a
+            # contiguous result, then the one copy of the transpose below.
+            out = out.unflatten(2, (groups, n)).flatten(1, 2)  # [B, Hq, N, D]
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=True)
         return out.transpose(1, 2).flatten(2)
@@ -278,30 +282,28 @@ class DecoderLayer(nn.Module):
     def forward_gen(
         self,
         x: torch.Tensor,
-        k_text: torch.Tensor,
-        v_text: torch.Tensor,
+        h: torch.Tensor,
+        text_kv: tuple[torch.Tensor, torch.Tensor],
         key_mask: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        kv_buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        """GEN step over ``x`` ``[B, N, C]`` attending to ``[text ; gen]`` keys.
+        kv_buffers: tuple[torch.Tensor, torch.Tensor] | None,
+        next_norm: RMSNorm,
+        ops: GenOps,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """GEN step over the residual stream ``x`` ``[B, N, C]`` attending to ``[text ; gen]``.
 
-        ``kv_buffers`` (``[B, Hkv, L+N, D]`` each, text part already filled) receive this
-        step's GEN keys/values in place, instead of a fresh ``torch.cat`` per layer and step.
+        ``h`` is ``input_layernorm_moe_gen(x)``, made by the previous layer's last residual
+        add; this layer returns its new stream and ``next_norm`` of it (the next layer's input
+        norm, or the final norm), so each residual add and the norm after it are one step of
+        ``ops``. ``kv_buffers`` (``[B, Hkv, L+N, D]`` each, text part already filled) receive
+        this step's GEN keys/values in place, instead of a fresh ``torch.cat`` per layer.
         """
         attn = self.self_attn
-        q, k, v = attn.gen_qkv_rotated(self.input_layernorm_moe_gen(x), cos, sin)
-        if kv_buffers is None:
-            k = torch.cat([k_text, k], dim=2)  # [B, Hkv, L+N, D]
-            v = torch.cat([v_text, v], dim=2)
-        else:
-            length = k_text.shape[2]
-            kv_buffers[0][:, :, length:].copy_(k)
-            kv_buffers[1][:, :, length:].copy_(v)
-            k, v = kv_buffers
-        x = x + attn.to_add_out(attn.gen_attention(q, k, v, key_mask))
-        return x + self.mlp_moe_gen(self.post_attention_layernorm_moe_gen(x))
+        q, k, v = ops.qkv(attn, h, cos, sin, text_kv, kv_buffers)
+        attended = attn.to_add_out(attn.gen_attention(q, k, v, key_mask))
+        x, h = ops.add_norm(x, attended, self.post_attention_layernorm_moe_gen)
+        return ops.add_norm(x, ops.mlp(self.mlp_moe_gen, h), next_norm)
 
 
 @dataclass
@@ -320,6 +322,14 @@ class TextKVCache:
     @property
     def padded(self) -> bool:
         return bool((self.lengths != self.text_mask.shape[1]).any())
+
+    def rows(self, index: torch.Tensor) -> TextKVCache:
+        """Rows ``index`` of the batch, e.g. each training sample's caption out of the few
+        distinct ones encoded once (indexing keeps gradients flowing to the UND pathway)."""
+        return TextKVCache(
+            [k[index] for k in self.keys], [v[index] for v in self.values],
+            self.lengths[index], self.text_mask[index],
+        )
 
     def repeat_interleave(self, repeats: int) -> TextKVCache:
         """The same prompts, each repeated ``repeats`` times (e.g. several candidates)."""
@@ -529,6 +539,7 @@ class Cosmos3Transformer(nn.Module):
         action_noisy: torch.Tensor,
         domain_ids: torch.Tensor,
         timesteps: torch.Tensor,
+        ops: GenOps = TORCH_OPS,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One denoising forward of the GEN pathway.
 
@@ -538,6 +549,8 @@ class Cosmos3Transformer(nn.Module):
             actions: ``[B, H, action_dim]``; action_noisy: ``[B, H]`` bool.
             domain_ids: ``[B]`` embodiment ids selecting the action heads.
             timesteps: ``[B]`` flow timesteps (0..1000) of the noisy tokens.
+            ops: how the step's elementwise work runs (:mod:`cosmos3_gym.model.kernels`):
+                eager by default; fused kernels need K/V buffers and no autograd.
 
         Returns:
             vision velocity ``[B, 48, T, h, w]`` and action velocity ``[B, H, action_dim]``,
@@ -555,14 +568,21 @@ class Cosmos3Transformer(nn.Module):
         act = act + t_emb * action_noisy[:, :, None].to(dtype)
         x = torch.cat([vis, act], dim=1)  # [B, N, C]
 
-        if layout.kv_buffers is not None and torch.is_grad_enabled():
-            raise RuntimeError("preallocated K/V buffers are for inference; run under no_grad")
+        if torch.is_grad_enabled() and (layout.kv_buffers is not None or ops is not TORCH_OPS):
+            raise RuntimeError(
+                "preallocated K/V buffers and fused GEN ops are for inference; run under no_grad"
+            )
         buffers = layout.kv_buffers or [None] * len(self.layers)
-        for layer, k_text, v_text, kv in zip(
-            self.layers, text.keys, text.values, buffers, strict=True
+        next_norms = [layer.input_layernorm_moe_gen for layer in self.layers[1:]]
+        h = self.layers[0].input_layernorm_moe_gen(x)
+        for layer, text_kv, kv, next_norm in zip(
+            self.layers, zip(text.keys, text.values, strict=True), buffers,
+            [*next_norms, self.norm_moe_gen], strict=True,
         ):
-            x = layer.forward_gen(x, k_text, v_text, layout.key_mask, layout.cos, layout.sin, kv)
-        x = self.norm_moe_gen(x)
+            x, h = layer.forward_gen(
+                x, h, text_kv, layout.key_mask, layout.cos, layout.sin, kv, next_norm, ops
+            )
+        x = h  # norm_moe_gen of the last layer's output
 
         n_vis = t * hp * wp
         v_vision = self._unpatchify(self.proj_out(x[:, :n_vis]), layout)

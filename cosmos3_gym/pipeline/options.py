@@ -2,8 +2,8 @@
 
 Every switch here leaves the actions equal (bit for bit, or within the float rounding its line
 states); each exists so that ``cosmos3-gym bench`` can measure what it saves by turning it off.
-A new execution strategy of the same kind (e.g. CUDA graphs for the denoising step) joins as one
-more field, off or on by default as its tests allow.
+A new execution strategy of the same kind joins as one more field, off or on by default as its
+tests allow.
 """
 
 from __future__ import annotations
@@ -42,3 +42,28 @@ class InferenceOptions:
     # The GEN layers run through torch.compile: the first call per shape compiles, and fused
     # kernels round differently from eager mode.
     compile_gen: bool = False
+    # The GEN step's norms, RoPE, K/V writes and MLP activation as fused Triton kernels
+    # (cosmos3_gym.model.kernels): within 1e-5 of eager in fp32, at most one bf16 rounding step
+    # in bf16. Needs fused projections and K/V buffers. Off until measured on a GPU: the CPU
+    # runs them only in Triton's interpreter (tests), never fast.
+    triton_kernels: bool = False
+    # Every denoising step's GEN forward replayed from a CUDA graph captured once per shape
+    # (cosmos3_gym.model.cuda_graphs): the same kernels with one launch, bit-identical. CUDA
+    # only; needs the text cache. Off until its GPU check has run (tests/test_gpu.py).
+    cuda_graphs: bool = False
+    # Captured shapes (batch, prompt length, latent grid) kept; the least recently used is
+    # dropped beyond this.
+    max_cuda_graphs: int = 8
+
+    def __post_init__(self) -> None:
+        if self.triton_kernels and not (self.fuse_projections and self.kv_buffers):
+            raise ValueError(
+                "triton_kernels needs fuse_projections=True and kv_buffers=True; found "
+                f"fuse_projections={self.fuse_projections}, kv_buffers={self.kv_buffers}"
+            )
+        if self.cuda_graphs and not self.text_cache:
+            raise ValueError("cuda_graphs needs text_cache=True (a graph holds one request's "
+                             "text K/V); found text_cache=False")
+        limit = self.max_cuda_graphs
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"max_cuda_graphs must be an int >= 1; found {limit!r}")

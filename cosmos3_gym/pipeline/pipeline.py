@@ -83,9 +83,7 @@ class Cosmos3ActionPipeline:
             policy, self.device, action_dim=transformer.config.action_dim,
             temporal_factor=int(vae.config.scale_factor_temporal),
         )
-        self.denoise = DenoiseStage(
-            transformer, policy, text_cache=options.text_cache, kv_buffers=options.kv_buffers
-        )
+        self.denoise = DenoiseStage(transformer, policy, options)
         self.decode = DecodeStage(policy, stats, vae)
         self.stages = (
             self.preprocess, self.prompt, self.encode, self.noise, self.denoise, self.decode

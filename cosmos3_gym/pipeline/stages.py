@@ -15,9 +15,12 @@ import numpy as np
 import torch
 
 from cosmos3_gym.checkpoint import PolicyConfig
-from cosmos3_gym.model import Cosmos3Transformer, TextKVCache
+from cosmos3_gym.model import Cosmos3Transformer, GenLayout, TextKVCache
+from cosmos3_gym.model.cuda_graphs import GenGraphs
+from cosmos3_gym.model.kernels import TORCH_OPS, TritonGenOps
 from cosmos3_gym.model.wan_frame_encoder import WanFrameEncoder
 from cosmos3_gym.pipeline.normalization import denormalize_actions
+from cosmos3_gym.pipeline.options import InferenceOptions
 from cosmos3_gym.pipeline.preprocess import CanvasPlan, crop_latent_to_content, preprocess
 from cosmos3_gym.pipeline.prompt import build_action_caption, tokenize_captions
 from cosmos3_gym.pipeline.scheduler import FlowUniPCScheduler
@@ -122,15 +125,6 @@ class PromptStage(Stage):
         return tokens.input_ids.to(device), tokens.attention_mask.to(device)
 
 
-def text_rows(text: TextKVCache, index: torch.Tensor) -> TextKVCache:
-    """Rows ``index`` of a caption batch's K/V cache, e.g. each training sample's caption out of
-    the few distinct ones encoded once (indexing keeps gradients flowing to the UND pathway)."""
-    return TextKVCache(
-        keys=[k[index] for k in text.keys], values=[v[index] for v in text.values],
-        lengths=text.lengths[index], text_mask=text.text_mask[index],
-    )
-
-
 class EncodeStage(Stage):
     """Wan2.2 VAE encode of the conditioning frame, cropped back to the content region."""
 
@@ -215,14 +209,23 @@ class DenoiseStage(Stage):
     name = "denoise"
 
     def __init__(
-        self, model: Cosmos3Transformer, policy: PolicyConfig, *, text_cache: bool = True,
-        kv_buffers: bool = True,
+        self, model: Cosmos3Transformer, policy: PolicyConfig, options: InferenceOptions
     ) -> None:
         self.model, self.policy = model, policy
         # InferenceOptions.text_cache and .kv_buffers: the text K/V once per request, and GEN
         # K/V written into buffers that hold the text prefix.
-        self.text_cache = text_cache
-        self.preallocate_kv = kv_buffers
+        self.text_cache = options.text_cache
+        self.preallocate_kv = options.kv_buffers
+        # How each GEN step's elementwise work runs (eager, or fused Triton kernels), and the
+        # step as CUDA graphs (captured per shape, replayed every step) or eagerly.
+        self.ops = TritonGenOps() if options.triton_kernels else TORCH_OPS
+        self.graphs = None
+        if options.cuda_graphs:
+            if model.device.type != "cuda":
+                raise ValueError(
+                    f"cuda_graphs needs the model on a CUDA device; found {model.device}"
+                )
+            self.graphs = GenGraphs(model, max_graphs=options.max_cuda_graphs, ops=self.ops)
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
         model, p = self.model, self.policy
@@ -243,10 +246,27 @@ class DenoiseStage(Stage):
             vision_noisy = vision_noisy.repeat(2, 1)
             action_noisy = action_noisy.repeat(2, 1)
             domain_ids = domain_ids.repeat(2)
-        layout = model.gen_layout(
-            text, latent_shape=tuple(vision.shape[2:]), num_actions=p.action_horizon, fps=p.fps,
-            action_fps=p.action_fps, preallocate_kv=self.preallocate_kv,
-        )
+
+        def model_inputs(vision: torch.Tensor, actions: torch.Tensor):
+            model_vision, model_actions = vision.to(dtype), actions.to(dtype)
+            if cfg:
+                return model_vision.repeat(2, 1, 1, 1, 1), model_actions.repeat(2, 1, 1)
+            return model_vision, model_actions
+
+        def layout_for(preallocate_kv: bool) -> GenLayout:
+            return model.gen_layout(
+                text, latent_shape=tuple(vision.shape[2:]), num_actions=p.action_horizon,
+                fps=p.fps, action_fps=p.action_fps, preallocate_kv=preallocate_kv,
+            )
+
+        graphed = None
+        if self.graphs is not None:  # the graph owns its K/V buffers
+            layout = layout_for(preallocate_kv=False)
+            model_vision, model_actions = model_inputs(vision, actions)
+            graphed = self.graphs.bind(text, layout, model_vision, vision_noisy, model_actions,
+                                       action_noisy, domain_ids)
+        if graphed is None:  # eager steps (also where a shape could not be captured)
+            layout = layout_for(preallocate_kv=self.preallocate_kv)
         scheduler = FlowUniPCScheduler(params.num_inference_steps, params.flow_shift)
         timesteps = scheduler.timesteps.to(device=device, dtype=torch.float32)
         raw = p.raw_action_dim
@@ -255,14 +275,14 @@ class DenoiseStage(Stage):
             step_t = timesteps[i].expand(vision_noisy.shape[0])
             if not self.text_cache:
                 text = model.encode_text(*batch.text_inputs)
-            model_vision, model_actions = vision.to(dtype), actions.to(dtype)
-            if cfg:
-                model_vision = model_vision.repeat(2, 1, 1, 1, 1)
-                model_actions = model_actions.repeat(2, 1, 1)
-            v_vision, v_action = model.forward_gen(
-                text, layout, model_vision, vision_noisy, model_actions, action_noisy, domain_ids,
-                step_t,
-            )
+            model_vision, model_actions = model_inputs(vision, actions)
+            if graphed is not None:
+                v_vision, v_action = graphed(model_vision, model_actions, step_t)
+            else:
+                v_vision, v_action = model.forward_gen(
+                    text, layout, model_vision, vision_noisy, model_actions, action_noisy,
+                    domain_ids, step_t, ops=self.ops,
+                )
             v_vision, v_action = v_vision.float(), v_action.float()
             if cfg:
                 g = params.guidance_scale

@@ -1,5 +1,7 @@
-"""Independent references for the tests: diffusers' Cosmos3 forward with diffusers' own positions.
+"""diffusers' Cosmos3 forward called as diffusers' pipeline calls it, with its own positions.
 
+The independent reference of the project: the tests compare our generator's velocities with it,
+and the synthetic benchmark (:mod:`cosmos3_gym.bench.synthetic`) times it beside ours.
 diffusers' ``Cosmos3OmniTransformer.forward`` takes one packed, unbatched sample; this helper
 builds that sample the way diffusers' pipeline does (``get_3d_mrope_ids_*`` for positions, text
 first, then vision, then actions) and returns its vision and action velocities.

@@ -1,0 +1,13 @@
+# The README's two commands. Their logic is in scripts/dev.py (Python standard library only), so
+# `python3 scripts/dev.py demo|test` does the same where make is absent.
+PYTHON ?= python3
+
+.PHONY: demo test
+
+# Evaluate the shipped tiny checkpoint on the built-in env: success table, videos in runs/demo.
+demo:
+	$(PYTHON) scripts/dev.py demo
+
+# ruff and the test suite, LIBERO included (what CI runs); pytest arguments: make test ARGS="-k x"
+test:
+	$(PYTHON) scripts/dev.py test $(ARGS)

@@ -1,0 +1,464 @@
+"""``cosmos3-gym bench --synthetic PRESET``: the pipeline at a published model shape, no weights.
+
+Timing depends on shapes, not weight values. This benchmark builds the Cosmos3 generator at a
+published configuration (``nano``, ``super``, ``edge``; ``tiny`` for CI on a CPU) with random
+weights straight on the device, the Wan2.2 VAE at its real widths, and the shipped tiny
+checkpoint's tokenizer, and measures the whole pipeline on LIBERO-size (256x512, tier 256) and
+DROID-size (480x832, tier 480) observations:
+
+- per case, batch size and step count: call latency (median), per-stage seconds, the denoising
+  stage's rate of useful matrix work (``denoise_tflops``: GEN FLOPs counted from the config and
+  token counts by :mod:`cosmos3_gym.model.flops`, over the stage's seconds), the GPU-busy
+  fraction, kernel count and heaviest kernels of one profiled call, and peak memory;
+- diffusers' own ``Cosmos3OmniTransformer`` at the same configuration and shapes, on the same
+  device in the same run: one denoising forward (it recomputes the text and runs one sample per
+  call) against one step of ours, at B=1 and for B samples;
+- each execution option flipped against the benchmark's configuration at B=1 and at B=8
+  (paired, alternating runs), the CUDA graphs and the fused kernels among them.
+
+Users size their hardware with it before they have weights. Results are a JSON file whose
+``rows`` are ``{"case", "batch_size", "steps", "call_s", "denoise_tflops", "gpu_busy", ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from cosmos3_gym.bench.latency import PROMPTS, _paired, _peak_memory_mb, _stage_seconds
+
+if TYPE_CHECKING:
+    import torch
+
+    from cosmos3_gym import Cosmos3ActionPipeline
+    from cosmos3_gym.pipeline.options import InferenceOptions
+
+
+@dataclass(frozen=True)
+class Case:
+    """One observation size, with the policy settings a checkpoint of that embodiment uses."""
+
+    name: str
+    image_hw: tuple[int, int]
+    resolution_tier: int
+    domain_name: str
+    view_point: str | None
+
+
+CASES = {
+    # Agentview and wrist side by side, 256 each (the LIBERO adapter's layout).
+    "libero_256x512": Case("libero_256x512", (256, 512), 256, "libero", "concat_view"),
+    # DROID-size single view at the 480 tier (sglang's published Cosmos3 policy benchmark shape).
+    "droid_480x832": Case("droid_480x832", (480, 832), 480, "droid_lerobot", "ego_view"),
+}
+ACTION_HORIZON = 16  # 17 frames: the LIBERO and DROID policy recipes
+RAW_ACTION_DIM = 10
+# Option flips measured against the configuration under test: the benchmark's name -> field.
+FLIPS = ("cuda_graphs", "triton_kernels", "text_cache", "kv_buffers", "frame_encoder")
+
+
+def synthetic_pipeline(
+    preset: str,
+    case: Case,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    options: InferenceOptions,
+    components: tuple[Any, Any, Any] | None = None,
+) -> tuple[Cosmos3ActionPipeline, tuple[Any, Any, Any]]:
+    """A pipeline over a random generator and VAE of ``preset``'s shapes; pass the returned
+    components back in to build another case or option set around the same weights."""
+    from transformers import AutoTokenizer
+
+    from cosmos3_gym import Cosmos3ActionPipeline
+    from cosmos3_gym import checkpoint as layout
+    from cosmos3_gym.checkpoint import PolicyConfig
+    from cosmos3_gym.model.presets import random_transformer, random_vae, vae_preset
+
+    if components is None:
+        transformer = random_transformer(preset, device=device, dtype=dtype, seed=0)
+        if options.fuse_projections:
+            transformer.fuse_gen_projections()
+        vae = random_vae(vae_preset(preset), device=device, seed=1)
+        tokenizer = AutoTokenizer.from_pretrained(
+            layout.resolve_checkpoint("tiny") / layout.TEXT_TOKENIZER
+        )
+        components = (transformer, vae, tokenizer)
+    policy = PolicyConfig(
+        domain_name=case.domain_name, raw_action_dim=RAW_ACTION_DIM,
+        action_horizon=ACTION_HORIZON, normalization="none", resolution_tier=case.resolution_tier,
+        view_point=case.view_point,
+    )
+    return Cosmos3ActionPipeline(*components, policy, options=options), components
+
+
+def busy_time(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals (overlapping kernels count once).
+
+    >>> busy_time([(0, 4), (2, 6), (10, 11)])
+    7
+    """
+    busy, end = 0, float("-inf")
+    for start, stop in sorted(spans):
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    return busy
+
+
+def profile_call(fn: Callable[[], Any], device: torch.device, top: int = 8) -> dict[str, Any]:
+    """One profiled run of ``fn``: the fraction of its wall time during which the GPU ran a
+    kernel or a copy (the union of their intervals), the kernel count, and the ``top``
+    kernels by total time (where a step's time goes, e.g. why one batch size is slow).
+    Fields are ``None`` off CUDA."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    if device.type != "cuda":
+        return {"gpu_busy": None, "kernels": None, "top_kernels": None}
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize(device)
+        wall_us = (time.perf_counter() - start) * 1e6
+    events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    busy = busy_time([(e.time_range.start, e.time_range.end) for e in events])
+    totals: dict[str, list[float]] = {}
+    for e in events:
+        entry = totals.setdefault(e.name, [0.0, 0])
+        entry[0] += e.time_range.end - e.time_range.start
+        entry[1] += 1
+    ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:top]
+    return {
+        "gpu_busy": busy / wall_us,
+        "kernels": len(events),
+        "top_kernels": [{"name": name[:120], "ms": us / 1e3, "count": count}
+                        for name, (us, count) in ranked],
+    }
+
+
+def _median_call(call: Callable[[], dict[str, float]], warmup: int, repeats: int,
+                 sync: Callable[[], None]) -> tuple[float, dict[str, float]]:
+    for _ in range(warmup):
+        call()
+    walls, stages = [], []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        stages.append(call())
+        sync()
+        walls.append(time.perf_counter() - start)
+    keys = stages[0].keys()
+    return statistics.median(walls), {k: statistics.median(s[k] for s in stages) for k in keys}
+
+
+def reference_step_s(
+    preset: str, *, device: torch.device, dtype: torch.dtype, counts: dict[str, int],
+    latent_grid: tuple[int, int, int], repeats: int,
+) -> float | None:
+    """Seconds of one denoising forward of diffusers' ``Cosmos3OmniTransformer`` (its own random
+    initialisation at ``preset``'s config, built on the device) for one sample at these token
+    counts; ``None`` if it does not fit in memory next to ours."""
+    import torch
+    from diffusers import Cosmos3OmniTransformer
+
+    from cosmos3_gym.bench.diffusers_reference import reference_forward
+    from cosmos3_gym.model.presets import GENERATOR_PRESETS
+
+    previous = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(dtype)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(2)
+            with torch.device(device), torch.no_grad():
+                model = Cosmos3OmniTransformer(**GENERATOR_PRESETS[preset]).eval()
+        model.time_embedder.float()  # as diffusers keeps it (``_keep_in_fp32_modules``)
+    except torch.OutOfMemoryError:
+        return None
+    finally:
+        torch.set_default_dtype(previous)
+    t, h, w = latent_grid
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 1000, (counts["text"],), generator=gen).to(device)
+    vision = torch.randn(1, 48, t, h, w, generator=gen).to(device, dtype)
+    actions = torch.randn(counts["action"], 64, generator=gen).to(device, dtype)
+
+    def step() -> dict[str, float]:
+        reference_forward(model, ids, vision, actions, 500.0, domain=5, fps=20.0)
+        return {}
+
+    with torch.no_grad():
+        seconds, _ = _median_call(step, 1, repeats, _synchronizer(device))
+    return seconds
+
+
+def _synchronizer(device: torch.device) -> Callable[[], None]:
+    import torch
+
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def _latent_grid(pipe: Cosmos3ActionPipeline, case: Case) -> tuple[int, int, int]:
+    """(T, h, w) of the latent the denoiser sees: the content region of the case's canvas."""
+    from cosmos3_gym.pipeline.preprocess import latent_content_shape, plan_canvas
+
+    plan = plan_canvas(*case.image_hw, case.resolution_tier)
+    return (pipe.noise.num_latent_frames, *latent_content_shape(plan))
+
+
+def token_counts(pipe: Cosmos3ActionPipeline, case: Case, prompts: list[str]) -> dict[str, int]:
+    """Text tokens (the padded length of the batch's captions, as the prompt stage makes
+    them), vision and action GEN tokens."""
+    from cosmos3_gym.pipeline.preprocess import plan_canvas
+    from cosmos3_gym.pipeline.stages import MicroBatch, SamplingParams
+
+    batch = MicroBatch(indices=list(range(len(prompts))), images=[], prompts=prompts,
+                       seeds=[0] * len(prompts),
+                       plan=plan_canvas(*case.image_hw, case.resolution_tier))
+    params = SamplingParams(num_inference_steps=1, guidance_scale=1.0, flow_shift=1.0,
+                            progress=False)
+    text = pipe.prompt.tokenize(batch, params)[0].shape[1]
+    p = pipe.transformer.config.latent_patch_size
+    t, h, w = _latent_grid(pipe, case)
+    return {"text": int(text), "vision": t * -(-h // p) * -(-w // p), "action": ACTION_HORIZON}
+
+
+@dataclass
+class _Run:
+    """What every measurement of one benchmark run shares."""
+
+    preset: str
+    device: torch.device
+    dtype: torch.dtype
+    options: InferenceOptions
+    warmup: int
+    repeats: int
+    save: Callable[[], None]  # writes what is measured so far (a killed run keeps its rows)
+    components: tuple[Any, Any, Any] | None = None
+
+
+def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tuple[int, ...],
+                  compare_batches: tuple[int, ...], reference: bool,
+                  rows: list[dict[str, Any]]) -> dict[str, Any]:
+    import torch
+
+    from cosmos3_gym.model.flops import gen_step_flops
+    from cosmos3_gym.policy.adapters import get_adapter
+
+    dev, sync = run.device, _synchronizer(run.device)
+    pipe, run.components = synthetic_pipeline(run.preset, case, device=dev, dtype=run.dtype,
+                                              options=run.options, components=run.components)
+    max_b = max(*batch_sizes, *compare_batches)
+    images = np.random.default_rng(0).integers(0, 256, size=(max_b, *case.image_hw, 3),
+                                               dtype=np.uint8)
+    augment = get_adapter("libero").prompt  # the task plus the view-point sentence
+    prompts = [augment(PROMPTS[i % len(PROMPTS)]) for i in range(max_b)]
+
+    def call(p: Cosmos3ActionPipeline, b: int, n: int) -> dict[str, float]:
+        out = p(images[:b], prompts[:b], seed=list(range(b)), num_inference_steps=n,
+                progress=False)
+        return _stage_seconds(out.timings)
+
+    for b in batch_sizes:
+        counts = token_counts(pipe, case, prompts[:b])
+        for n in steps:
+            if dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(dev)
+            call_s, stages = _median_call(lambda b=b, n=n: call(pipe, b, n), run.warmup,
+                                          run.repeats, sync)
+            flops = n * gen_step_flops(
+                pipe.transformer.config, batch_size=b, text_tokens=counts["text"],
+                vision_tokens=counts["vision"], action_tokens=counts["action"],
+            )
+            rows.append({
+                "case": case.name, "batch_size": b, "steps": n, "call_s": call_s,
+                "denoise_tflops": flops / stages["denoise"] / 1e12,
+                **profile_call(lambda b=b, n=n: call(pipe, b, n), dev),
+                "stages_s": stages, "peak_memory_mb": _peak_memory_mb(dev),
+                "tokens": counts, "denoise_step_s": stages["denoise"] / n,
+            })
+            run.save()
+
+    n = min(steps)
+    flips: dict[str, Any] = {}
+    for b in compare_batches:
+        flips[str(b)] = {}
+        for field in FLIPS:
+            flipped = replace(run.options, **{field: not getattr(run.options, field)})
+            if dev.type != "cuda" and (flipped.cuda_graphs or flipped.triton_kernels):
+                continue  # graphs exist on CUDA only; on CPU the kernels are interpreted
+            variant, _ = synthetic_pipeline(run.preset, case, device=dev, dtype=run.dtype,
+                                            options=flipped, components=run.components)
+            m = _paired(lambda v=variant, b=b: call(v, b, n), lambda b=b: call(pipe, b, n),
+                        run.warmup, run.repeats)
+            flips[str(b)][field] = {"flipped_to": getattr(flipped, field),
+                                    "ratio": m["ratio"], "denoise_ratio": m["denoise_ratio"]}
+
+    result: dict[str, Any] = {"flips": flips, "reference": None}
+    if reference:
+        ours = {r["batch_size"]: r["denoise_step_s"] for r in rows
+                if r["case"] == case.name and r["steps"] == n}
+        ref_s = reference_step_s(run.preset, device=dev, dtype=run.dtype,
+                                 counts=token_counts(pipe, case, prompts[:1]),
+                                 latent_grid=_latent_grid(pipe, case), repeats=run.repeats)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()  # the reference's weights are gone with its call
+        result["reference"] = {
+            "diffusers_step_s": ref_s, "ours_step_s": {str(b): s for b, s in ours.items()},
+            # One sample per diffusers call: B samples cost B calls.
+            "speedup": {str(b): None if ref_s is None else b * ref_s / s
+                        for b, s in ours.items()},
+        }
+    return result
+
+
+def run_synthetic(
+    preset: str,
+    *,
+    device: str = "cpu",
+    cases: tuple[str, ...] = tuple(CASES),
+    batch_sizes: dict[str, tuple[int, ...]] | None = None,
+    steps: tuple[int, ...] = (10, 30),
+    warmup: int = 1,
+    repeats: int = 3,
+    options: InferenceOptions | None = None,
+    compare_batches: tuple[int, ...] = (1, 8),
+    reference: bool = True,
+    out: Path | None = None,
+) -> dict[str, Any]:
+    """Run the synthetic benchmark; returns its JSON-ready result (see the module docstring),
+    written to ``out`` after every measurement (``"complete": false`` until the end)."""
+    import torch
+
+    from cosmos3_gym.pipeline.options import InferenceOptions
+
+    dev = torch.device(device)
+    if options is None:  # the fastest the device supports
+        on_gpu = dev.type == "cuda"
+        options = InferenceOptions(cuda_graphs=on_gpu, triton_kernels=on_gpu)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    result: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "none (cpu)",
+        "preset": preset, "device": str(dev), "dtype": str(dtype).removeprefix("torch."),
+        "host": platform.node(), "torch": torch.__version__, "options": asdict(options),
+        "warmup": warmup, "repeats": repeats, "statistic": "median", "complete": False,
+        "rows": [], "reference": {}, "flips": {},
+    }
+
+    def save() -> None:
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=2))
+
+    run = _Run(preset, dev, dtype, options, warmup, repeats, save)
+    sizes = batch_sizes or {"libero_256x512": (1, 2, 4, 8, 16, 32), "droid_480x832": (1, 2, 4, 8)}
+    for name in cases:
+        measured = _measure_case(run, CASES[name], sizes[name], steps, compare_batches,
+                                 reference, result["rows"])
+        result["flips"][name] = measured["flips"]
+        result["reference"][name] = measured["reference"]
+        save()
+    result["complete"] = True
+    save()
+    return result
+
+
+def format_synthetic(result: dict[str, Any]) -> str:
+    """A plain-text table of a synthetic benchmark result."""
+    lines = [
+        f"cosmos3-gym bench --synthetic {result['preset']} on {result['gpu']} "
+        f"({result['dtype']}), medians of {result['repeats']} calls",
+        f"{'case':<16} {'B':>3} {'steps':>5} {'call s':>8} {'denoise TFLOP/s':>15} "
+        f"{'GPU busy':>8} {'peak MB':>8} {'text/gen tokens':>15}",
+    ]
+    for r in result["rows"]:
+        busy = "-" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
+        t = r["tokens"]
+        lines.append(
+            f"{r['case']:<16} {r['batch_size']:>3} {r['steps']:>5} {r['call_s']:>8.3f} "
+            f"{r['denoise_tflops']:>15.3g} {busy:>8} {r['peak_memory_mb']:>8.0f} "
+            f"{t['text']:>7}/{t['vision'] + t['action']:<7}"
+        )
+    for case, ref in result["reference"].items():
+        if ref is None:
+            continue
+        if ref["diffusers_step_s"] is None:
+            lines.append(f"{case}: diffusers' reference did not fit in memory")
+            continue
+        lines.append(
+            f"{case}: one step, diffusers {1e3 * ref['diffusers_step_s']:.1f} ms/sample; ours "
+            + ", ".join(f"B={b} {1e3 * s:.1f} ms ({ref['speedup'][str(b)]:.2f}x)"
+                        for b, s in ref["ours_step_s"].items())
+        )
+    for case, per_b in result["flips"].items():
+        for b, flips in per_b.items():
+            lines.append(f"{case} B={b}, each option flipped (time flipped / as configured): "
+                         + ", ".join(f"{k}->{v['flipped_to']} {v['ratio']:.2f}x"
+                                     for k, v in flips.items()))
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The synthetic benchmark's own options, beside the latency benchmark's (``--device``,
+    ``--out``, ``--batch-sizes``, ``--warmup``, ``--repeats``, ``--threads`` are shared)."""
+    parser.add_argument("--synthetic", metavar="PRESET", default=None,
+                        help="measure a published model shape with random weights instead of a "
+                             "checkpoint: nano, super or edge (tiny runs on a CPU)")
+    parser.add_argument("--cases", default=",".join(CASES),
+                        help=f"with --synthetic: comma-separated cases (default: "
+                             f"{','.join(CASES)})")
+    parser.add_argument("--steps", default="10,30",
+                        help="with --synthetic: comma-separated denoising step counts "
+                             "(default: 10,30)")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="with --synthetic: skip diffusers' reference forward (it needs a "
+                             "second copy of the weights in memory)")
+
+
+def _int_list(text: str, name: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"{name}: expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{name}: expected integers >= 1, got {text!r}")
+    return values
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from cosmos3_gym.model.presets import preset_config
+
+    preset_config(args.synthetic)  # an unknown name fails here, before anything is built
+    cases = tuple(c.strip() for c in args.cases.split(","))
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise ValueError(f"--cases: unknown {unknown}; expected some of {sorted(CASES)}")
+    sizes = None
+    if args.batch_sizes is not None:
+        chosen = _int_list(args.batch_sizes, "--batch-sizes")
+        sizes = {c: chosen for c in cases}
+    result = run_synthetic(
+        args.synthetic, device=args.device, cases=cases, batch_sizes=sizes,
+        steps=_int_list(args.steps, "--steps"), warmup=args.warmup, repeats=args.repeats,
+        compare_batches=(1, args.compare_batch), reference=not args.no_reference,
+        out=Path(args.out),
+    )
+    print(format_synthetic(result))
+    return result
