@@ -3,12 +3,10 @@
 ``--videos`` writes the env's frames as a GIF. ``--videos imagined`` writes, per episode, one
 video in which every frame shows three panels side by side, under the prompt the model read:
 
-    +--------------------------------------------------------------------+
-    | prompt: "reach the red target"                                     |
-    | what the model saw (step 8) | what it imagined (step 10) | what happened (step 10) |
-    | [its input image]           | [predicted frame]          | [env frame]             |
-    | red · trial 0 · seed 42 · chunk 3 of 7 · success                   |
-    +--------------------------------------------------------------------+
+    prompt: "reach the red target"
+    what the model saw (step 8)   what it imagined (step 10)   what happened (step 10)
+    [its input image]             [predicted frame]            [env frame]
+    red · trial 0 · seed 42 · success · chunk 3 of 7
 
 For each planned chunk the video runs from the observation the model planned from (predicted
 frame 0, the VAE's reconstruction of that input, beside it) through every step executed from
@@ -136,11 +134,6 @@ class ImaginedLayout:
         left = self.panel_lefts[index]
         return frame[self.panel_top : self.panel_top + self.panel_height,
                      left : left + self.panel_width]
-
-
-def imagined_frame_count(chunks: Sequence[ImaginedChunk], num_env_frames: int) -> int:
-    """Frames of an imagined video: one per executed step plus one per chunk."""
-    return sum(end - c.start + 1 for c, end in _chunk_spans(chunks, num_env_frames))
 
 
 def imagined_frames(
