@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cosmos3_gym.envs import STEP_BUDGETS
 from cosmos3_gym.eval.tasks import ENV_NAMES
 
 
@@ -42,6 +43,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="global seed (default: 0)")
     p.add_argument("--image-size", type=int, default=None, help="env image size")
     p.add_argument("--max-episode-steps", type=int, default=None, help="episode step limit")
+    p.add_argument("--step-budget", choices=STEP_BUDGETS, default=None,
+                   help="LIBERO episode budget: cosmos3 (default; the official Cosmos3 client's, "
+                        "settle steps counted inside: 510 on libero_10) or openpi (settle steps "
+                        "on top: 520)")
     p.add_argument("--num-inference-steps", type=int, default=None,
                    help="denoising steps (default: the checkpoint's)")
     p.add_argument("--n-action-steps", type=int, default=None,
@@ -133,7 +138,7 @@ def _run(args: argparse.Namespace) -> int:
             checkpoint=args.checkpoint, env=args.env, suite=args.suite, tasks=args.tasks,
             trials=args.trials, seed=args.seed, num_envs=args.num_envs,
             async_envs=args.async_envs, image_size=args.image_size,
-            max_episode_steps=args.max_episode_steps,
+            max_episode_steps=args.max_episode_steps, step_budget=args.step_budget,
             num_inference_steps=args.num_inference_steps, n_action_steps=args.n_action_steps,
             out_of_range=args.out_of_range, env_timeout=args.env_timeout, videos=args.videos,
             video_trials=args.video_trials,

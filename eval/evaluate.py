@@ -22,6 +22,20 @@ to the env. An action outside the space's bounds is counted (``out_of_range_step
 env applies its own documented handling (both built-in envs clip to the box). With
 ``out_of_range="fail"`` the episode ends as a failure instead. Nothing is clipped here.
 
+Checks first. Before anything is loaded, built or written, the checkpoint's action width (from
+its ``action_policy.json``, or the pipeline passed in) is checked through the env's adapter
+against the env's action space (:meth:`~cosmos3_gym.eval.tasks.EvalEnv.single_action_space`, which
+builds no simulator), so a checkpoint made for another env fails in seconds with one error.
+
+Records. Each finished episode is one record (:mod:`cosmos3_gym.eval.results`) holding what
+replays it, ``seed`` and ``reset_options`` (a sub-env's ``reset(seed=..., options=...)`` that
+starts it again: the task, and LIBERO's init state), and ``obs_sha256``, a SHA-256 over every
+observation of the episode exactly as the env returned it (the reset observation, then one per
+step; each array by sorted key path, with its dtype and shape, then its bytes). Hashing the raw
+observations rather than the policy's resized model images or ``render()`` covers everything
+the env produced (both cameras and the state) before any adapter touches it, so two runs that
+record the same hash saw the same episode, frame for frame.
+
 Resume. ``config.json`` stores the run's identity; a rerun into the same folder with another
 identity is refused. The JSONL logs (:mod:`cosmos3_gym.eval.results`) are read first and every
 finished ``(task, trial)`` is skipped, so a rerun after a crash or Ctrl-C finishes the run and
@@ -37,9 +51,11 @@ more than ``max_episode_restarts`` times is recorded as a failure with its ``err
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +72,13 @@ from cosmos3_gym.eval.distributed import (
     init_process_group,
 )
 from cosmos3_gym.eval.report import ResultsPlot
-from cosmos3_gym.eval.tasks import Episode, EvalEnv, episode_seed_rule, make_eval_env
+from cosmos3_gym.eval.tasks import (
+    EVAL_ENVS,
+    Episode,
+    EvalEnv,
+    episode_seed_rule,
+    make_eval_env,
+)
 from cosmos3_gym.eval.videos import (
     ImaginedChunk,
     episode_video_stem,
@@ -65,7 +87,15 @@ from cosmos3_gym.eval.videos import (
     unused_path,
     write_video,
 )
-from cosmos3_gym.policy import ActionQueues, Adapter, ChunkPlanner, get_adapter, take_envs
+from cosmos3_gym.policy import (
+    ActionQueues,
+    Adapter,
+    ChunkPlanner,
+    check_action_fit,
+    get_adapter,
+    pipeline_action_head,
+    take_envs,
+)
 from cosmos3_gym.progress import progress_bar
 from cosmos3_gym.seeding import check_seed
 
@@ -74,7 +104,7 @@ from cosmos3_gym.seeding import check_seed
 # how robustly the same episodes are produced, so they may change between sessions.
 IDENTITY_KEYS = (
     "checkpoint", "env", "suite", "tasks", "trials", "seed", "image_size", "max_episode_steps",
-    "num_inference_steps", "n_action_steps", "out_of_range", "shuffle_prompts",
+    "step_budget", "num_inference_steps", "n_action_steps", "out_of_range", "shuffle_prompts",
 )
 # --videos: the env's frames, or the model's input and predicted future beside them.
 VIDEO_KINDS = ("env", "imagined")
@@ -101,6 +131,9 @@ class EvalConfig:
     # None = the env's default (color_reach 128, LIBERO 256).
     image_size: int | None = None
     max_episode_steps: int | None = None
+    # LIBERO's episode budget: "cosmos3" (the official Cosmos3 client's, the default when None)
+    # or "openpi" (settle steps on top); see docs/libero.md.
+    step_budget: str | None = None
     # None = the checkpoint's defaults.
     num_inference_steps: int | None = None
     # Actions executed per chunk before replanning; None = the whole chunk.
@@ -166,6 +199,8 @@ class _Slot:
     records_video: bool = False
     frames: list[np.ndarray] = field(default_factory=list)
     imagined: list[ImaginedChunk] = field(default_factory=list)
+    # SHA-256 of the episode's observations so far (see the module notes).
+    obs_digest: Any = field(default_factory=hashlib.sha256)
 
     def start(self, episode: Episode, restarts: int = 0, records_video: bool = False) -> None:
         self.episode, self.restarts, self.needs_reset = episode, restarts, True
@@ -175,6 +210,38 @@ class _Slot:
         self.records_video = records_video
         self.frames = []
         self.imagined = []
+        self.obs_digest = hashlib.sha256()
+
+
+def hash_observation(digest: Any, obs: Any, env: int, path: str = "obs") -> None:
+    """Feed env ``env``'s slice of a vector observation to a ``hashlib`` digest: every array by
+    sorted key path, with its dtype and shape, then its bytes."""
+    if isinstance(obs, Mapping):
+        for key in sorted(obs):
+            hash_observation(digest, obs[key], env, f"{path}/{key}")
+    elif isinstance(obs, tuple):
+        for k, value in enumerate(obs):
+            hash_observation(digest, value, env, f"{path}/{k}")
+    else:
+        array = np.ascontiguousarray(np.asarray(obs)[env])
+        digest.update(f"{path}:{array.dtype.str}:{array.shape}".encode())
+        digest.update(array.tobytes())
+
+
+def checkpoint_action_head(checkpoint: str) -> tuple[int, str] | None:
+    """``(raw action width, domain)`` from a checkpoint folder's ``action_policy.json``, read
+    without loading any weights; ``None`` where the folder has none, or is not found (loading
+    reports that)."""
+    from cosmos3_gym.checkpoint import POLICY_CONFIG, PolicyConfig, resolve_checkpoint
+
+    try:
+        root = resolve_checkpoint(checkpoint)
+    except FileNotFoundError:
+        return None
+    if not (root / POLICY_CONFIG).is_file():
+        return None
+    policy = PolicyConfig.from_json_file(root / POLICY_CONFIG)
+    return policy.raw_action_dim, policy.domain_name
 
 
 def load_pipeline(checkpoint: str) -> Any:
@@ -244,6 +311,7 @@ class Evaluator:
             tasks=config.tasks,
             image_size=config.image_size,
             max_episode_steps=config.max_episode_steps,
+            step_budget=config.step_budget,
         )
         self.adapter: Adapter = get_adapter(self.eval_env.adapter)
         self.pipeline = pipeline
@@ -268,6 +336,9 @@ class Evaluator:
     def run(self) -> dict[str, Any] | None:
         """Run the pending episodes of this rank; on rank 0 return (and write) the results."""
         cfg = self.config
+        # Before the folder is written: a refused checkpoint leaves nothing to clash with the
+        # corrected rerun.
+        checked = self.check_action_fit()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         init_process_group(self.rank)
         try:
@@ -278,6 +349,8 @@ class Evaluator:
             pending = deque(e for e in mine if e.key not in done)
             if pending and self.pipeline is None:
                 self.pipeline = load_pipeline(cfg.checkpoint)
+                if not checked:  # its width is known only now it is loaded
+                    self.check_action_fit()
             start = time.perf_counter()
             if pending:
                 self._run_pool(pending, already_done=len(mine) - len(pending))
@@ -294,6 +367,29 @@ class Evaluator:
         finally:
             self._discard_envs()
             destroy_process_group(self.rank)
+
+    def check_action_fit(self) -> bool:
+        """Refuse a checkpoint whose actions, through the env's adapter, do not fit the env's
+        action space; builds no simulator and calls no model. False where the checkpoint's width
+        is not known without loading it (no ``action_policy.json``, no pipeline given)."""
+        if self.pipeline is not None:
+            head, source = pipeline_action_head(self.pipeline), "the pipeline's checkpoint"
+        else:
+            head = checkpoint_action_head(self.config.checkpoint)
+            source = f"--checkpoint {self.config.checkpoint}"
+        if head is None:
+            return False
+        raw_dim, domain = head
+        env, own = self.config.env, self.eval_env.domain
+        homes = [name for name, cls in EVAL_ENVS.items() if domain and cls.domain == domain]
+        hint = f"evaluate it with --env {homes[0]}, " if homes and homes[0] != env else ""
+        check_action_fit(
+            self.adapter, raw_dim, domain, self.eval_env.single_action_space(),
+            checkpoint=source, env_label=f"--env {env}'s",
+            fix=f"Fix: {hint}or pass a --checkpoint trained for --env {env}"
+                + (f" (domain {own!r})." if own else "."),
+        )
+        return True
 
     def _throughput_name(self) -> str:
         ws = self.rank.world_size
@@ -313,6 +409,7 @@ class Evaluator:
             expected_episodes=len(self.all_episodes),
             incidents=results_io.read_incidents(self.out_dir),
             throughput=throughput,
+            episode_budget=self.eval_env.episode_budget(),
         )
         results_io.write_json_atomic(self.out_dir / "results.json", results)
         self.plot.update(results, final=final)
@@ -427,6 +524,7 @@ class Evaluator:
                 obs, _ = self._guard(f"reset of env {i}", envs.reset, seed=seeds, options=options)
             self.obs = obs
             slot.needs_reset = False
+            hash_observation(slot.obs_digest, obs, i)
             if slot.records_video:
                 slot.frames.append(self.adapter.images(take_envs(obs, i))[0])
 
@@ -521,6 +619,7 @@ class Evaluator:
             slot = slots[i]
             slot.steps += 1
             self.env_steps += 1
+            hash_observation(slot.obs_digest, obs, i)
             if slot.records_video:
                 slot.frames.append(self.adapter.images(take_envs(obs, i))[0])
             terminated = _info_flag(info, "episode_terminated", i)
@@ -582,6 +681,8 @@ class Evaluator:
             "trial": ep.trial,
             "init_state_id": ep.init_state_id,
             "seed": ep.seed,
+            "reset_options": self.eval_env.reset_options(ep),
+            "obs_sha256": slot.obs_digest.hexdigest(),
             "steps": slot.steps,
             "chunks": slot.chunks,
             "success": bool(success),

@@ -145,6 +145,7 @@ def summarize(
     expected_episodes: int,
     incidents: Sequence[dict[str, Any]] = (),
     throughput: dict[str, Any] | None = None,
+    episode_budget: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The results.json document.
 
@@ -154,7 +155,9 @@ def summarize(
     ``{success_rate, successes, episodes, interval}`` (tasks in the run's order);
     ``invalid_action_episodes`` (episodes failed for a non-finite action);
     ``out_of_range_episodes`` (episodes with at least one action outside the action space);
-    ``restarted_episodes``; ``incidents`` (list); ``throughput`` (or null); ``config``.
+    ``restarted_episodes``; ``incidents`` (list); ``throughput`` (or null);
+    ``episode_budget`` (the env's step-budget convention: ``step_budget``, ``settle_steps``,
+    ``max_episode_steps`` per suite; or null); ``config``.
     """
     by_task = {name: [r for r in records if r["task"] == name] for name in task_names}
     suites: dict[str, list[EpisodeRecord]] = {}
@@ -173,6 +176,7 @@ def summarize(
         "restarted_episodes": sum(r["restarts"] > 0 for r in records),
         "incidents": list(incidents),
         "throughput": throughput,
+        "episode_budget": episode_budget,
         "config": config,
     }
 
@@ -193,6 +197,12 @@ def format_table(results: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    budget = results.get("episode_budget")
+    if budget:
+        name = f" {budget['step_budget']}" if budget["step_budget"] else ""
+        steps = ", ".join(f"{suite} {n}" for suite, n in budget["max_episode_steps"].items())
+        settle = f" after {budget['settle_steps']} settle steps" if budget["settle_steps"] else ""
+        lines.append(f"step budget{name}: {steps} policy steps per episode{settle}")
     t = results.get("throughput")
     if t:
         lines.append(

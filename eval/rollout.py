@@ -14,8 +14,9 @@ Format (``SCHEMA_VERSION`` 1). ``out_dir/meta.json`` holds ``schema_version``, `
   an episode end under ``NEXT_STEP`` autoreset);
 - ``chunk_ids``: int64 ``[T, B]``, the row of the chunk arrays the action came from (-1 if none);
 - chunk arrays, one row per planned chunk: ``chunk_env``, ``chunk_episode``, ``chunk_index``
-  (int64), ``chunk_seed`` (int64, -1 where noise was passed in), ``chunk_noise`` float32
-  ``[N, H, 64]`` (the initial noise, enough to replay the chunk), ``chunk_raw_actions``.
+  (int64), ``chunk_seed`` (int64, the seed of the chunk's video and action noise),
+  ``chunk_noise`` float32 ``[N, H, 64]`` (the initial action noise; with ``chunk_seed``, enough to
+  replay the chunk), ``chunk_raw_actions``.
 
 The last shard also holds ``last_obs`` (``[B, ...]`` or ``last_obs.{key}``), the observation after
 the final step, for bootstrapping. :func:`load_rollouts` concatenates shards (chunk ids offset).
@@ -116,8 +117,7 @@ def collect_rollouts(
                 chunks["env"].append(int(env))
                 chunks["episode"].append(int(record.episode_indices[row]))
                 chunks["index"].append(int(record.chunk_indices[row]))
-                seed_k = record.seeds[row]
-                chunks["seed"].append(-1 if seed_k is None else int(seed_k))
+                chunks["seed"].append(int(record.seeds[row]))
                 chunks["noise"].append(record.action_noise[row])
                 chunks["raw_actions"].append(record.raw_actions[row])
         valid = ~prev_done if mode == AutoresetMode.NEXT_STEP else np.ones(num_envs, bool)
@@ -192,7 +192,8 @@ def run_rollout_command(args: Any) -> Path:
     from cosmos3_gym.policy import VectorPolicy
 
     eval_env = make_eval_env(args.env, suite=args.suite, tasks=args.tasks,
-                             image_size=args.image_size, max_episode_steps=args.max_episode_steps)
+                             image_size=args.image_size, max_episode_steps=args.max_episode_steps,
+                             step_budget=args.step_budget)
     # Tasks are assigned to envs round-robin; episodes follow each other by autoreset.
     envs = eval_env.make(args.num_envs, args.async_envs, autoreset_mode=Mode.NEXT_STEP)
     policy = VectorPolicy(load_pipeline(args.checkpoint), adapter=eval_env.adapter,

@@ -19,9 +19,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from gymnasium.spaces import Space
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from cosmos3_gym.envs import (
+    LIBERO_SETTLE_STEPS,
+    STEP_BUDGETS,
+    libero_max_episode_steps,
     libero_task_description,
     make_color_reach_vector_env,
     make_libero_vector_env,
@@ -86,13 +90,15 @@ class EvalEnv:
 
     suite: str = ""
     adapter: str = "generic"
+    # The checkpoint domain this env's actions belong to (names the fix of a width mismatch).
+    domain: str | None = None
     # The suite `cosmos3-gym bench --overlap-env` measures when none is named (None: no suites).
     bench_suite: str | None = None
 
     @classmethod
     def from_cli(
         cls, *, suite: str | None, tasks: list[str] | None, image_size: int | None,
-        max_episode_steps: int | None,
+        max_episode_steps: int | None, step_budget: str | None = None,
     ) -> EvalEnv:
         """The env as the command line names it (``--suite``, ``--tasks`` as given, ...);
         ``None`` takes the env's default."""
@@ -140,6 +146,25 @@ class EvalEnv:
         """The instruction an env shows for task ``task_index`` (its ``task_description``)."""
         raise NotImplementedError
 
+    def single_action_space(self) -> Space:
+        """One sub-env's action space, known before any simulator runs: what a checkpoint's
+        actions are checked against at the start of an evaluation.
+
+        The default builds a one-env sync vector env and closes it unreset; both built-in envs
+        build their simulator only at the first reset. Override it where a constructor is costly.
+        """
+        envs = self.make(1, False)
+        try:
+            return envs.single_action_space
+        finally:
+            envs.close()
+
+    def episode_budget(self) -> dict[str, Any] | None:
+        """The episode-length convention, for results.json and the summary: ``step_budget``
+        (its name), ``settle_steps`` (no-op steps inside ``reset()``) and ``max_episode_steps``
+        (policy steps, per suite); ``None`` where the env has no such convention."""
+        return None
+
     def shuffled_prompt(self, task_index: int) -> str:
         """Another task's instruction: the prompt-reading check of ``--shuffle-prompts``.
 
@@ -159,6 +184,7 @@ class ColorReachEval(EvalEnv):
 
     suite = "color_reach"
     adapter = "generic"
+    domain = "color_reach"
 
     def __init__(
         self, tasks: list[str] | None = None, *, image_size: int = 128, max_episode_steps: int = 40
@@ -176,11 +202,20 @@ class ColorReachEval(EvalEnv):
     @classmethod
     def from_cli(
         cls, *, suite: str | None, tasks: list[str] | None, image_size: int | None,
-        max_episode_steps: int | None,
+        max_episode_steps: int | None, step_budget: str | None = None,
     ) -> ColorReachEval:
         if suite not in (None, "color_reach"):
             raise ValueError(f"--suite {suite!r} does not apply to --env color_reach")
+        if step_budget is not None:
+            raise ValueError(
+                f"--step-budget {step_budget!r} chooses between LIBERO clients' conventions and "
+                "applies to --env libero only; --env color_reach takes --max-episode-steps"
+            )
         return cls(tasks, image_size=image_size or 128, max_episode_steps=max_episode_steps or 40)
+
+    def episode_budget(self) -> dict[str, Any]:
+        return {"step_budget": None, "settle_steps": 0,
+                "max_episode_steps": {self.suite: self.max_episode_steps}}
 
     def reset_options(self, episode: Episode) -> dict[str, Any]:
         return {"target": episode.task}
@@ -205,6 +240,7 @@ class LiberoEval(EvalEnv):
     """
 
     adapter = "libero"
+    domain = "libero"
     bench_suite = "libero_spatial"
 
     def __init__(
@@ -213,26 +249,52 @@ class LiberoEval(EvalEnv):
         task_ids: list[int],
         *,
         image_size: int = 256,
+        step_budget: str = "cosmos3",
         max_episode_steps: int | None = None,
     ) -> None:
         super().__init__([f"{suite}/{t}" for t in task_ids])
+        if step_budget not in STEP_BUDGETS:
+            raise ValueError(
+                f"step_budget must be one of {list(STEP_BUDGETS)}; found {step_budget!r}"
+            )
         self.suite = suite
         self.task_ids = task_ids
         self.image_size = image_size
+        self.step_budget = step_budget
         self.max_episode_steps = max_episode_steps
 
     @classmethod
     def from_cli(
         cls, *, suite: str | None, tasks: list[str] | None, image_size: int | None,
-        max_episode_steps: int | None,
+        max_episode_steps: int | None, step_budget: str | None = None,
     ) -> LiberoEval:
         if suite is None:
             raise ValueError("--env libero needs --suite (e.g. libero_10, libero_spatial)")
+        if step_budget is not None and max_episode_steps is not None:
+            raise ValueError(
+                f"--step-budget {step_budget!r} and --max-episode-steps {max_episode_steps} both "
+                "set the episode length; give one (--max-episode-steps makes the budget 'custom')"
+            )
         from cosmos3_gym.envs import libero_num_tasks
 
         n_tasks = libero_num_tasks(suite)
         ids = list(range(n_tasks)) if tasks is None else [_task_id(t, n_tasks) for t in tasks]
-        return cls(suite, ids, image_size=image_size or 256, max_episode_steps=max_episode_steps)
+        return cls(suite, ids, image_size=image_size or 256, step_budget=step_budget or "cosmos3",
+                   max_episode_steps=max_episode_steps)
+
+    def episode_budget(self) -> dict[str, Any]:
+        """``cosmos3`` (default: the official Cosmos3 client's, settle steps counted inside),
+        ``openpi`` (settle steps on top), or ``custom`` when ``max_episode_steps`` is given.
+
+        >>> LiberoEval("libero_10", [0], step_budget="openpi").episode_budget()
+        {'step_budget': 'openpi', 'settle_steps': 10, 'max_episode_steps': {'libero_10': 520}}
+        """
+        if self.max_episode_steps is not None:
+            name, steps = "custom", self.max_episode_steps
+        else:
+            name, steps = self.step_budget, libero_max_episode_steps(self.suite, self.step_budget)
+        return {"step_budget": name, "settle_steps": LIBERO_SETTLE_STEPS,
+                "max_episode_steps": {self.suite: steps}}
 
     def init_state_id(self, trial: int) -> int | None:
         return trial % LIBERO_INIT_STATES_PER_TASK
@@ -253,6 +315,7 @@ class LiberoEval(EvalEnv):
             async_=async_,
             image_size=self.image_size,
             autoreset_mode=autoreset_mode,
+            step_budget=self.step_budget,
             max_episode_steps=self.max_episode_steps,
         )
 
@@ -270,12 +333,14 @@ def make_eval_env(
     tasks: list[str] | None = None,
     image_size: int | None = None,
     max_episode_steps: int | None = None,
+    step_budget: str | None = None,
 ) -> EvalEnv:
     """The :class:`EvalEnv` the command line names (``tasks`` as given by ``--tasks``)."""
     if env not in EVAL_ENVS:
         raise ValueError(f"unknown env {env!r}; expected one of {list(ENV_NAMES)}")
     return EVAL_ENVS[env].from_cli(
-        suite=suite, tasks=tasks, image_size=image_size, max_episode_steps=max_episode_steps
+        suite=suite, tasks=tasks, image_size=image_size, max_episode_steps=max_episode_steps,
+        step_budget=step_budget,
     )
 
 

@@ -379,3 +379,159 @@ def test_cli_reports_bad_input_as_one_error_line(tmp_path: Path, capsys) -> None
     err = capsys.readouterr().err
     assert err.startswith("cosmos3-gym eval: error: no checkpoint folder at")
     assert "Traceback" not in err
+
+
+def test_two_runs_record_identical_episodes_frame_for_frame(
+    reference: Path, checkpoint: Path, pipeline, tmp_path: Path
+) -> None:
+    np.random.seed(12345)  # whatever numpy's global generator holds must not matter
+    evaluate(small_config(checkpoint), tmp_path / "again", pipeline=pipeline)
+    first, second = read_episode_records(reference), read_episode_records(tmp_path / "again")
+
+    def without_timing(records: list[dict]) -> list[dict]:
+        return [{k: v for k, v in r.items() if k != "wall_time_s"} for r in records]
+
+    assert without_timing(first) == without_timing(second)
+    hashes = [r["obs_sha256"] for r in first]
+    assert all(len(h) == 64 for h in hashes) and len(set(hashes)) == len(hashes)
+    assert [r["reset_options"] for r in first] == [{"target": r["task"]} for r in first]
+    # Other seeds start other episodes, and the hashes tell them apart.
+    evaluate(small_config(checkpoint, seed=8), tmp_path / "seed8", pipeline=pipeline)
+    other = read_episode_records(tmp_path / "seed8")
+    assert all(a["obs_sha256"] != b["obs_sha256"] for a, b in zip(first, other, strict=True))
+
+
+def test_results_record_and_the_summary_prints_the_step_budget(reference: Path) -> None:
+    from cosmos3_gym.eval.results import format_table
+
+    results = json.loads((reference / "results.json").read_text())
+    assert results["episode_budget"] == {
+        "step_budget": None, "settle_steps": 0, "max_episode_steps": {"color_reach": 6}}
+    assert "step budget: color_reach 6 policy steps per episode" in format_table(results)
+    libero = {**results, "episode_budget": {
+        "step_budget": "cosmos3", "settle_steps": 10, "max_episode_steps": {"libero_10": 510}}}
+    assert ("step budget cosmos3: libero_10 510 policy steps per episode after 10 settle steps"
+            in format_table(libero))
+
+
+def test_a_checkpoint_of_another_action_width_is_refused_before_anything_runs(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    import time
+
+    import cosmos3_gym.eval.evaluate as evaluate_module
+    from cosmos3_gym.eval.cli import main
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a mismatched checkpoint must be refused before this runs")
+
+    monkeypatch.setattr(evaluate_module, "load_pipeline", refused)
+    monkeypatch.setattr(ColorReachEnv, "reset", refused)
+    checkpoint = write_tiny_checkpoint(tmp_path / "ckpt10")  # a LIBERO-style 10-D head
+    out = tmp_path / "out"
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--checkpoint", str(checkpoint), "--out", str(out)])
+    elapsed = time.perf_counter() - start
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"cosmos3-gym eval: error: the checkpoint's actions do not fit the env: --checkpoint "
+        f"{checkpoint} makes 10-D actions (domain 'libero'), which the 'generic' adapter passes "
+        "on as 10-D env actions, but --env color_reach's action space is Box(-1.0, 1.0, (2,), "
+        "float32), 2-D. Fix: evaluate it with --env libero, or pass a --checkpoint trained for "
+        "--env color_reach (domain 'color_reach').\n"
+    )
+    assert not out.exists()  # nothing written: the corrected rerun may use the same folder
+    assert elapsed < 10.0, elapsed  # it took about 25 s (model loaded, env stepped) before
+
+
+def test_a_pipeline_of_another_action_width_is_refused_before_any_env_runs(
+    pipeline, checkpoint: Path, tmp_path: Path, monkeypatch
+) -> None:
+    def refused(*args, **kwargs):
+        raise AssertionError("a mismatched pipeline must be refused before any env is reset")
+
+    monkeypatch.setattr(ColorReachEnv, "reset", refused)
+
+    class LiberoAdapted(ColorReachEval):
+        adapter = "libero"  # takes 10-D raw actions; the fixture pipeline makes 2-D ones
+
+    message = (r"the pipeline's checkpoint makes 2-D actions \(domain 'libero'\), which the "
+               r"'libero' adapter cannot take .*--env color_reach's action space is Box")
+    with pytest.raises(ValueError, match=message):
+        evaluate(small_config(checkpoint), tmp_path / "out", pipeline=pipeline,
+                 eval_env=LiberoAdapted(TASKS, image_size=32, max_episode_steps=6))
+    assert not (tmp_path / "out").exists()
+    # A checkpoint folder that does not describe its head (no action_policy.json) is checked
+    # once loaded, still before any env runs.
+    import cosmos3_gym.eval.evaluate as evaluate_module
+
+    monkeypatch.setattr(evaluate_module, "checkpoint_action_head", lambda checkpoint: None)
+    monkeypatch.setattr(evaluate_module, "load_pipeline", lambda checkpoint: pipeline)
+    with pytest.raises(ValueError, match=message):
+        evaluate(small_config(checkpoint), tmp_path / "loaded",
+                 eval_env=LiberoAdapted(TASKS, image_size=32, max_episode_steps=6))
+
+
+@pytest.mark.libero
+def test_libero_with_a_checkpoint_of_another_width_fails_before_any_simulator(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    import time
+
+    import cosmos3_gym.eval.evaluate as evaluate_module
+    from cosmos3_gym.envs import LiberoEnv
+    from cosmos3_gym.eval.cli import main
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a mismatched checkpoint must be refused before this runs")
+
+    monkeypatch.setattr(evaluate_module, "load_pipeline", refused)
+    monkeypatch.setattr(LiberoEnv, "_build_sim", refused)
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--env", "libero", "--suite", "libero_spatial", "--tasks", "0",
+              "--num-envs", "2", "--out", str(tmp_path / "out")])  # the shipped 2-D checkpoint
+    elapsed = time.perf_counter() - start
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--checkpoint tiny makes 2-D actions (domain 'color_reach'), which the 'libero' " \
+           "adapter cannot take" in err
+    assert "--env libero's action space is Box(-1.0, 1.0, (7,), float32), 7-D. Fix: evaluate " \
+           "it with --env color_reach, or pass a --checkpoint trained for --env libero" in err
+    assert not (tmp_path / "out").exists()
+    assert elapsed < 15.0, elapsed  # it took 23 s (simulators built) before
+
+
+@pytest.mark.slow
+@pytest.mark.libero
+def test_two_runs_of_a_libero_eval_command_record_identical_episodes(
+    tmp_path: Path, capsys
+) -> None:
+    from cosmos3_gym.eval.cli import main
+
+    checkpoint = write_tiny_checkpoint(tmp_path / "ckpt")  # LIBERO-like 10-D head
+    command = ["eval", "--checkpoint", str(checkpoint), "--env", "libero",
+               "--suite", "libero_spatial", "--tasks", "0", "--trials", "2", "--num-envs", "2",
+               "--image-size", "64", "--max-episode-steps", "3", "--num-inference-steps", "1",
+               "--no-progress"]
+    assert main([*command, "--out", str(tmp_path / "first")]) == 0
+    summary = capsys.readouterr().out
+    np.random.seed(12345)  # the simulator's randomness must come from the episode alone
+    assert main([*command, "--out", str(tmp_path / "second")]) == 0
+    first = read_episode_records(tmp_path / "first")
+    second = read_episode_records(tmp_path / "second")
+
+    def without_timing(records: list[dict]) -> list[dict]:
+        return [{k: v for k, v in r.items() if k != "wall_time_s"} for r in records]
+
+    assert len(first) == 2 and without_timing(first) == without_timing(second)
+    assert [r["reset_options"] for r in first] == [
+        {"task": ["libero_spatial", 0], "init_state_id": k} for k in (0, 1)]
+    assert first[0]["obs_sha256"] != first[1]["obs_sha256"]  # two init states, two episodes
+    results = json.loads((tmp_path / "first" / "results.json").read_text())
+    assert results["episode_budget"] == {
+        "step_budget": "custom", "settle_steps": 10, "max_episode_steps": {"libero_spatial": 3}}
+    assert "step budget custom: libero_spatial 3 policy steps per episode after 10 settle " \
+           "steps" in summary

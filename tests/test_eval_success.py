@@ -10,6 +10,7 @@ some succeed on their very last step and some are truncated, all decided by the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 
 from cosmos3_gym.envs import ColorReachEnv, ColorReachExpert, ColorReachState
 from cosmos3_gym.envs.color_reach import AGENT_COLOR, COLORS, prompt_for
-from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
+from cosmos3_gym.eval.evaluate import EvalConfig, evaluate, hash_observation
 from cosmos3_gym.eval.results import read_episode_records
 from cosmos3_gym.eval.tasks import derive_seed
 from cosmos3_gym.pipeline.output import ActionOutput
@@ -72,17 +73,25 @@ class StandStill(ImageReadingExpert):
 
 def env_outcome(policy: ImageReadingExpert, task: str, trial: int) -> dict:
     """One episode in a plain env loop: whole chunks, replanned when a chunk is used up."""
+    return play(policy, derive_seed(SEED, task, trial), {"target": task})
+
+
+def play(policy: ImageReadingExpert, seed: int, options: dict) -> dict:
+    """``env_outcome`` from a reset seed and options; also hashes every observation."""
     env = ColorReachEnv(image_size=IMAGE_SIZE, max_episode_steps=MAX_STEPS)
-    obs, _ = env.reset(seed=derive_seed(SEED, task, trial), options={"target": task})
+    obs, _ = env.reset(seed=seed, options=options)
+    digest = hashlib.sha256()
+    hash_observation(digest, obs[None], 0)  # as the evaluator hashes env 0 of a vector obs
     steps = 0
     while True:
         for action in policy.chunk(obs, env.task_description):
             obs, reward, terminated, truncated, info = env.step(action)
+            hash_observation(digest, obs[None], 0)
             steps += 1
             if terminated or truncated:
                 assert reward == float(info["is_success"])  # the env's two signals agree
                 return {"success": bool(info["is_success"]), "steps": steps,
-                        "truncated": bool(truncated)}
+                        "truncated": bool(truncated), "obs_sha256": digest.hexdigest()}
 
 
 def config(**overrides) -> EvalConfig:
@@ -140,3 +149,15 @@ def test_a_policy_that_never_reaches_its_target_scores_zero(tmp_path: Path) -> N
     assert results["successes"] == 0 and results["success_rate"] == 0.0
     assert results["episodes"] == len(TASKS) * TRIALS
     assert all(r["steps"] == MAX_STEPS for r in read_episode_records(tmp_path))
+
+
+def test_a_record_replays_its_episode_to_the_same_observation_hash(tmp_path: Path) -> None:
+    """A record's seed and reset_options restart its episode in a plain env; the same policy
+    then sees the observations whose hash the record holds."""
+    evaluate(config(), tmp_path, pipeline=ImageReadingExpert())
+    records = read_episode_records(tmp_path)
+    assert len(records) == len(TASKS) * TRIALS
+    for record in records:
+        replayed = play(ImageReadingExpert(), record["seed"], record["reset_options"])
+        assert (replayed["obs_sha256"], replayed["steps"]) == (
+            record["obs_sha256"], record["steps"]), (record["task"], record["trial"])

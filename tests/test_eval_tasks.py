@@ -35,3 +35,34 @@ def test_unknown_envs_and_misplaced_suites_are_refused() -> None:
         make_eval_env("color_reach", suite="libero_10")
     with pytest.raises(ValueError, match="--env libero needs --suite"):
         make_eval_env("libero")
+
+
+def test_the_step_budget_option_is_libero_only_and_excludes_an_explicit_length() -> None:
+    parser = build_parser()
+    for command in (["eval"], ["rollout", "--steps", "1"]):
+        args = [*command, "--out", "x", "--step-budget", "openpi"]
+        assert parser.parse_args(args).step_budget == "openpi"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["eval", "--out", "x", "--step-budget", "openvla"])
+    with pytest.raises(ValueError, match="--step-budget 'openpi' chooses between LIBERO clients"):
+        make_eval_env("color_reach", step_budget="openpi")
+    assert make_eval_env("color_reach", max_episode_steps=9).episode_budget() == {
+        "step_budget": None, "settle_steps": 0, "max_episode_steps": {"color_reach": 9}}
+
+
+@pytest.mark.libero
+def test_the_libero_step_budget_reaches_the_envs_and_is_described() -> None:
+    budgets = {}
+    for step_budget, max_steps in ((None, None), ("openpi", None), (None, 5)):
+        env = make_eval_env("libero", suite="libero_10", tasks=["3"], step_budget=step_budget,
+                            max_episode_steps=max_steps)
+        envs = env.make(1, False)  # constructors only: no simulator is built before a reset
+        described = env.episode_budget()
+        assert envs.get_attr("step_budget") == (described["step_budget"],)
+        assert envs.get_attr("max_episode_steps") == (described["max_episode_steps"]["libero_10"],)
+        assert envs.get_attr("settle_steps") == (described["settle_steps"],) == (10,)
+        envs.close()
+        budgets[described["step_budget"]] = described["max_episode_steps"]["libero_10"]
+    assert budgets == {"cosmos3": 510, "openpi": 520, "custom": 5}
+    with pytest.raises(ValueError, match="--step-budget 'openpi' and --max-episode-steps 5 both"):
+        make_eval_env("libero", suite="libero_10", step_budget="openpi", max_episode_steps=5)

@@ -306,3 +306,36 @@ def test_get_adapter_by_name_or_object():
         get_adapter("robocasa")
     with pytest.raises(TypeError, match=r"lacks the methods \['images', 'prompt', 'actions'\]"):
         get_adapter(object())
+
+
+def test_env_action_dim_follows_the_adapters_own_actions():
+    assert adapters_module.GenericAdapter().env_action_dim(10) == 10
+    assert adapters_module.LiberoAdapter().env_action_dim(10) == 7
+    with pytest.raises(ValueError, match=r"expected raw actions \[B, H, 10\]"):
+        adapters_module.LiberoAdapter().env_action_dim(2)
+
+    class FirstThree(adapters_module.Adapter):
+        def actions(self, raw):
+            return raw[..., :3]
+
+    assert FirstThree().env_action_dim(10) == 3
+
+    class DuckTyped:  # no base class, so no hook: the check probes its actions() the same way
+        name = "duck"
+
+        def images(self, obs):
+            return obs
+
+        def prompt(self, task):
+            return task
+
+        def actions(self, raw):
+            return raw[..., :3]
+
+    from gymnasium.spaces import Box
+
+    adapters_module.check_action_fit(DuckTyped(), 10, "libero", Box(-1, 1, (3,)), fix="")
+    message = (r"'duck' adapter passes on as 3-D env actions, but the env's action space is "
+               r"Box\(-1.0, 1.0, \(4,\), float32\)")
+    with pytest.raises(ValueError, match=message):
+        adapters_module.check_action_fit(DuckTyped(), 10, "libero", Box(-1, 1, (4,)), fix="")

@@ -56,6 +56,24 @@ def test_swapping_two_envs_prompts_swaps_their_chunks(pipe) -> None:
     assert np.abs(chunks[0] - chunks[1]).max() > 1e-4  # the prompt matters
 
 
+def test_a_chunk_record_replays_its_actions_exactly(pipe) -> None:
+    policy = VectorPolicy(pipe, n_action_steps=2, seed=5, num_inference_steps=STEPS)
+    obs = _obs(n=2)
+    policy.select_action(obs, PROMPTS[:2])  # stochastic: seeds from (seed, env, episode, chunk)
+    record = policy.last_chunk_record
+    replayed = policy.predict_action_chunk(obs, PROMPTS[:2], action_noise=record.action_noise,
+                                           seeds=record.seeds)
+    np.testing.assert_array_equal(replayed, record.actions)
+    # The seeds are needed: they draw the video noise, which the actions depend on too. The
+    # action noise alone (the policy's root seed for the video) gives other actions...
+    other = policy.predict_action_chunk(obs, PROMPTS[:2], action_noise=record.action_noise)
+    assert np.abs(other - record.actions).max() > 1e-4
+    assert policy.last_chunk_record.seeds == [5, 5]
+    # ...the same ones on every call: then a chunk is a function of (obs, prompt, noise).
+    again = policy.predict_action_chunk(obs, PROMPTS[:2], action_noise=record.action_noise)
+    np.testing.assert_array_equal(again, other)
+
+
 @pytest.mark.parametrize("async_", [False, True])
 @pytest.mark.parametrize("mode", [gym.vector.AutoresetMode.NEXT_STEP,
                                   gym.vector.AutoresetMode.SAME_STEP])

@@ -65,9 +65,8 @@ class StandInPipeline:
             noise = np.stack(
                 [np.random.default_rng(s).standard_normal((self.horizon, 64)) for s in seeds]
             ).astype(np.float32)
-        else:
+        else:  # the seeds stay: the real pipeline draws the video noise from them
             noise = np.asarray(action_noise, dtype=np.float32)
-            seeds = [None] * batch
         actions = np.zeros((batch, self.horizon, self.action_dim), np.float32)
         t = np.arange(self.horizon)
         for i in range(batch):

@@ -370,6 +370,30 @@ class NoTaskEnv(gym.Env):
     action_space = gym.spaces.Box(-np.inf, np.inf, (6,), np.float32)
 
 
+def test_attach_refuses_a_checkpoint_whose_actions_do_not_fit_the_envs():
+    from types import SimpleNamespace
+
+    envs = SyncVectorEnv(countdown_fns(LENGTHS))  # Box (6,) actions
+    pipe = StandInPipeline(action_dim=10)
+    pipe.policy = SimpleNamespace(domain_name="libero")  # as Cosmos3ActionPipeline describes it
+    message = (r"the pipeline's checkpoint makes 10-D actions \(domain 'libero'\), which the "
+               r"'generic' adapter passes on as 10-D env actions, but the attached envs' action "
+               r"space is Box\(-inf, inf, \(6,\), float32\), 6-D\. Fix: .*adapter='libero' is "
+               r"the one made for domain 'libero' checkpoints")
+    with pytest.raises(ValueError, match=message):
+        VectorPolicy(pipe).attach(envs)
+    # Through the LIBERO adapter the 10-D actions become 7-D ones: still not 6-D.
+    with pytest.raises(ValueError, match="passes on as 7-D env actions, but"):
+        VectorPolicy(pipe, adapter="libero").attach(envs)
+    narrow = StandInPipeline(action_dim=2)  # the LIBERO adapter takes 10-D actions only
+    with pytest.raises(ValueError, match=r"makes 2-D actions \(domain None\), which the 'libero' "
+                                         r"adapter cannot take \(libero adapter: expected raw"):
+        VectorPolicy(narrow, adapter="libero").attach(envs)
+    assert pipe.calls == narrow.calls == []  # refused before any model call
+    assert all(env.episode == -1 for env in envs.envs)  # and before any env reset
+    envs.close()
+
+
 def test_attach_needs_a_task_attribute_on_every_env():
     envs = SyncVectorEnv([lambda: CountdownEnv(0, 3, ("a",)), NoTaskEnv])
     with pytest.raises(ValueError, match=r"task_description: \[0\], with task: \[\], of 2"):
@@ -465,9 +489,14 @@ def test_chunk_record_holds_what_a_learner_needs_and_replays():
     np.testing.assert_array_equal(action, record.actions[:, 0])
     policy.select_action(obs, ["a", "b", "c"])
     assert policy.last_chunk_record is None  # this step popped; nothing was planned
-    replayed = policy.predict_action_chunk(obs, ["a", "b", "c"], action_noise=record.action_noise)
+    replayed = policy.predict_action_chunk(obs, ["a", "b", "c"], action_noise=record.action_noise,
+                                           seeds=record.seeds)
     np.testing.assert_array_equal(replayed, record.actions)
-    assert policy.last_chunk_record.seeds == [None] * 3
+    # The recorded seeds reach the pipeline (they draw the video noise) alongside the noise.
+    assert pipe.calls[-1]["seeds"] == policy.last_chunk_record.seeds == record.seeds
+    assert not policy.last_chunk_record.stochastic
+    with pytest.raises(ValueError, match="expected 3 seeds, one per planned env; found 2"):
+        policy.predict_action_chunk(obs, "a", seeds=record.seeds[:2])
     message = r"action_noise must be \[B=3, 4, 64\]; found \[2, 4, 64\]"
     with pytest.raises(ValueError, match=message):
         policy.predict_action_chunk(obs, "a", action_noise=record.action_noise[:2])

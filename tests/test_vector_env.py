@@ -45,3 +45,18 @@ def test_a_missing_mode_is_gymnasiums_default() -> None:
 def test_docstring_examples_run() -> None:
     result = doctest.testmod(vector_env)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_the_policy_feed_exposes_the_sub_envs_like_the_vector_env_it_wraps() -> None:
+    envs = make_color_reach_vector_env(2, image_size=32, async_=False)
+    feed = VectorPolicy(lambda *a, **k: None).attach(envs)
+    assert feed.envs is envs.envs and feed.envs[0].task_description  # what LeRobot reads
+    chunked = VectorPolicy(lambda *a, **k: None).attach(ChunkedActionWrapper(envs))
+    assert chunked.envs is envs.envs  # through a wrapper that has no .envs of its own
+    envs.close()
+    workers = make_color_reach_vector_env(1, image_size=32, async_=True)
+    feed = VectorPolicy(lambda *a, **k: None).attach(workers)
+    assert not hasattr(feed, "envs")  # like the AsyncVectorEnv itself
+    with pytest.raises(AttributeError, match="AsyncVectorEnv keeps no sub-envs in this process"):
+        feed.envs  # noqa: B018
+    workers.close()

@@ -6,9 +6,21 @@ call -> adapter -> ``ChunkRecord``); ``VectorPolicy`` keeps per-env prompts, epi
 only through the Gymnasium vector API; benchmark conventions live in the adapters.
 """
 
-from cosmos3_gym.policy.adapters import Adapter, GenericAdapter, LiberoAdapter, get_adapter
+from cosmos3_gym.policy.adapters import (
+    Adapter,
+    GenericAdapter,
+    LiberoAdapter,
+    check_action_fit,
+    get_adapter,
+)
 from cosmos3_gym.policy.observations import take_envs
-from cosmos3_gym.policy.planner import ChunkPlanner, ChunkRecord, SeedRule, chunk_seed
+from cosmos3_gym.policy.planner import (
+    ChunkPlanner,
+    ChunkRecord,
+    SeedRule,
+    chunk_seed,
+    pipeline_action_head,
+)
 from cosmos3_gym.policy.queues import ActionQueues, ActionSource
 from cosmos3_gym.policy.vector_policy import PolicyFeed, VectorPolicy, VectorPolicyConfig
 
@@ -24,7 +36,9 @@ __all__ = [
     "SeedRule",
     "VectorPolicy",
     "VectorPolicyConfig",
+    "check_action_fit",
     "chunk_seed",
     "get_adapter",
+    "pipeline_action_head",
     "take_envs",
 ]

@@ -30,6 +30,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
+from gymnasium.spaces import Box
 from PIL import Image
 
 from cosmos3_gym.policy.observations import describe
@@ -59,6 +60,21 @@ class Adapter:
     def actions(self, raw: np.ndarray) -> np.ndarray:
         """Raw model actions ``[B, H, D]`` -> env actions ``[B, H, D_env]``."""
         return raw
+
+    def env_action_dim(self, raw_action_dim: int) -> int:
+        """``D_env``, the width of the env actions :meth:`actions` makes of ``raw_action_dim``-wide
+        raw actions; a ``ValueError`` where it cannot take that width.
+
+        The default runs :meth:`actions` on one all-zero ``[1, 1, raw_action_dim]`` chunk, which
+        is right for any adapter whose ``actions`` accepts zeros; override it where not.
+        """
+        out = np.asarray(self.actions(np.zeros((1, 1, raw_action_dim), np.float32)))
+        if out.ndim != 3 or out.shape[:2] != (1, 1):
+            raise ValueError(
+                f"adapter {self!r} returned actions {list(out.shape)} for a "
+                f"[1, 1, {raw_action_dim}] chunk; expected [1, 1, D_env]"
+            )
+        return int(out.shape[2])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
@@ -239,6 +255,61 @@ class LiberoAdapter(Adapter):
 
 
 ADAPTERS: dict[str, type[Adapter]] = {"generic": GenericAdapter, "libero": LiberoAdapter}
+
+
+def check_action_fit(
+    adapter: Adapter,
+    raw_action_dim: int,
+    domain: str | None,
+    action_space: Any,
+    *,
+    checkpoint: str = "the checkpoint",
+    env_label: str = "the env's",
+    fix: str,
+) -> None:
+    """Refuse a checkpoint whose actions, through ``adapter``, are not as wide as the env's.
+
+    Needs no model call and no simulator: the width comes from the checkpoint's description
+    (``raw_action_dim``, ``domain``) and the adapter's :meth:`Adapter.env_action_dim`; the env's
+    from its single action space (the last axis of a ``Box``; other spaces are not checked).
+    The one ``ValueError`` names both widths, the domain, the space and ``fix``;
+    ``checkpoint`` and ``env_label`` (possessive) name the two sides in it.
+
+    >>> check_action_fit(GenericAdapter(), 10, "libero", Box(-1, 1, (2,)), fix="Fix: ...")
+    Traceback (most recent call last):
+    ...
+    ValueError: the checkpoint's actions do not fit the env: the checkpoint makes 10-D actions (domain 'libero'), which the 'generic' adapter passes on as 10-D env actions, but the env's action space is Box(-1.0, 1.0, (2,), float32), 2-D. Fix: ...
+    """  # noqa: E501
+    if not isinstance(action_space, Box) or not action_space.shape:
+        return
+    expected = int(action_space.shape[-1])
+    name = getattr(adapter, "name", type(adapter).__name__)
+    made = f"{checkpoint} makes {raw_action_dim}-D actions (domain {domain!r})"
+    space = f"{env_label} action space is {action_space}, {expected}-D"
+    head = "the checkpoint's actions do not fit the env"
+    hook = getattr(adapter, "env_action_dim", None)
+    try:
+        width = hook(raw_action_dim) if callable(hook) else Adapter.env_action_dim(
+            adapter, raw_action_dim)  # a duck-typed adapter gets the default probe
+    except ValueError as err:
+        raise ValueError(
+            f"{head}: {made}, which the {name!r} adapter cannot take ({err}), and {space}. {fix}"
+        ) from None
+    if width != expected:
+        raise ValueError(
+            f"{head}: {made}, which the {name!r} adapter passes on as {width}-D env actions, "
+            f"but {space}. {fix}"
+        )
+
+
+def adapter_for_domain(domain: str | None) -> str | None:
+    """The name of the built-in adapter made for checkpoints of ``domain``, if there is one.
+
+    >>> adapter_for_domain("libero"), adapter_for_domain("color_reach")
+    ('libero', None)
+    """
+    names = [name for name, cls in ADAPTERS.items() if domain is not None and cls.domain == domain]
+    return names[0] if names else None
 
 
 def get_adapter(adapter: str | Adapter) -> Adapter:

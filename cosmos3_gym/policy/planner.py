@@ -27,6 +27,7 @@ import numpy as np
 
 from cosmos3_gym.policy.adapters import Adapter
 from cosmos3_gym.policy.observations import Observation, batch_size, describe, take_envs
+from cosmos3_gym.seeding import check_seed
 
 if TYPE_CHECKING:
     from cosmos3_gym.pipeline.output import ActionOutput
@@ -41,6 +42,20 @@ def chunk_seed(seed: int, env_index: int, episode_index: int, chunk_index: int) 
     entropy = [int(seed), int(env_index), int(episode_index), int(chunk_index)]
     state = np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)
     return int(state[0] >> np.uint64(1))
+
+
+def pipeline_action_head(pipeline: Any) -> tuple[int, str | None] | None:
+    """``(raw action width, domain)`` of a pipeline's checkpoint, read from its ``action_dim`` and
+    ``policy.domain_name`` as :class:`~cosmos3_gym.pipeline.Cosmos3ActionPipeline` has them (the
+    domain ``None`` where it has no ``policy``); ``None`` for a callable without ``action_dim``.
+    No model call: what :func:`~cosmos3_gym.policy.adapters.check_action_fit` needs to refuse a
+    checkpoint before any env or model runs.
+    """
+    width = getattr(pipeline, "action_dim", None)
+    if isinstance(width, bool) or not isinstance(width, (int, np.integer)):
+        return None
+    domain = getattr(getattr(pipeline, "policy", None), "domain_name", None)
+    return int(width), domain if isinstance(domain, str) else None
 
 
 @dataclass(frozen=True)
@@ -82,12 +97,19 @@ class ChunkRecord:
         chunk_indices: int64 ``[N]``, each chunk's index within its episode.
         tasks: the task strings (before the adapter's prompt augmentation).
         prompts: the prompts the pipeline received.
-        seeds: the per-item seeds requested (``None`` where noise was passed in).
+        seeds: the per-item seeds: each item's video noise was drawn from its seed, and so was
+            its action noise unless noise was passed in.
         action_noise: float32 ``[N, H, 64]``, the initial action noise each item started from.
         raw_actions: float32 ``[N, H, D]``, the pipeline's actions before the adapter.
         normalized_actions: float32 ``[N, H, D]``, the sampler's output before un-normalisation.
         actions: float32 ``[N, H, D_env]``, the env-space actions after the adapter.
-        stochastic: whether the seeds came from the stochastic schedule.
+        stochastic: whether the noise came from the stochastic schedule (False where seeds or
+            action noise were passed in).
+
+    Replaying row ``k`` (same observation, prompt and sampler settings) takes both noises:
+    ``action_noise=record.action_noise[k:k+1]`` and ``seed=[record.seeds[k]]`` for the video
+    noise; :meth:`VectorPolicy.predict_action_chunk` takes the whole record's as ``action_noise``
+    and ``seeds``.
         video: per row, the pipeline's decoded future clip (uint8 ``[H + 1, h, w, 3]``; frame 0
             is the observation as decoded, frame k follows action k) where the plan asked for
             it, else None; None when no row asked.
@@ -98,7 +120,7 @@ class ChunkRecord:
     chunk_indices: np.ndarray
     tasks: list[str]
     prompts: list[str]
-    seeds: list[int | None]
+    seeds: list[int]
     action_noise: np.ndarray
     raw_actions: np.ndarray
     normalized_actions: np.ndarray
@@ -139,6 +161,7 @@ class ChunkPlanner:
         chunks: Sequence[int],
         *,
         action_noise: np.ndarray | None = None,
+        seeds: Sequence[int] | None = None,
         horizon: int | None = None,
         action_dim: int | None = None,
         video: Sequence[bool] | None = None,
@@ -146,10 +169,12 @@ class ChunkPlanner:
         """One pipeline call for ``envs`` (indices into the vector observation ``obs``).
 
         ``tasks``, ``episodes`` and ``chunks`` hold one entry per planned env: its task, and the
-        episode and chunk indices the seed rule reads. ``action_noise`` (``[N, H, 64]``)
-        replaces the seeded noise. ``horizon`` and ``action_dim``, where given, are what earlier
-        chunks had (H and D_env); a chunk of another shape is refused. ``video`` (one bool per
-        planned env) asks the pipeline to decode those rows' predicted future clips into
+        episode and chunk indices the seed rule reads. ``seeds`` (one per env) replace the seed
+        rule's; ``action_noise`` (``[N, H, 64]``) replaces the seeded action noise, while the
+        video noise still comes from the seeds: both together replay a recorded chunk (its
+        ``seeds`` and ``action_noise``). ``horizon`` and ``action_dim``, where given, are what
+        earlier chunks had (H and D_env); a chunk of another shape is refused. ``video`` (one bool
+        per planned env) asks the pipeline to decode those rows' predicted future clips into
         ``ChunkRecord.video``; the decoder runs for them alone and no action changes. Checks
         everything the pipeline and the adapter return, raises ``ValueError`` naming what it
         found, and changes nothing.
@@ -174,17 +199,20 @@ class ChunkPlanner:
         video_kwargs = {"return_video": video_rows} if any(video_rows) else {}
         episodes = np.asarray(episodes, dtype=np.int64)
         chunks = np.asarray(chunks, dtype=np.int64)
-        seeds: list[int | None]
-        if action_noise is not None:
-            seeds = [None] * n
-        else:
+        explicit = seeds is not None
+        if seeds is None:
             coords = zip(envs, episodes, chunks, strict=True)
             seeds = [self.seed_rule.seed_of(int(e), int(ep), int(c)) for e, ep, c in coords]
+        elif len(seeds) != n:
+            raise ValueError(f"expected {n} seeds, one per planned env; found {len(seeds)}")
+        seeds = [check_seed(s, f"seeds[{k}]") for k, s in enumerate(seeds)]
 
+        # Seeds go with explicit action noise too: they draw the video noise, which the actions
+        # depend on, so a record's (seeds, action_noise) reproduce its chunk.
         out: ActionOutput = self.pipeline(
             images,
             prompts,
-            seed=None if action_noise is not None else seeds,
+            seed=seeds,
             num_inference_steps=self.num_inference_steps,
             guidance_scale=self.guidance_scale,
             flow_shift=self.flow_shift,
@@ -207,7 +235,7 @@ class ChunkPlanner:
             raw_actions=raw,
             normalized_actions=normalized,
             actions=actions,
-            stochastic=self.seed_rule.stochastic and action_noise is None,
+            stochastic=self.seed_rule.stochastic and action_noise is None and not explicit,
             video=clips,
         )
 

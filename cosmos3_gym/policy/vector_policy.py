@@ -33,9 +33,14 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from cosmos3_gym.policy.adapters import Adapter, get_adapter
+from cosmos3_gym.policy.adapters import (
+    Adapter,
+    adapter_for_domain,
+    check_action_fit,
+    get_adapter,
+)
 from cosmos3_gym.policy.observations import Observation, batch_size, shapes, take_envs
-from cosmos3_gym.policy.planner import ChunkPlanner, ChunkRecord, SeedRule
+from cosmos3_gym.policy.planner import ChunkPlanner, ChunkRecord, SeedRule, pipeline_action_head
 from cosmos3_gym.policy.queues import ActionQueues, ActionSource
 from cosmos3_gym.seeding import check_noise, check_seed
 from cosmos3_gym.vector_env import ForwardingVectorWrapper, autoreset_mode
@@ -72,7 +77,8 @@ class VectorPolicy:
     """Cosmos3 as a policy for a Gymnasium ``VectorEnv``: one prompt and one chunk queue per env.
 
     ``pipeline`` is anything with ``Cosmos3ActionPipeline.__call__``'s signature; the policy calls
-    it and nothing else (it reads an optional ``action_horizon`` attribute). The ``adapter``
+    it and nothing else (it reads optional ``action_horizon``, ``action_dim`` and
+    ``policy.domain_name`` attributes, which describe the checkpoint). The ``adapter``
     (``"generic"``, ``"libero"`` or your own :class:`~cosmos3_gym.policy.Adapter`) holds the
     benchmark's image, prompt and action conventions.
 
@@ -82,6 +88,8 @@ class VectorPolicy:
     - ``reset(mask)``: the masked envs (default: all) start a new episode (queues cleared).
     - ``attach(envs)``: a wrapper that feeds the policy each env's ``task_description`` and its
       episode ends, honouring ``envs.metadata["autoreset_mode"]``; then ``prompts`` may be omitted.
+      It first checks that the checkpoint's actions, through the adapter, are as wide as the
+      envs' action space (where the pipeline has ``action_dim``).
     - ``last_chunk_record``: the :class:`ChunkRecord` of the most recent call's pipeline call
       (``None`` if that call planned nothing): noise, seeds, raw actions, prompts, for RL;
       ``last_action_sources``: per env, the :class:`ActionSource` (chunk record, row, step) of
@@ -207,26 +215,33 @@ class VectorPolicy:
 
     def __call__(
         self, obs: Observation, prompts: str | Sequence[str] | None = None, *,
-        action_noise: np.ndarray | None = None,
+        action_noise: np.ndarray | None = None, seeds: Sequence[int] | None = None,
     ) -> np.ndarray:
         """Same as :meth:`predict_action_chunk`."""
-        return self.predict_action_chunk(obs, prompts, action_noise=action_noise)
+        return self.predict_action_chunk(obs, prompts, action_noise=action_noise, seeds=seeds)
 
     def predict_action_chunk(
         self, obs: Observation, prompts: str | Sequence[str] | None = None, *,
-        action_noise: np.ndarray | None = None,
+        action_noise: np.ndarray | None = None, seeds: Sequence[int] | None = None,
     ) -> np.ndarray:
         """Plan every env in one pipeline call: float32 ``[B, H, D_env]``. Queues are untouched.
 
         Each env's chunk index advances (so stochastic mode draws fresh noise each call).
-        ``action_noise`` (``[B, H, 64]``) replaces the seeded noise, e.g. to replay a recorded
-        chunk from its :attr:`ChunkRecord.action_noise`.
+        ``seeds`` (one per env) replace the policy's noise seeds; ``action_noise``
+        (``[B, H, 64]``) replaces the seeded action noise, while the video noise, which the
+        actions depend on too, still comes from the seeds. ``action_noise`` without ``seeds``
+        takes the policy's root ``seed`` for every env, so the chunk is a function of the
+        observation, prompt and noise alone (what LeRobot's ``noise`` argument means). To replay
+        a recorded chunk of every env, pass both from its record:
+        ``action_noise=record.action_noise, seeds=record.seeds``.
         """
         num_envs = self._check_num_envs(batch_size(obs))
         tasks = self._resolve_tasks(prompts, num_envs, obs)
         if action_noise is not None:
             action_noise = self._check_noise(action_noise, num_envs)
-        record = self._plan(obs, tasks, np.arange(num_envs), action_noise)
+            if seeds is None:
+                seeds = [self.config.seed] * num_envs
+        record = self._plan(obs, tasks, np.arange(num_envs), action_noise, seeds)
         self._commit(record, num_envs)
         return record.actions.copy()
 
@@ -247,7 +262,7 @@ class VectorPolicy:
             empty, stale = self._queues.lengths() == 0, self._stale
         replan = np.flatnonzero(empty & ~stale)
         if replan.size:
-            record = self._plan(obs, tasks, replan, None)
+            record = self._plan(obs, tasks, replan, None, None)
         else:
             # Nothing to plan, but a malformed observation should fail now, not at the next
             # replan: one env's slice through the adapter is a cheap check of the format.
@@ -305,6 +320,7 @@ class VectorPolicy:
                 f"attach expects a gymnasium.vector.VectorEnv; found {type(envs).__name__}"
             )
         self._check_num_envs(envs.num_envs, what="attached envs")
+        self._check_action_fit(envs)
         feed = PolicyFeed(envs, self)
         if self._num_envs is None:
             self._init_state(envs.num_envs)
@@ -344,6 +360,24 @@ class VectorPolicy:
                 "call or attach); build a new VectorPolicy for a different number of envs"
             )
         return found
+
+    def _check_action_fit(self, envs: VectorEnv) -> None:
+        head = pipeline_action_head(self.pipeline)
+        if head is None:  # a callable that does not describe its checkpoint: nothing to check
+            return
+        raw_dim, domain = head
+        made_for = adapter_for_domain(domain)
+        hint = "" if made_for is None else (
+            f"; adapter={made_for!r} is the one made for domain {domain!r} checkpoints"
+        )
+        check_action_fit(
+            self.adapter, raw_dim, domain, envs.single_action_space,
+            checkpoint="the pipeline's checkpoint", env_label="the attached envs'",
+            fix=(
+                "Fix: use a checkpoint trained for these envs, or an adapter that turns its "
+                f"{raw_dim}-D actions into the envs' (VectorPolicy(pipeline, adapter=...)){hint}."
+            ),
+        )
 
     def _check_horizon(self, horizon: int) -> None:
         n = self.config.n_action_steps
@@ -389,7 +423,8 @@ class VectorPolicy:
     # ------------------------------------------------------------------ planning
 
     def _plan(
-        self, obs: Observation, tasks: list[str], envs: np.ndarray, action_noise: np.ndarray | None
+        self, obs: Observation, tasks: list[str], envs: np.ndarray,
+        action_noise: np.ndarray | None, seeds: Sequence[int] | None,
     ) -> ChunkRecord:
         """One planner call for ``envs``, at their episode and chunk counters; checks everything
         and changes no state."""
@@ -398,7 +433,7 @@ class VectorPolicy:
         chunks = self._chunk[envs] if started else np.zeros(envs.size, np.int64)
         record = self.planner.plan(
             obs, envs, [tasks[e] for e in envs], episodes, chunks, action_noise=action_noise,
-            horizon=self._horizon, action_dim=self._action_dim,
+            seeds=seeds, horizon=self._horizon, action_dim=self._action_dim,
         )
         self._check_horizon(record.horizon)
         if not np.isfinite(record.raw_actions).all():
@@ -433,6 +468,19 @@ class PolicyFeed(ForwardingVectorWrapper):
         self.task_attribute = self._find_task_attribute()
         self.tasks: list[str | None] = [None] * self.num_envs
         self._pending_reset = np.zeros(self.num_envs, bool)
+
+    @property
+    def envs(self) -> list[Any]:
+        """The sub-envs, as the wrapped ``SyncVectorEnv`` holds them (LeRobot reads
+        ``env.envs[0]``); an ``AttributeError`` where they live in worker processes."""
+        for env in (self.env, self.unwrapped):
+            sub_envs = getattr(env, "envs", None)
+            if sub_envs is not None:
+                return sub_envs
+        raise AttributeError(
+            f"the attached {type(self.unwrapped).__name__} keeps no sub-envs in this process "
+            "(only a SyncVectorEnv has .envs); read theirs with call() or get_attr()"
+        )
 
     def _find_task_attribute(self) -> str:
         # Probe with has_wrapper_attr: a failing env.call would close an AsyncVectorEnv's pipes.
