@@ -175,6 +175,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         stored = json.loads(stored_path.read_text(encoding="utf-8"))
         task_names = list(stored["per_task"])
         expected, config = stored["episodes_expected"], stored["config"]
+        budget = stored.get("episode_budget")
     elif config_path.exists():
         from cosmos3_gym.eval.tasks import make_eval_env
 
@@ -183,8 +184,10 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         eval_env = make_eval_env(
             config["env"], suite=config["suite"], tasks=config["tasks"],
             image_size=config["image_size"], max_episode_steps=config["max_episode_steps"],
+            step_budget=config.get("step_budget"),
         )
         task_names, expected = eval_env.tasks, len(eval_env.tasks) * config["trials"]
+        budget = eval_env.episode_budget()
     else:
         raise FileNotFoundError(
             f"{run_dir} holds no evaluation: expected results.json or config.json written by "
@@ -197,6 +200,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         expected_episodes=expected,
         incidents=results_io.read_incidents(run_dir),
         throughput=stored.get("throughput"),
+        episode_budget=budget,
     )
     return {**stored, **summary}  # keys a newer results.json holds beyond the summary stay
 
