@@ -31,6 +31,7 @@ import json
 import platform
 import resource
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -432,4 +433,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(format_table(result))
+    from cosmos3_gym.bench.plots import plot_bench
+    from cosmos3_gym.plotting import PlottingUnavailable
+
+    try:
+        print("plot: " + ", ".join(str(p) for p in plot_bench(result, out.with_suffix(""))))
+    except PlottingUnavailable as err:
+        print(f"note: no bench plot: {err}", file=sys.stderr)
     return result

@@ -10,6 +10,8 @@ Examples:
     cosmos3-gym bench --checkpoint PATH --out bench.json          # add --device cuda on a GPU
     cosmos3-gym bench --checkpoint /models/Cosmos3-Nano --domain droid_lerobot --device cuda \\
         --out bench.json                     # a diffusers folder: name its embodiment
+    cosmos3-gym report runs/color_reach                            # table + results.png again
+    cosmos3-gym report runs/right runs/shuffled --out compare.png  # two runs in one plot
 """
 
 from __future__ import annotations
@@ -101,7 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "its own handling (report), or fail the episode (fail)")
     ev.add_argument("--env-timeout", type=float, default=300.0,
                     help="seconds before an async env step/reset counts as hung (default: 300)")
-    ev.add_argument("--videos", action="store_true", help="write a GIF per episode to OUT/videos")
+    ev.add_argument("--videos", nargs="?", const="env", default=None, choices=("env", "imagined"),
+                    help="write a video per episode to OUT/videos: the env's frames as a GIF, "
+                         "or with 'imagined' the model's input, its predicted future and the "
+                         "env's frames side by side (MP4 with imageio-ffmpeg, else GIF; decodes "
+                         "the future, so it costs time)")
+    ev.add_argument("--video-trials", type=int, default=None, metavar="N",
+                    help="videos for the first N trials of each task only (default: every trial)")
     ev.add_argument("--shuffle-prompts", action="store_true",
                     help="diagnostic: give each episode another task's prompt; a policy that "
                          "reads its prompt should then drop to chance")
@@ -118,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     # this one runs (argparse's REMAINDER would refuse a first argument like `--out`).
     sub.add_parser("train", add_help=False,
                    help="train the tiny checkpoint on ColorReach demos (see train --help)")
+
+    from cosmos3_gym.eval import report
+
+    report.add_arguments(sub.add_parser(
+        "report", help="print a run's results table and redraw its plot (finished or partial "
+                       "runs; two or more runs side by side)"
+    ))
 
     from cosmos3_gym.bench import latency, synthetic
 
@@ -201,6 +216,7 @@ def _run(args: argparse.Namespace) -> int:
             max_episode_steps=args.max_episode_steps, step_budget=args.step_budget,
             num_inference_steps=args.num_inference_steps, n_action_steps=args.n_action_steps,
             out_of_range=args.out_of_range, env_timeout=args.env_timeout, videos=args.videos,
+            video_trials=args.video_trials,
             shuffle_prompts=args.shuffle_prompts, progress=not args.no_progress,
         )
         evaluator = Evaluator(config, args.out)
@@ -211,6 +227,10 @@ def _run(args: argparse.Namespace) -> int:
                       "before, nothing to run. Its results:")
             print(format_table(results))
         return 0
+    if args.command == "report":
+        from cosmos3_gym.eval import report
+
+        return report.run(args)
     if args.command == "bench":
         from cosmos3_gym.bench import latency, synthetic
 

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
-import re
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -76,12 +75,21 @@ from cosmos3_gym.eval.distributed import (
     destroy_process_group,
     init_process_group,
 )
+from cosmos3_gym.eval.report import ResultsPlot
 from cosmos3_gym.eval.tasks import (
     EVAL_ENVS,
     Episode,
     EvalEnv,
     episode_seed_rule,
     make_eval_env,
+)
+from cosmos3_gym.eval.videos import (
+    ImaginedChunk,
+    episode_video_stem,
+    imagined_frames,
+    mp4_available,
+    unused_path,
+    write_video,
 )
 from cosmos3_gym.policy import (
     ActionQueues,
@@ -103,6 +111,8 @@ IDENTITY_KEYS = (
     "step_budget", "num_inference_steps", "n_action_steps", "out_of_range", "shuffle_prompts",
     "domain", "action_stats",
 )
+# --videos: the env's frames, or the model's input and predicted future beside them.
+VIDEO_KINDS = ("env", "imagined")
 
 
 @dataclass
@@ -143,8 +153,13 @@ class EvalConfig:
     env_timeout: float = 300.0
     max_episode_restarts: int = 2
     max_consecutive_faults: int = 5
-    # Write one GIF per episode under videos/.
-    videos: bool = False
+    # One video per episode under videos/: "env" (a GIF of the env's frames) or "imagined"
+    # (eval/videos.py: the model's input, its predicted future and the env's frames side by
+    # side, MP4 or GIF); None writes none. True means "env" (the flag without a value).
+    videos: str | None = None
+    # Videos only for trials 0..video_trials-1 of each task (None: every trial). Imagined
+    # videos decode the predicted future, which costs a VAE decode per chunk of those episodes.
+    video_trials: int | None = None
     # Diagnostic: give every episode another task's prompt. A policy that reads its prompt
     # should then fail (near chance); one that ignores it keeps its success rate.
     shuffle_prompts: bool = False
@@ -163,6 +178,12 @@ class EvalConfig:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be None or at least 1; found {value}")
         check_seed(self.seed)
+        if isinstance(self.videos, bool):
+            self.videos = "env" if self.videos else None
+        if self.videos not in (None, *VIDEO_KINDS):
+            raise ValueError(f"videos must be one of {VIDEO_KINDS} or None; found {self.videos!r}")
+        if self.video_trials is not None and self.video_trials < 0:
+            raise ValueError(f"video_trials must be at least 0; found {self.video_trials}")
 
     def identity(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in IDENTITY_KEYS}
@@ -188,16 +209,21 @@ class _Slot:
     max_excess: float = 0.0
     restarts: int = 0
     needs_reset: bool = False
+    # Whether this episode writes a video (--videos, within --video-trials).
+    records_video: bool = False
     frames: list[np.ndarray] = field(default_factory=list)
+    imagined: list[ImaginedChunk] = field(default_factory=list)
     # SHA-256 of the episode's observations so far (see the module notes).
     obs_digest: Any = field(default_factory=hashlib.sha256)
 
-    def start(self, episode: Episode, restarts: int = 0) -> None:
+    def start(self, episode: Episode, restarts: int = 0, records_video: bool = False) -> None:
         self.episode, self.restarts, self.needs_reset = episode, restarts, True
         self.chunks = self.steps = self.out_of_range_steps = 0
         self.max_excess = 0.0
         self.started = time.perf_counter()
+        self.records_video = records_video
         self.frames = []
+        self.imagined = []
         self.obs_digest = hashlib.sha256()
 
 
@@ -341,6 +367,7 @@ class Evaluator:
         self.finished = 0
         # Whether the folder held every episode before this run (then it runs nothing).
         self.already_complete = False
+        self.plot = ResultsPlot(self.out_dir)
 
     # ------------------------------------------------------------------ run
 
@@ -425,6 +452,7 @@ class Evaluator:
             episode_budget=self.eval_env.episode_budget(),
         )
         results_io.write_json_atomic(self.out_dir / "results.json", results)
+        self.plot.update(results, final=final)
         return results
 
     def _run_pool(self, pending: deque[Episode], already_done: int) -> None:
@@ -537,13 +565,17 @@ class Evaluator:
             self.obs = obs
             slot.needs_reset = False
             hash_observation(slot.obs_digest, obs, i)
-            if self.config.videos:
+            if slot.records_video:
                 slot.frames.append(self.adapter.images(take_envs(obs, i))[0])
 
     # ------------------------------------------------------------------ planning and stepping
 
     def _start(self, slots: list[_Slot], i: int, episode: Episode, restarts: int = 0) -> None:
-        slots[i].start(episode, restarts)
+        cfg = self.config
+        records_video = cfg.videos is not None and (
+            cfg.video_trials is None or episode.trial < cfg.video_trials
+        )
+        slots[i].start(episode, restarts, records_video)
         self.queues.clear(i)
 
     def _plan(
@@ -560,10 +592,13 @@ class Evaluator:
             tasks = [self.eval_env.shuffled_prompt(slots[i].episode.task_index) for i in need]
         else:
             tasks = self._tasks(idx)
+        # Only the episodes that write an imagined video pay for decoding the predicted future.
+        imagine = [cfg.videos == "imagined" and slots[i].records_video for i in need]
         record = planner.plan(
             self.obs, idx, tasks,
             episodes=[self.episode_index[slots[i].episode.key] for i in need],
             chunks=[slots[i].chunks for i in need],
+            video=imagine,
         )
         steps = cfg.n_action_steps or None  # None: the whole chunk
         self.queues.fill(record, steps)
@@ -572,6 +607,10 @@ class Evaluator:
         for row, i in enumerate(need):
             slot = slots[i]
             slot.chunks += 1
+            if imagine[row]:
+                slot.imagined.append(ImaginedChunk(
+                    start=slot.steps, prompt=record.prompts[row], predicted=record.video[row]
+                ))
             queued = record.actions[row, :steps]
             bad = ~np.isfinite(queued).all(axis=-1)
             if bad.any():
@@ -621,7 +660,7 @@ class Evaluator:
             slot.steps += 1
             self.env_steps += 1
             hash_observation(slot.obs_digest, obs, i)
-            if self.config.videos:
+            if slot.records_video:
                 slot.frames.append(self.adapter.images(take_envs(obs, i))[0])
             terminated = _info_flag(info, "episode_terminated", i)
             truncated = _info_flag(info, "episode_truncated", i)
@@ -695,32 +734,30 @@ class Evaluator:
             "restarts": slot.restarts,
             "env_slot": index,
             "rank": self.rank.rank,
-            "video": self._save_video(slot, ep, success) if self.config.videos else None,
+            "video": self._save_video(slot, ep, success) if slot.records_video else None,
         }
         results_io.append_jsonl(self.episode_log, record)
         self.finished += 1
         slot.episode = None
         self.queues.clear(index)
-        slot.frames = []
+        slot.frames, slot.imagined = [], []
         if self.rank.is_main:
             self.write_results()
 
     def _save_video(self, slot: _Slot, ep: Episode, success: bool) -> str | None:
-        from PIL import Image
-
         if not slot.frames:
             return None
         folder = self.out_dir / "videos"
         folder.mkdir(exist_ok=True)
-        stem = (f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', ep.task)}__trial{ep.trial:03d}"
-                f"__seed{ep.seed}__{'success' if success else 'failure'}")
-        path = folder / f"{stem}.gif"
-        n = 1
-        while path.exists():  # a re-run episode (resume, fault) never overwrites a video
-            path = folder / f"{stem}__{n}.gif"
-            n += 1
-        frames = [Image.fromarray(f) for f in slot.frames]
-        frames[0].save(path, save_all=True, append_images=frames[1:], duration=100, loop=0)
+        stem = episode_video_stem(ep.task, ep.trial, ep.seed, success)
+        if self.config.videos == "imagined" and slot.imagined:
+            path = unused_path(folder, stem, ".mp4" if mp4_available() else ".gif")
+            footer = (f"{ep.task} · trial {ep.trial} · seed {ep.seed} · "
+                      f"{'success' if success else 'failure'}")
+            write_video(path, imagined_frames(slot.imagined, slot.frames, footer))
+        else:
+            path = unused_path(folder, stem, ".gif")
+            write_video(path, slot.frames)
         return str(path.relative_to(self.out_dir))
 
 

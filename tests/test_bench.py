@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import sys
+from pathlib import Path
 
+import pytest
 import torch
+from PIL import Image
 
 from cosmos3_gym.bench.latency import kernel_microbench
+from cosmos3_gym.bench.plots import plot_bench
 from cosmos3_gym.eval.cli import main
 from cosmos3_gym.model import rope, transformer
 from cosmos3_gym.model.rope import apply_rope
 from cosmos3_gym.model.transformer import RMSNorm
+from cosmos3_gym.plotting import PlottingUnavailable
 from cosmos3_gym.tiny import write_tiny_checkpoint
 
 
@@ -39,7 +46,18 @@ def test_bench_writes_speedups_stages_and_optimisation_ratios(tmp_path, capsys) 
     kernels = result["kernels"]
     assert kernels["rope_bit_identical"] and kernels["rmsnorm_bit_identical"]
     assert kernels["rope_speedup"] > 0 and kernels["rmsnorm_speedup"] > 0
-    assert "vs serial" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "vs serial" in printed
+    # The plot beside the JSON: one batched and one serial line per panel, a stage bar per B.
+    png, svg = out.with_suffix(".png"), out.with_suffix(".svg")
+    assert f"plot: {png}, {svg}" in printed
+    with Image.open(png) as image:
+        image.verify()
+    ids = re.findall(r'id="((?:latency|actions|stage)-[^"]+)"', svg.read_text())
+    assert {"latency-batched", "latency-serial", "actions-batched", "actions-serial"} <= set(ids)
+    assert sorted(i for i in ids if i.startswith("stage-denoise")) == [
+        "stage-denoise-B1", "stage-denoise-B2"
+    ]
 
 
 def _nano_gen_heads(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -128,3 +146,11 @@ def test_droid_case_has_sglangs_token_count() -> None:
                                  dtype=torch.float32, options=InferenceOptions())
     counts = token_counts(pipe, CASES["droid_480x832"], ["put the bowl on the plate"])
     assert counts["vision"] + counts["action"] == 1966
+
+
+def test_bench_plot_without_matplotlib_says_how_to_get_it(monkeypatch) -> None:
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(PlottingUnavailable, match=r"pip install 'cosmos3-gym\[plot\]'"):
+        plot_bench({"batched": {"1": {}}}, Path("unused"))

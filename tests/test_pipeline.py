@@ -319,3 +319,37 @@ def test_return_video_decodes_the_predicted_clip_and_changes_no_action(pipe, ima
         assert clip.dtype == np.uint8
         assert clip.shape == (pipe.action_horizon + 1, h * 16, w * 16, 3)
         assert clip.std() > 0  # decoded content, not a blank buffer
+
+
+def test_return_video_per_item_decodes_only_the_rows_asked(pipe, images, monkeypatch) -> None:
+    """A per-item ``return_video`` decodes those rows alone (the VAE decoder sees only them),
+    gives the others None, and leaves every action as the call without video."""
+    from cosmos3_gym.pipeline import stages
+
+    decoded_batch_sizes = []
+    real_decode = stages.decode_latents
+
+    def counting_decode(vae, latents):
+        decoded_batch_sizes.append(latents.shape[0])
+        return real_decode(vae, latents)
+
+    monkeypatch.setattr(stages, "decode_latents", counting_decode)
+    plain = _run(pipe, images, PROMPTS, [4, 5, 6])
+    assert decoded_batch_sizes == []
+    masked = _run(pipe, images, PROMPTS, [4, 5, 6], return_video=[True, False, True])
+    assert decoded_batch_sizes == [2]
+    np.testing.assert_array_equal(masked.actions, plain.actions)
+    assert masked.video[1] is None
+    every = _run(pipe, images, PROMPTS, [4, 5, 6], return_video=True)
+    assert decoded_batch_sizes == [2, 3]
+    for row in (0, 2):  # the same latents, decoded in a batch of 2 instead of 3
+        assert masked.video[row].shape == every.video[row].shape
+        diff = np.abs(masked.video[row].astype(int) - every.video[row].astype(int))
+        assert diff.max() <= 1 and diff.mean() < 0.01
+    nothing = _run(pipe, images, PROMPTS, [4, 5, 6], return_video=[False, False, False])
+    assert nothing.video is None and decoded_batch_sizes == [2, 3]
+
+
+def test_return_video_needs_one_bool_per_image(pipe, images) -> None:
+    with pytest.raises(ValueError, match=r"return_video: expected a bool or 3 bools .* \[True\]"):
+        _run(pipe, images, PROMPTS, [1, 2, 3], return_video=[True])

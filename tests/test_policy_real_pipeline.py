@@ -99,3 +99,41 @@ def test_select_action_loop_in_a_real_vector_env(pipe, async_, mode) -> None:
         assert policy.last_chunk_record is None or len(policy.last_chunk_record) <= 3
     finally:
         envs.close()
+
+
+def test_planner_video_rows_hold_the_pipelines_clips_and_leave_actions_alone(pipe) -> None:
+    """A plan that asks video for some envs records exactly the clips the pipeline decoded for
+    them (equal arrays), None for the others, and the same actions as a plan without video."""
+    from cosmos3_gym.policy import ChunkPlanner, GenericAdapter, SeedRule
+
+    planner = ChunkPlanner(pipe, GenericAdapter(), SeedRule.per_chunk(9),
+                           num_inference_steps=STEPS)
+    obs, envs = _obs(n=3), np.array([0, 1, 2])
+    plain = planner.plan(obs, envs, PROMPTS, episodes=[0, 0, 0], chunks=[1, 2, 3])
+    asked = planner.plan(obs, envs, PROMPTS, episodes=[0, 0, 0], chunks=[1, 2, 3],
+                         video=[False, True, True])
+    assert plain.video is None and asked.video[0] is None
+    for field in ("actions", "raw_actions", "normalized_actions", "action_noise"):
+        np.testing.assert_array_equal(getattr(asked, field), getattr(plain, field))
+    direct = pipe(obs, PROMPTS, seed=asked.seeds, num_inference_steps=STEPS, progress=False,
+                  return_video=[False, True, True])
+    for row in (1, 2):
+        assert asked.video[row].shape == (pipe.action_horizon + 1, 64, 64, 3)
+        np.testing.assert_array_equal(asked.video[row], direct.video[row])
+    with pytest.raises(ValueError, match=r"video: expected one bool per planned env \(3\); "
+                                         r"found 2"):
+        planner.plan(obs, envs, PROMPTS, [0, 0, 0], [1, 2, 3], video=[True, False])
+
+
+def test_planner_refuses_a_pipeline_that_returns_no_clip_for_an_asked_row(pipe) -> None:
+    from cosmos3_gym.policy import ChunkPlanner, GenericAdapter, SeedRule
+
+    def no_video(*args, **kwargs):
+        out = pipe(*args, **kwargs)
+        out.video = [None] * len(out)
+        return out
+
+    planner = ChunkPlanner(no_video, GenericAdapter(), SeedRule.fixed(0),
+                           num_inference_steps=STEPS)
+    with pytest.raises(ValueError, match=r"video row 0 as NoneType; expected uint8 \[5, h, w, 3\]"):
+        planner.plan(_obs(n=1), np.array([0]), PROMPTS[:1], [0], [0], video=[True])

@@ -22,7 +22,8 @@ class ActionOutput:
             both ``action_noise`` and ``video_noise``).
         timings: per-stage seconds (``"<stage>_s"``), peak memory where measurable
             (``"<stage>_peak_bytes"``) and ``"total_s"``.
-        video: the decoded future video per item when asked for, else ``None``.
+        video: the decoded future video per item when asked for (``None`` for the items
+            not asked, when ``return_video`` named items), else ``None``.
     """
 
     actions: np.ndarray
@@ -30,9 +31,10 @@ class ActionOutput:
     action_noise: np.ndarray
     seeds: list[int | None]
     timings: dict[str, float] = field(default_factory=dict)
-    # With ``return_video=True``: per item, the predicted clip as uint8 ``[H + 1, h, w, 3]``
-    # (frame 0 is the decoded observation; content region, padding cropped away).
-    video: list[np.ndarray] | None = None
+    # With ``return_video``: per item, the predicted clip as uint8 ``[H + 1, h, w, 3]`` (frame 0
+    # is the decoded observation, frame k the one after action k; content region, padding
+    # cropped away), or None for an item not asked.
+    video: list[np.ndarray | None] | None = None
 
     def __len__(self) -> int:
         return int(self.actions.shape[0])

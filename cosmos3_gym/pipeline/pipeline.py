@@ -173,7 +173,7 @@ class Cosmos3ActionPipeline:
         action_noise: torch.Tensor | np.ndarray | None = None,
         video_noise: torch.Tensor | np.ndarray | None = None,
         progress: bool = True,
-        return_video: bool = False,
+        return_video: bool | Sequence[bool] = False,
     ) -> ActionOutput:
         """Predict one action chunk per image.
 
@@ -187,8 +187,10 @@ class Cosmos3ActionPipeline:
             action_noise / video_noise: ``[B, H, 64]`` / ``[B, 48, T, h, w]`` float noise that
                 replaces the seeded draw (RL replay, parity tests).
             progress: show the denoising progress bar (rank 0 only).
-            return_video: also decode the predicted future frames (``out.video``); policy
-                serving never needs them, so the VAE decoder runs only when asked.
+            return_video: also decode the predicted future frames (``out.video``): True for
+                every item, or one bool per item (e.g. only the envs that record a video; the
+                others get ``None``). Policy serving never needs them, so the VAE decoder runs
+                only for the items asked; the actions are the same either way.
         """
         timer = StageTimer(self.device)
         with timer.stage("admission"):
@@ -209,10 +211,12 @@ class Cosmos3ActionPipeline:
                 ),
                 flow_shift=float(self.policy.flow_shift if flow_shift is None else flow_shift),
                 progress=progress,
-                return_video=bool(return_video),
             )
+            video_rows = _video_rows(return_video, count)
             batches = self._micro_batches(admitted.images, admitted.prompts, seeds)
             for mb in batches:
+                if any(video_rows):
+                    mb.video_rows = [video_rows[i] for i in mb.indices]
                 if action_noise is not None:
                     mb.action_noise = action_noise[mb.indices]
                 if video_noise is not None:
@@ -237,7 +241,7 @@ class Cosmos3ActionPipeline:
                    for s in seeds],
             timings=timer.as_dict(),
             # Clips stay a list: micro-batches of other canvases give other frame sizes.
-            video=_in_caller_order(results, "video", count) if return_video else None,
+            video=_in_caller_order(results, "video", count) if any(video_rows) else None,
         )
 
     def _micro_batches(
@@ -270,6 +274,17 @@ def _in_caller_order(results: list[MicroBatch], key: str, count: int) -> list[np
         for row, index in enumerate(mb.indices):
             rows[index] = mb.result[key][row]
     return rows
+
+
+def _video_rows(return_video: bool | Sequence[bool], count: int) -> list[bool]:
+    if isinstance(return_video, (bool, np.bool_)):
+        return [bool(return_video)] * count
+    rows = list(return_video)
+    if len(rows) != count or not all(isinstance(r, (bool, np.bool_)) for r in rows):
+        raise ValueError(
+            f"return_video: expected a bool or {count} bools (one per image), got {rows!r}"
+        )
+    return [bool(r) for r in rows]
 
 
 def _seeds(seed: int | Sequence[int] | None, count: int) -> list[int]:

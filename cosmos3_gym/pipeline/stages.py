@@ -35,7 +35,6 @@ class SamplingParams:
     guidance_scale: float
     flow_shift: float
     progress: bool
-    return_video: bool = False
 
 
 @dataclass
@@ -49,6 +48,9 @@ class MicroBatch:
     plan: CanvasPlan
     action_noise: torch.Tensor | None = None  # caller-supplied [b, H, 64] float32
     video_noise: torch.Tensor | None = None  # caller-supplied [b, 48, T, h, w] float32
+    # Per item, when the call asks for video: decode its predicted future clip (the VAE
+    # decoder runs for these rows only); empty when no video is asked for.
+    video_rows: list[bool] = field(default_factory=list)
     pixels: torch.Tensor | None = None  # [b, 3, Hc, Wc] in [-1, 1]
     # Token rows: the b conditional prompts, then (with CFG) b negative prompts; right-padded.
     text_inputs: tuple[torch.Tensor, torch.Tensor] | None = None  # ids, mask [b or 2b, L]
@@ -57,7 +59,7 @@ class MicroBatch:
     vision: torch.Tensor | None = None  # [b, 48, T, h, w] float32 sampler state
     actions: torch.Tensor | None = None  # [b, H, 64] float32 sampler state
     initial_action_noise: torch.Tensor | None = None
-    result: dict[str, np.ndarray] = field(default_factory=dict)
+    result: dict[str, Any] = field(default_factory=dict)  # arrays; "video" a list of clips
 
     @property
     def size(self) -> int:
@@ -315,9 +317,15 @@ class DecodeStage(Stage):
             "normalized_actions": normalized.astype(np.float32),
             "action_noise": batch.initial_action_noise.cpu().numpy().astype(np.float32),
         }
-        if params.return_video:
-            clip = decode_latents(self.vae, batch.vision)  # [b, 3, H + 1, h, w] in [-1, 1]
-            clip = ((clip + 1.0) * 127.5).round_().clamp_(0, 255).to(torch.uint8)
-            batch.result["video"] = clip.permute(0, 2, 3, 4, 1).cpu().numpy()
+        if batch.video_rows:  # the call asked for video: one clip or None per row
+            rows = [k for k, wanted in enumerate(batch.video_rows) if wanted]
+            clips: list[np.ndarray | None] = [None] * batch.size
+            if rows:
+                clip = decode_latents(self.vae, batch.vision[rows])  # [r, 3, H + 1, h, w]
+                clip = ((clip + 1.0) * 127.5).round_().clamp_(0, 255).to(torch.uint8)
+                frames = clip.permute(0, 2, 3, 4, 1).cpu().numpy()  # [r, H + 1, h, w, 3]
+                for k, item in zip(rows, frames, strict=True):
+                    clips[k] = item
+            batch.result["video"] = clips
         batch.vision = batch.actions = None
         return batch

@@ -7,6 +7,7 @@ One call of :meth:`ChunkPlanner.plan` for the envs that need a chunk:
     (env, episode, chunk) ----- seed rule --> seeds
     pipeline(images, prompts, seed=seeds) --> raw actions [N, H, D]
     raw actions ---------- adapter.actions -> env actions [N, H, D_env]  --> ChunkRecord
+    rows asked for video ---- return_video --> predicted future clips    --> ChunkRecord.video
 
 :class:`~cosmos3_gym.policy.VectorPolicy` (its queues, and through it rollouts and the overlap
 runner) and the evaluator plan through it. They differ only in who counts episodes and chunks
@@ -109,6 +110,9 @@ class ChunkRecord:
     ``action_noise=record.action_noise[k:k+1]`` and ``seed=[record.seeds[k]]`` for the video
     noise; :meth:`VectorPolicy.predict_action_chunk` takes the whole record's as ``action_noise``
     and ``seeds``.
+        video: per row, the pipeline's decoded future clip (uint8 ``[H + 1, h, w, 3]``; frame 0
+            is the observation as decoded, frame k follows action k) where the plan asked for
+            it, else None; None when no row asked.
     """
 
     env_indices: np.ndarray
@@ -122,6 +126,7 @@ class ChunkRecord:
     normalized_actions: np.ndarray
     actions: np.ndarray
     stochastic: bool
+    video: list[np.ndarray | None] | None = None
 
     def __len__(self) -> int:
         return int(self.env_indices.shape[0])
@@ -159,6 +164,7 @@ class ChunkPlanner:
         seeds: Sequence[int] | None = None,
         horizon: int | None = None,
         action_dim: int | None = None,
+        video: Sequence[bool] | None = None,
     ) -> ChunkRecord:
         """One pipeline call for ``envs`` (indices into the vector observation ``obs``).
 
@@ -167,9 +173,11 @@ class ChunkPlanner:
         rule's; ``action_noise`` (``[N, H, 64]``) replaces the seeded action noise, while the
         video noise still comes from the seeds: both together replay a recorded chunk (its
         ``seeds`` and ``action_noise``). ``horizon`` and ``action_dim``, where given, are what
-        earlier chunks had (H and D_env); a chunk of another shape is refused. Checks everything
-        the pipeline and the adapter return, raises ``ValueError`` naming what it found, and
-        changes nothing.
+        earlier chunks had (H and D_env); a chunk of another shape is refused. ``video`` (one bool
+        per planned env) asks the pipeline to decode those rows' predicted future clips into
+        ``ChunkRecord.video``; the decoder runs for them alone and no action changes. Checks
+        everything the pipeline and the adapter return, raises ``ValueError`` naming what it
+        found, and changes nothing.
         """
         envs = np.asarray(envs, dtype=np.int64)
         n = int(envs.size)
@@ -182,6 +190,13 @@ class ChunkPlanner:
                     f"adapter {self.adapter!r} made prompt {prompt!r} for env {env}; "
                     "expected non-empty text"
                 )
+        video_rows = [False] * n if video is None else [bool(v) for v in video]
+        if len(video_rows) != n:
+            raise ValueError(
+                f"video: expected one bool per planned env ({n}); found {len(video_rows)}"
+            )
+        # Asked only when some row wants it, so a pipeline without return_video plans as before.
+        video_kwargs = {"return_video": video_rows} if any(video_rows) else {}
         episodes = np.asarray(episodes, dtype=np.int64)
         chunks = np.asarray(chunks, dtype=np.int64)
         explicit = seeds is not None
@@ -204,8 +219,10 @@ class ChunkPlanner:
             action_noise=action_noise,
             video_noise=None,
             progress=self.progress,
+            **video_kwargs,
         )
         raw, noise, normalized = self._checked_output(out, n, horizon)
+        clips = self._checked_video(out, video_rows, raw.shape[1]) if video_kwargs else None
         actions = self._env_actions(raw, action_dim)
         return ChunkRecord(
             env_indices=envs,
@@ -219,6 +236,7 @@ class ChunkPlanner:
             normalized_actions=normalized,
             actions=actions,
             stochastic=self.seed_rule.stochastic and action_noise is None and not explicit,
+            video=clips,
         )
 
     def images(self, obs: Observation, n: int) -> np.ndarray:
@@ -255,6 +273,31 @@ class ChunkPlanner:
                 f"{list(raw.shape)}"
             )
         return raw, noise, normalized
+
+    @staticmethod
+    def _checked_video(
+        out: Any, video_rows: list[bool], horizon: int
+    ) -> list[np.ndarray | None]:
+        clips = getattr(out, "video", None)
+        if clips is None or len(clips) != len(video_rows):
+            found = "no video" if clips is None else f"{len(clips)} clips"
+            raise ValueError(
+                f"pipeline returned {found} for return_video over {len(video_rows)} items; "
+                "expected one entry per item"
+            )
+        checked: list[np.ndarray | None] = []
+        for row, (wanted, clip) in enumerate(zip(video_rows, clips, strict=True)):
+            if not wanted:
+                checked.append(None)
+                continue
+            if (not isinstance(clip, np.ndarray) or clip.dtype != np.uint8 or clip.ndim != 4
+                    or clip.shape[0] != horizon + 1 or clip.shape[3] != 3):
+                raise ValueError(
+                    f"pipeline returned video row {row} as {describe(clip)}; expected uint8 "
+                    f"[{horizon + 1}, h, w, 3] (the observation and one frame per action)"
+                )
+            checked.append(clip)
+        return checked
 
     def _env_actions(self, raw: np.ndarray, action_dim: int | None) -> np.ndarray:
         n, horizon = raw.shape[:2]

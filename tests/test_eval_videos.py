@@ -1,0 +1,201 @@
+"""Imagined-future videos: what the model saw, what it predicted and what the env did, per chunk;
+decoded only for the episodes that write a video, with no effect on any action."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from cosmos3_gym.eval import evaluate as evaluate_module
+from cosmos3_gym.eval import videos
+from cosmos3_gym.eval.cli import build_parser
+from cosmos3_gym.eval.evaluate import EvalConfig, evaluate, load_pipeline
+from cosmos3_gym.eval.results import read_episode_records
+from cosmos3_gym.eval.tasks import derive_seed
+from cosmos3_gym.eval.videos import ImaginedChunk, ImaginedLayout, imagined_frames
+from cosmos3_gym.tiny import write_tiny_checkpoint
+
+SEED = 7
+HORIZON = 4  # the tiny checkpoint's action chunk
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_checkpoint(
+        tmp_path_factory.mktemp("ckpt"),
+        policy_overrides={"raw_action_dim": 2, "normalization": "none", "stats": None,
+                          "view_point": "ego_view"},
+    )
+
+
+@pytest.fixture(scope="module")
+def pipeline(checkpoint: Path):
+    return load_pipeline(str(checkpoint))
+
+
+class SpyPipeline:
+    """The real pipeline, recording what each call was given and the clips it decoded."""
+
+    def __init__(self, pipe) -> None:
+        self.pipe, self.calls = pipe, []
+
+    def __call__(self, images, prompts, **kwargs):
+        out = self.pipe(images, prompts, **kwargs)
+        self.calls.append({"images": np.array(images), "prompts": list(prompts),
+                           "seeds": list(kwargs["seed"]),
+                           "return_video": kwargs.get("return_video"), "video": out.video})
+        return out
+
+    def rows(self):
+        """(seed, image, prompt, asked for video, clip) of every planned row."""
+        for call in self.calls:
+            asked = call["return_video"] or [False] * len(call["seeds"])
+            clips = call["video"] or [None] * len(call["seeds"])
+            yield from zip(call["seeds"], call["images"], call["prompts"], asked, clips,
+                           strict=True)
+
+
+def config(checkpoint: Path, **overrides) -> EvalConfig:
+    fields = dict(checkpoint=str(checkpoint), tasks=["red", "blue"], trials=2, num_envs=3,
+                  seed=SEED, image_size=32, max_episode_steps=6, num_inference_steps=2,
+                  progress=False)
+    return EvalConfig(**{**fields, **overrides})
+
+
+def chunk_steps(record: dict) -> list[int]:
+    """Steps executed from each chunk: whole 4-step chunks, the last one cut by the episode."""
+    return [min(HORIZON, record["steps"] - c * HORIZON) for c in range(record["chunks"])]
+
+
+def test_the_videos_flag_takes_an_optional_kind() -> None:
+    parser = build_parser()
+    base = ["eval", "--out", "x"]
+    assert parser.parse_args([*base, "--videos"]).videos == "env"
+    assert parser.parse_args(["eval", "--videos", "imagined", "--out", "x"]).videos == "imagined"
+    assert parser.parse_args(base).videos is None
+    assert parser.parse_args([*base, "--videos", "--video-trials", "2"]).video_trials == 2
+    assert EvalConfig(videos=True).videos == "env" and EvalConfig(videos=False).videos is None
+    with pytest.raises(ValueError, match="videos must be one of .*; found 'future'"):
+        EvalConfig(videos="future")
+
+
+def test_imagined_videos_show_each_planned_chunk_beside_the_env_frames(
+    checkpoint: Path, pipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written: dict[str, list[np.ndarray]] = {}
+    real_write = videos.write_video
+
+    def keep_frames(path: Path, frames, fps: float = videos.FPS) -> int:
+        frames = list(frames)
+        written[path.name] = frames
+        return real_write(path, frames, fps)
+
+    monkeypatch.setattr(evaluate_module, "write_video", keep_frames)
+    spy = SpyPipeline(pipeline)
+    plain = tmp_path / "plain"
+    evaluate(config(checkpoint), plain, pipeline=pipeline)
+    out = tmp_path / "imagined"
+    evaluate(config(checkpoint, videos="imagined", video_trials=1), out, pipeline=spy)
+
+    # Asking for video changed no episode: same steps, chunks, outcomes and action excesses.
+    fields = ("task", "trial", "steps", "chunks", "success", "max_action_excess")
+    records = read_episode_records(out)
+    assert [[r[k] for k in fields] for r in records] == [
+        [r[k] for k in fields] for r in read_episode_records(plain)
+    ]
+    # Only trial 0 of each task writes a video, and only its chunks were decoded.
+    recorded = {(r["task"], r["trial"]) for r in records if r["video"]}
+    assert recorded == {("red", 0), ("blue", 0)}
+    by_seed = {}
+    for seed, image, prompt, asked, clip in spy.rows():
+        assert (clip is not None) == asked
+        by_seed[seed] = (image, prompt, clip)
+    for r in records:
+        chunk_seeds = [derive_seed(SEED, r["task"], r["trial"], c) for c in range(r["chunks"])]
+        decoded = [by_seed[s][2] is not None for s in chunk_seeds]
+        assert decoded == [r["trial"] == 0] * r["chunks"]
+    assert sorted(p.suffix for p in (out / "videos").iterdir()) == [".mp4", ".mp4"]
+
+    for r in records:
+        if not r["video"]:
+            continue
+        path = out / r["video"]
+        frames = written[path.name]
+        steps = chunk_steps(r)
+        assert len(frames) == r["steps"] + r["chunks"] == sum(n + 1 for n in steps)
+        first_image, prompt, first_clip = by_seed[derive_seed(SEED, r["task"], r["trial"], 0)]
+        layout = ImaginedLayout.for_clip(*first_clip.shape[1:3], prompt)
+        assert layout.scale > 1  # 32 px frames are enlarged to a readable panel
+        index = 0
+        for c, n in enumerate(steps):
+            image, _, clip = by_seed[derive_seed(SEED, r["task"], r["trial"], c)]
+            for t in range(n + 1):
+                frame = frames[index]
+                assert frame.shape == (layout.frame_height, layout.frame_width, 3)
+                s = layout.scale
+                # The predicted panel is the pipeline's decoded frame t, pixel for pixel.
+                np.testing.assert_array_equal(layout.panel(frame, 1)[::s, ::s], clip[t])
+                # The input panel is the image the pipeline was given for this chunk.
+                np.testing.assert_array_equal(layout.panel(frame, 0)[::s, ::s], image)
+                if t == 0:  # the env panel starts from that same observation
+                    np.testing.assert_array_equal(layout.panel(frame, 2)[::s, ::s], image)
+                index += 1
+            if c + 1 < len(steps):  # the env panel ends where the next chunk was planned
+                next_image = by_seed[derive_seed(SEED, r["task"], r["trial"], c + 1)][0]
+                np.testing.assert_array_equal(layout.panel(frames[index - 1], 2)[::s, ::s],
+                                              next_image)
+        import imageio.v2 as imageio
+
+        with imageio.get_reader(path) as reader:
+            encoded = [f for f in reader]
+        assert len(encoded) == len(frames)
+        assert encoded[0].shape == frames[0].shape
+
+
+def test_imagined_videos_fall_back_to_gif_without_an_mp4_encoder(
+    checkpoint: Path, pipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(evaluate_module, "mp4_available", lambda: False)
+    evaluate(config(checkpoint, tasks=["red"], trials=1, videos="imagined"), tmp_path,
+             pipeline=pipeline)
+    (record,) = read_episode_records(tmp_path)
+    assert record["video"].endswith("__trial000__seed"
+                                    f"{record['seed']}__"
+                                    f"{'success' if record['success'] else 'failure'}.gif")
+    with Image.open(tmp_path / record["video"]) as gif:
+        assert gif.n_frames == record["steps"] + record["chunks"]
+        assert gif.size[0] % 16 == 0 and gif.size[1] % 16 == 0
+
+
+def _clip(value: int, frames: int = HORIZON + 1, size: int = 8) -> np.ndarray:
+    clip = np.zeros((frames, size, size, 3), np.uint8)
+    clip[:] = value + np.arange(frames)[:, None, None, None]
+    return clip
+
+
+def test_imagined_frames_cover_every_executed_step_once_per_chunk() -> None:
+    env_frames = [np.full((8, 8, 3), 100 + s, np.uint8) for s in range(7)]  # 6 steps
+    chunks = [ImaginedChunk(0, "go", _clip(10)), ImaginedChunk(4, "go", _clip(50))]
+    frames = list(imagined_frames(chunks, env_frames, "red · trial 0"))
+    assert len(frames) == 6 + 2  # one per step, one per chunk
+    layout = ImaginedLayout.for_clip(8, 8, "go")
+    s = layout.scale
+    shown = [(int(layout.panel(f, 1)[0, 0, 0]), int(layout.panel(f, 2)[0, 0, 0]),
+              int(layout.panel(f, 0)[0, 0, 0])) for f in frames]
+    # (predicted, env, model input): chunk 1 steps 0..4, then chunk 2 steps 4..6
+    assert shown == [(10, 100, 100), (11, 101, 100), (12, 102, 100), (13, 103, 100),
+                     (14, 104, 100), (50, 104, 104), (51, 105, 104), (52, 106, 104)]
+    assert all(layout.panel(f, 1)[::s, ::s].shape == (8, 8, 3) for f in frames)
+
+
+def test_imagined_frames_refuse_a_chunk_longer_than_its_prediction() -> None:
+    env_frames = [np.zeros((8, 8, 3), np.uint8)] * 7
+    chunks = [ImaginedChunk(0, "go", _clip(10, frames=3))]
+    with pytest.raises(ValueError, match="chunk 1 ran 6 steps but its predicted clip has 3 "
+                                         "frames; expected at least 7"):
+        list(imagined_frames(chunks, env_frames, "x"))
+    with pytest.raises(ValueError, match="at least one planned chunk"):
+        list(imagined_frames([], env_frames, "x"))
