@@ -1,4 +1,5 @@
-"""The ``cosmos3-gym`` console script: ``eval``, ``rollout``, ``bench``, ``train`` (argparse only).
+"""The ``cosmos3-gym`` console script: ``eval``, ``rollout``, ``bench``, ``train``, ``report``
+(argparse only).
 
 Examples:
 
