@@ -516,7 +516,7 @@ def make_libero_vector_env(
         ...     [("libero_spatial", 0), ("libero_10", 3)], 2, image_size=128)
         >>> obs, infos = envs.reset()  # doctest: +SKIP
         >>> obs["agentview_image"].shape, envs.get_attr("task_description")  # doctest: +SKIP
-        ((2, 128, 128, 3), ('pick up the black bowl ...', 'put the black bowl in the bottom drawer ...'))
+        ((2, 128, 128, 3), ('pick up the black bowl ...', 'put the black bowl in the bottom ...'))
         >>> envs.get_attr("max_episode_steps"), envs.get_attr("step_budget")  # doctest: +SKIP
         ((210, 510), ('cosmos3', 'cosmos3'))
     """
