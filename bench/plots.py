@@ -52,7 +52,9 @@ def plot_bench(result: dict[str, Any], stem: Path) -> list[Path]:
         ax.set_ylim(bottom=0)
         ax.legend(frameon=False, fontsize=8, loc="upper left")
     for b, row in zip(sizes, rows.values(), strict=True):
-        rate_ax.annotate(f"{row['speedup_vs_serial']:.1f}x", (b, row["actions_per_s"]),
+        # A ratio the run flagged as unstable (a busy machine made it up) is not drawn.
+        label = f"{row['speedup_vs_serial']:.1f}x" if row.get("stable", True) else "unstable"
+        rate_ax.annotate(label, (b, row["actions_per_s"]),
                          textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8,
                          color=BATCHED)
 
