@@ -52,6 +52,12 @@ LIBERO_ENV = {
 }
 DEMO_OUT = Path("runs/demo")
 DEMO_EVAL = ["eval", "--trials", "5", "--num-envs", "4", "--videos", "--out", str(DEMO_OUT)]
+# The same evaluation's first trial per task again, with videos of what the model imagined.
+DEMO_IMAGINED_OUT = Path("runs/demo_imagined")
+DEMO_IMAGINED = ["eval", "--trials", "1", "--num-envs", "4", "--videos", "imagined",
+                 "--out", str(DEMO_IMAGINED_OUT)]
+# The demo draws results.png (matplotlib); imagined videos are GIFs unless imageio-ffmpeg is there.
+DEMO_EXTRAS = {"plot"}
 
 
 class StepFailed(Exception):
@@ -259,17 +265,21 @@ def demo(venv: Environment, args: list[str]) -> int:
     if args:
         raise SystemExit("dev.py demo: error: takes no arguments (run cosmos3-gym eval yourself "
                          "for another evaluation)")
-    set_up(venv, set())
-    if (ROOT / DEMO_OUT).exists():
-        # A rerun shows the demo again rather than resuming the finished run.
-        say(f"==> replacing the previous demo's {DEMO_OUT}")
-        shutil.rmtree(ROOT / DEMO_OUT)
-    say(f"==> cosmos3-gym {' '.join(DEMO_EVAL)}")
-    code = subprocess.run([str(venv.script("cosmos3-gym")), *DEMO_EVAL], cwd=ROOT).returncode
-    if code == 0:
-        gifs = len(list((ROOT / DEMO_OUT / "videos").glob("*.gif")))
-        say(f"==> {gifs} episode videos in {DEMO_OUT / 'videos'}")
-    return code
+    set_up(venv, DEMO_EXTRAS)
+    for run, out in ((DEMO_EVAL, DEMO_OUT), (DEMO_IMAGINED, DEMO_IMAGINED_OUT)):
+        if (ROOT / out).exists():
+            # A rerun shows the demo again rather than resuming the finished run.
+            say(f"==> replacing the previous demo's {out}")
+            shutil.rmtree(ROOT / out)
+        say(f"==> cosmos3-gym {' '.join(run)}")
+        code = subprocess.run([str(venv.script("cosmos3-gym")), *run], cwd=ROOT).returncode
+        if code != 0:
+            return code
+        videos = sorted(p for p in (ROOT / out / "videos").iterdir() if p.is_file())
+        plots = [p.name for p in (ROOT / out).glob("results.png")]
+        say(f"==> {len(videos)} episode videos in {out / 'videos'}"
+            + (f", {plots[0]} in {out}" if plots else ""))
+    return 0
 
 
 def test(venv: Environment, args: list[str]) -> int:
