@@ -11,7 +11,8 @@ production loads it with (``transformers`` tokenizer folder, ``diffusers`` model
 
 The writers are deterministic (fixed corpus, fixed seeds) and take well under a second each.
 :func:`write_tiny_checkpoint` composes them into the full diffusers layout (one sub-folder per
-component).
+component). :func:`write_tiny_diffusers_folder` writes the bare format of the published
+``nvidia/Cosmos3-*`` folders instead, through diffusers' own ``Cosmos3OmniPipeline``.
 """
 
 from __future__ import annotations
@@ -306,4 +307,42 @@ def write_tiny_checkpoint(
     }
     policy.update(policy_overrides or {})
     PolicyConfig(**policy).save(root / layout.POLICY_CONFIG)
+    return root
+
+
+def write_tiny_diffusers_folder(directory: str | Path, seed: int = 3) -> Path:
+    """A bare Cosmos3 folder as diffusers' ``Cosmos3OmniPipeline.save_pretrained`` writes it (the
+    format of the published ``nvidia/Cosmos3-*`` checkpoints: no ``action_policy.json``), from
+    tiny random components built with diffusers' and transformers' own classes; returns the folder.
+
+    Needs a diffusers with ``Cosmos3OmniPipeline`` (the ``test`` extra's). Load it with
+    ``Cosmos3ActionPipeline.from_pretrained(directory, domain=...)``.
+    """
+    import shutil
+
+    from diffusers import Cosmos3OmniPipeline, Cosmos3OmniTransformer, UniPCMultistepScheduler
+    from transformers import AutoTokenizer
+
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(write_tiny_tokenizer(root / "_tokenizer_source"))
+    transformer = Cosmos3OmniTransformer(**tiny_transformer_config(len(tokenizer))).eval()
+    # O(1) random weights (the tiny generator's), so the actions are not all near zero; diffusers'
+    # class has the language-model head ours leaves out, and nothing else.
+    missing, unexpected = transformer.load_state_dict(
+        build_tiny_transformer(len(tokenizer), seed=seed).state_dict(), strict=False
+    )
+    if missing != ["lm_head.weight"] or unexpected:
+        raise RuntimeError(
+            f"the tiny generator does not match diffusers' Cosmos3OmniTransformer: missing "
+            f"{missing}, unexpected {unexpected}"
+        )
+    scheduler = UniPCMultistepScheduler(
+        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0
+    )
+    Cosmos3OmniPipeline(
+        transformer=transformer, text_tokenizer=tokenizer, vae=build_tiny_vae(),
+        scheduler=scheduler, enable_safety_checker=False,
+    ).save_pretrained(root)
+    shutil.rmtree(root / "_tokenizer_source")
     return root

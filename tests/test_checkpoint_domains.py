@@ -10,19 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from diffusers import Cosmos3OmniPipeline, Cosmos3OmniTransformer, UniPCMultistepScheduler
 from diffusers.pipelines.cosmos import pipeline_cosmos3_omni as diffusers_cosmos3
-from transformers import AutoTokenizer
+from safetensors.torch import load_file
 
 from cosmos3_gym.checkpoint import DOMAINS, POLICY_CONFIG, RECIPES, PolicyConfig
 from cosmos3_gym.pipeline import Cosmos3ActionPipeline
-from cosmos3_gym.tiny import (
-    build_tiny_transformer,
-    build_tiny_vae,
-    tiny_action_stats,
-    tiny_transformer_config,
-    write_tiny_tokenizer,
-)
+from cosmos3_gym.tiny import tiny_action_stats, write_tiny_diffusers_folder
 
 IMAGE = np.random.default_rng(0).integers(0, 256, size=(1, 64, 96, 3), dtype=np.uint8)
 PROMPT = "pick up the black bowl"
@@ -38,25 +31,14 @@ def test_domain_table_is_the_one_diffusers_uses() -> None:
 @pytest.fixture(scope="module")
 def diffusers_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """A folder written by diffusers' own Cosmos3OmniPipeline.save_pretrained, from tiny random
-    components (the real classes: diffusers' transformer and VAE, a transformers tokenizer)."""
-    root = tmp_path_factory.mktemp("diffusers_pipeline")
-    tokenizer = AutoTokenizer.from_pretrained(write_tiny_tokenizer(root.parent / "tokenizer"))
-    transformer = Cosmos3OmniTransformer(**tiny_transformer_config(len(tokenizer))).eval()
-    # O(1) random weights (the tiny generator's), so the actions are not all near zero.
-    missing, unexpected = transformer.load_state_dict(
-        build_tiny_transformer(len(tokenizer), seed=3).state_dict(), strict=False
-    )
-    assert missing == ["lm_head.weight"] and unexpected == []
-    scheduler = UniPCMultistepScheduler(
-        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0
-    )
-    pipe = Cosmos3OmniPipeline(
-        transformer=transformer, text_tokenizer=tokenizer, vae=build_tiny_vae(),
-        scheduler=scheduler, enable_safety_checker=False,
-    )
-    pipe.save_pretrained(root)
+    components (the real classes: diffusers' transformer and VAE, a transformers tokenizer), and
+    its transformer weights as saved."""
+    root = write_tiny_diffusers_folder(tmp_path_factory.mktemp("diffusers_pipeline"))
     assert not (root / POLICY_CONFIG).exists()
-    return root, {k: v.clone() for k, v in transformer.state_dict().items()}
+    reference: dict[str, torch.Tensor] = {}
+    for shard in sorted((root / "transformer").glob("*.safetensors")):
+        reference.update(load_file(shard))  # the weights as written, read by safetensors alone
+    return root, reference
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -181,3 +181,44 @@ def test_cuda_graph_replay_is_bit_identical_to_eager() -> None:
         for e, a in zip(expected, actual, strict=True):
             assert torch.equal(e, a), lengths
     assert graphs.captures == 3
+
+
+def test_a_bare_diffusers_folder_loads_by_domain_on_gpu(tmp_path) -> None:
+    """The published folder format, loaded by --domain, computes on the GPU what it does on the
+    CPU (fp32), and in the bf16 default gives finite actions of the domain's width."""
+    from cosmos3_gym.tiny import write_tiny_diffusers_folder
+
+    root = write_tiny_diffusers_folder(tmp_path / "bare")
+    images = np.random.default_rng(0).integers(0, 256, (2, 256, 512, 3), dtype=np.uint8)
+    prompts = ["put the bowl on the plate", "open the drawer"]
+    kwargs = dict(seed=[1, 2], num_inference_steps=4, progress=False)
+    cpu = Cosmos3ActionPipeline.from_pretrained(root, domain="droid_lerobot")(images, prompts,
+                                                                             **kwargs)
+    gpu32 = Cosmos3ActionPipeline.from_pretrained(
+        root, domain="droid_lerobot", device="cuda", dtype=torch.float32
+    )(images, prompts, **kwargs)
+    np.testing.assert_allclose(gpu32.actions, cpu.actions, rtol=1e-3, atol=1e-3)
+    bf16 = Cosmos3ActionPipeline.from_pretrained(root, domain="droid_lerobot", device="cuda")
+    out = bf16(images, prompts, **kwargs)
+    assert out.actions.shape == cpu.actions.shape == (2, 16, 10)
+    assert np.isfinite(out.actions).all()
+
+
+def test_video_for_some_items_on_gpu_changes_no_action(tmp_path) -> None:
+    """bf16 on CUDA: asking for the predicted clips of some items decodes those alone and leaves
+    every action bit-identical to the call without video."""
+    pipe = Cosmos3ActionPipeline.from_pretrained(write_tiny_checkpoint(tmp_path / "tiny"),
+                                                 device="cuda")
+    images = np.random.default_rng(0).integers(0, 256, (3, 256, 512, 3), dtype=np.uint8)
+    prompts = ["put the bowl on the plate", "open the top drawer and put the bowl inside", "go"]
+    kwargs = dict(seed=[4, 5, 6], num_inference_steps=8, progress=False)
+    plain = pipe(images, prompts, **kwargs)
+    some = pipe(images, prompts, return_video=[True, False, True], **kwargs)
+    every = pipe(images, prompts, return_video=True, **kwargs)
+    np.testing.assert_array_equal(some.actions, plain.actions)
+    np.testing.assert_array_equal(every.actions, plain.actions)
+    assert some.video[1] is None
+    for row in (0, 2):  # the same latents, decoded in a batch of 2 instead of 3
+        assert some.video[row].dtype == np.uint8 and some.video[row].ndim == 4
+        diff = np.abs(some.video[row].astype(int) - every.video[row].astype(int))
+        assert diff.max() <= 2 and diff.mean() < 0.05, (diff.max(), diff.mean())
