@@ -177,6 +177,8 @@ def _interrupted(command: str | None, argv: list[str]) -> str:
         out = parse_args(argv[1:]).out
         return (f"the checkpoint in {out} is incomplete (training does not resume); rerun the "
                 "same command to train from the start")
+    if command == "report":
+        return "it only reads runs; rerun the same command"
     out = build_parser().parse_known_args(argv)[0].out
     if command == "eval":
         from cosmos3_gym.eval.results import read_episode_records

@@ -214,3 +214,21 @@ def test_help_reads_as_text_and_every_train_option_says_what_it_does(capsys) -> 
     text = capsys.readouterr().out
     for action in options:
         assert action.option_strings[0] in text
+
+
+def test_the_interrupted_line_of_every_command_says_how_to_go_on(tmp_path) -> None:
+    from cosmos3_gym.eval.cli import _interrupted
+
+    assert _interrupted("report", ["report", str(tmp_path)]) == (
+        "it only reads runs; rerun the same command"
+    )
+    out = tmp_path / "b.json"
+    assert _interrupted("bench", ["bench", "--out", str(out)]) == (
+        f"nothing written ({out} is written at the end)"
+    )
+    assert "do not resume; rerun with a new --out" in _interrupted(
+        "rollout", ["rollout", "--steps", "8", "--out", str(tmp_path / "r")]
+    )
+    assert "holds 0 finished episodes; rerun the same command to resume" in _interrupted(
+        "eval", ["eval", "--out", str(tmp_path / "e")]
+    )
