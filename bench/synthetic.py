@@ -14,7 +14,16 @@ DROID-size (480x832, tier 480) observations:
   device in the same run: one denoising forward (it recomputes the text and runs one sample per
   call) against one step of ours, at B=1 and for B samples;
 - each execution option flipped against the benchmark's configuration at B=1 and at B=8
-  (paired, alternating runs), the CUDA graphs and the fused kernels among them.
+  (paired, alternating runs), the CUDA graphs and the fused kernels among them; an option that
+  another needs takes that one with it (``also``: switching the K/V buffers off switches the
+  fused kernels off too).
+
+Before anything is timed, one short call checks the configuration (``self_check`` in the JSON):
+an option that raises on this device (``cuda_graphs``, then ``triton_kernels``: they need more
+of the CUDA toolchain than torch itself) is switched off, with its error recorded, and the rest
+is measured; the configuration's actions are compared with the eager ones (no graphs, no fused
+kernels) of the same weights, noise and inputs. A flip that raises is recorded the same way.
+A benchmark on a borrowed GPU thus returns every number it can, and says which it could not.
 
 Users size their hardware with it before they have weights. Results are a JSON file whose
 ``rows`` are ``{"case", "batch_size", "steps", "call_s", "denoise_tflops", "gpu_busy", ...}``.
@@ -64,6 +73,9 @@ ACTION_HORIZON = 16  # 17 frames: the LIBERO and DROID policy recipes
 RAW_ACTION_DIM = 10
 # Option flips measured against the configuration under test: the benchmark's name -> field.
 FLIPS = ("cuda_graphs", "triton_kernels", "text_cache", "kv_buffers", "frame_encoder")
+# Options that need more than torch (Triton's compiler, CUDA graph capture), in the order the
+# self-check switches them off when the configuration raises.
+FALLIBLE = ("cuda_graphs", "triton_kernels")
 
 
 def synthetic_pipeline(
@@ -250,6 +262,44 @@ class _Run:
     components: tuple[Any, Any, Any] | None = None
 
 
+def _error_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}".splitlines()[0][:300]
+
+
+def check_options(run: _Run, case: Case) -> dict[str, Any]:
+    """One short call (B=1, 2 steps) with ``run.options``; an option of :data:`FALLIBLE` is
+    switched off in ``run.options`` while the call raises, the error kept. Returns the record
+    (``options`` as measured, ``disabled`` option -> error, and the largest action difference
+    from the eager configuration on the same weights, noise and inputs)."""
+    image = np.random.default_rng(0).integers(0, 256, size=(1, *case.image_hw, 3), dtype=np.uint8)
+    prompt = [PROMPTS[0]]
+
+    def actions(options: InferenceOptions) -> np.ndarray:
+        pipe, run.components = synthetic_pipeline(run.preset, case, device=run.device,
+                                                   dtype=run.dtype, options=options,
+                                                   components=run.components)
+        return pipe(image, prompt, seed=[0], num_inference_steps=2, progress=False).actions
+
+    eager = replace(run.options, **{name: False for name in FALLIBLE})
+    disabled: dict[str, str] = {}
+    reference = actions(eager)  # torch alone: if this raises, nothing can be measured
+    while True:
+        try:
+            measured = actions(run.options)
+            break
+        except Exception as err:  # noqa: BLE001 - any failure of an optional path is recorded
+            name = next((n for n in FALLIBLE if getattr(run.options, n)), None)
+            if name is None:
+                raise
+            disabled[name] = _error_line(err)
+            run.options = replace(run.options, **{name: False})
+    return {
+        "options": asdict(run.options),
+        "disabled": disabled,
+        "max_abs_action_diff_vs_eager": float(np.abs(measured - reference).max()),
+    }
+
+
 def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tuple[int, ...],
                   compare_batches: tuple[int, ...], reference: bool,
                   rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -297,15 +347,19 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
     for b in compare_batches:
         flips[str(b)] = {}
         for field in FLIPS:
-            flipped = replace(run.options, **{field: not getattr(run.options, field)})
+            flipped, also = run.options.flip(field)  # with what it needs, or what needs it
             if dev.type != "cuda" and (flipped.cuda_graphs or flipped.triton_kernels):
                 continue  # graphs exist on CUDA only; on CPU the kernels are interpreted
-            variant, _ = synthetic_pipeline(run.preset, case, device=dev, dtype=run.dtype,
-                                            options=flipped, components=run.components)
-            m = _paired(lambda v=variant, b=b: call(v, b, n), lambda b=b: call(pipe, b, n),
-                        run.warmup, run.repeats)
-            flips[str(b)][field] = {"flipped_to": getattr(flipped, field),
-                                    "ratio": m["ratio"], "denoise_ratio": m["denoise_ratio"]}
+            entry: dict[str, Any] = {"flipped_to": getattr(flipped, field), "also": list(also)}
+            try:
+                variant, _ = synthetic_pipeline(run.preset, case, device=dev, dtype=run.dtype,
+                                                options=flipped, components=run.components)
+                m = _paired(lambda v=variant, b=b: call(v, b, n), lambda b=b: call(pipe, b, n),
+                            run.warmup, run.repeats)
+                entry.update(ratio=m["ratio"], denoise_ratio=m["denoise_ratio"])
+            except Exception as err:  # noqa: BLE001 - the flip's failure is its result
+                entry.update(ratio=None, denoise_ratio=None, error=_error_line(err))
+            flips[str(b)][field] = entry
 
     result: dict[str, Any] = {"flips": flips, "reference": None}
     if reference:
@@ -355,7 +409,7 @@ def run_synthetic(
         "preset": preset, "device": str(dev), "dtype": str(dtype).removeprefix("torch."),
         "host": platform.node(), "torch": torch.__version__, "options": asdict(options),
         "warmup": warmup, "repeats": repeats, "statistic": "median", "complete": False,
-        "rows": [], "reference": {}, "flips": {},
+        "self_check": None, "rows": [], "reference": {}, "flips": {},
     }
 
     def save() -> None:
@@ -364,6 +418,9 @@ def run_synthetic(
             out.write_text(json.dumps(result, indent=2))
 
     run = _Run(preset, dev, dtype, options, warmup, repeats, save)
+    result["self_check"] = check_options(run, CASES[cases[0]])
+    result["options"] = result["self_check"]["options"]
+    save()
     sizes = batch_sizes or {"libero_256x512": (1, 2, 4, 8, 16, 32), "droid_480x832": (1, 2, 4, 8)}
     for name in cases:
         measured = _measure_case(run, CASES[name], sizes[name], steps, compare_batches,
@@ -406,8 +463,21 @@ def format_synthetic(result: dict[str, Any]) -> str:
     for case, per_b in result["flips"].items():
         for b, flips in per_b.items():
             lines.append(f"{case} B={b}, each option flipped (time flipped / as configured): "
-                         + ", ".join(f"{k}->{v['flipped_to']} {v['ratio']:.2f}x"
+                         + ", ".join(f"{k}->{v['flipped_to']}"
+                                     + "".join(f"+{a}" for a in v.get("also", ()))
+                                     + (" failed" if v["ratio"] is None else f" {v['ratio']:.2f}x")
                                      for k, v in flips.items()))
+    check = result.get("self_check")
+    if check:
+        lines.append(f"self-check: actions vs eager max |diff| "
+                     f"{check['max_abs_action_diff_vs_eager']:.3g}")
+        for name, error in check["disabled"].items():
+            lines.append(f"self-check: {name} switched off, it failed on this device: {error}")
+        for case, per_b in result["flips"].items():
+            for b, flips in per_b.items():
+                for k, v in flips.items():
+                    if "error" in v:
+                        lines.append(f"{case} B={b}: flipping {k} failed: {v['error']}")
     return "\n".join(lines)
 
 

@@ -128,6 +128,80 @@ def test_synthetic_bench_measures_a_preset_without_a_checkpoint(tmp_path, capsys
     assert "one step, diffusers" in capsys.readouterr().out
 
 
+SMALL_SYNTHETIC = dict(
+    cases=("libero_256x512",), batch_sizes={"libero_256x512": (1,)}, steps=(1,), warmup=0,
+    repeats=1, compare_batches=(1,), reference=False,
+)
+
+
+def test_synthetic_self_check_agrees_with_eager_when_the_fused_kernels_run() -> None:
+    """The Triton kernels (interpreted here) as the configuration: the self-check keeps them and
+    finds the actions of the eager configuration."""
+    from cosmos3_gym.bench.synthetic import run_synthetic
+    from cosmos3_gym.pipeline.options import InferenceOptions
+
+    result = run_synthetic("tiny", options=InferenceOptions(triton_kernels=True),
+                           **SMALL_SYNTHETIC)
+    check = result["self_check"]
+    assert check["disabled"] == {} and result["options"]["triton_kernels"] is True
+    assert check["max_abs_action_diff_vs_eager"] < 1e-4  # fp32: the kernels match within 1e-5
+    # Switching the K/V buffers off takes the kernels that need them along (the GPU default).
+    flips = result["flips"]["libero_256x512"]["1"]
+    assert flips["kv_buffers"]["also"] == ["triton_kernels"] and flips["kv_buffers"]["ratio"] > 0
+    assert flips["triton_kernels"]["also"] == [] and flips["triton_kernels"]["ratio"] > 0
+
+
+def test_an_option_that_fails_on_the_device_is_switched_off_and_reported(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """A fused-kernel path that raises (no compiler on the device, say) costs its own numbers,
+    not the benchmark: it is switched off, its error kept, and the rest is measured."""
+    from cosmos3_gym.bench import synthetic
+    from cosmos3_gym.pipeline import stages
+    from cosmos3_gym.pipeline.options import InferenceOptions
+
+    class NoCompiler:
+        def __init__(self) -> None:
+            raise RuntimeError("no Triton compiler for this device\nsecond line")
+
+    monkeypatch.setattr(stages, "TritonGenOps", NoCompiler)
+    out = tmp_path / "synthetic.json"
+    result = synthetic.run_synthetic("tiny", options=InferenceOptions(triton_kernels=True),
+                                     out=out, **SMALL_SYNTHETIC)
+    check = result["self_check"]
+    assert check["disabled"] == {
+        "triton_kernels": "RuntimeError: no Triton compiler for this device"
+    }
+    assert result["options"]["triton_kernels"] is False and check["options"] == result["options"]
+    assert check["max_abs_action_diff_vs_eager"] == 0.0  # now the eager configuration itself
+    assert len(result["rows"]) == 1 and json.loads(out.read_text())["complete"]
+    table = synthetic.format_synthetic(result)
+    assert "self-check: triton_kernels switched off, it failed on this device: Runtime" in table
+
+
+def test_a_flip_that_fails_is_recorded_and_the_others_measured(monkeypatch) -> None:
+    from cosmos3_gym.bench import synthetic
+
+    real = synthetic.synthetic_pipeline
+
+    def no_frame_encoder_off(*args, options, **kwargs):
+        if not options.frame_encoder:
+            raise MemoryError("out of memory building the other encoder")
+        return real(*args, options=options, **kwargs)
+
+    monkeypatch.setattr(synthetic, "synthetic_pipeline", no_frame_encoder_off)
+    result = synthetic.run_synthetic("tiny", **SMALL_SYNTHETIC)
+    flips = result["flips"]["libero_256x512"]["1"]
+    assert flips["frame_encoder"] == {
+        "flipped_to": False, "also": [], "ratio": None, "denoise_ratio": None,
+        "error": "MemoryError: out of memory building the other encoder",
+    }
+    assert flips["text_cache"]["ratio"] > 0 and "error" not in flips["text_cache"]
+    table = synthetic.format_synthetic(result)
+    assert "frame_encoder->False failed" in table
+    assert "flipping frame_encoder failed: MemoryError" in table
+
+
 def test_synthetic_bench_refuses_an_unknown_preset(tmp_path, capsys) -> None:
     try:
         main(["bench", "--synthetic", "mega", "--out", str(tmp_path / "x.json")])

@@ -211,3 +211,39 @@ def test_fused_kernels_need_fused_projections_and_kv_buffers() -> None:
         InferenceOptions(triton_kernels=True, fuse_projections=False)
     with pytest.raises(ValueError, match="kv_buffers=False"):
         InferenceOptions(triton_kernels=True, kv_buffers=False)
+
+
+def test_flipping_a_switch_keeps_the_options_valid() -> None:
+    """Every switch turned over from every combination of the switches that depend on each
+    other gives valid options, with exactly the other switches that had to turn named."""
+    import itertools
+    from dataclasses import asdict
+
+    from cosmos3_gym.pipeline import InferenceOptions
+    from cosmos3_gym.pipeline.options import REQUIRES
+
+    linked = sorted({*REQUIRES, *(n for needs in REQUIRES.values() for n in needs)})
+    for values in itertools.product([False, True], repeat=len(linked)):
+        try:
+            start = InferenceOptions(**dict(zip(linked, values, strict=True)))
+        except ValueError:
+            continue  # not a valid starting point
+        for name in (*linked, "frame_encoder"):
+            flipped, also = start.flip(name)  # valid: built through __post_init__
+            assert getattr(flipped, name) is not getattr(start, name)
+            changed = {k for k, v in asdict(flipped).items() if asdict(start)[k] != v}
+            assert changed == {name, *also} and name not in also
+    # For instance: the K/V buffers off take the fused kernels off; the graphs on bring the
+    # text cache on.
+    assert InferenceOptions(triton_kernels=True).flip("kv_buffers")[1] == ("triton_kernels",)
+    assert InferenceOptions(text_cache=False).flip("cuda_graphs")[1] == ("text_cache",)
+    assert InferenceOptions().flip("frame_encoder")[1] == ()
+
+
+def test_options_docstring_examples_run() -> None:
+    import doctest
+
+    from cosmos3_gym.pipeline import options
+
+    result = doctest.testmod(options)
+    assert result.attempted >= 4 and result.failed == 0

@@ -8,11 +8,16 @@ tests allow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # The fields that from_pretrained applies to the transformer as it loads it; changing one needs a
 # freshly loaded transformer. The other fields configure the stages around a shared one.
 TRANSFORMER_OPTIONS = ("fuse_projections", "fold_query_groups", "compile_gen")
+# What an option needs switched on (the checks of InferenceOptions.__post_init__).
+REQUIRES: dict[str, tuple[str, ...]] = {
+    "triton_kernels": ("fuse_projections", "kv_buffers"),
+    "cuda_graphs": ("text_cache",),
+}
 
 
 @dataclass(frozen=True)
@@ -67,3 +72,20 @@ class InferenceOptions:
         limit = self.max_cuda_graphs
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"max_cuda_graphs must be an int >= 1; found {limit!r}")
+
+    def flip(self, name: str) -> tuple[InferenceOptions, tuple[str, ...]]:
+        """These options with switch ``name`` turned over, and the other switches that had to
+        turn with it (:data:`REQUIRES`): on, it brings what it needs on; off, it takes what
+        needs it off.
+
+        >>> from cosmos3_gym.pipeline import InferenceOptions
+        >>> InferenceOptions(triton_kernels=True).flip("kv_buffers")[1]
+        ('triton_kernels',)
+        """
+        value = not getattr(self, name)
+        if value:
+            also = {need: True for need in REQUIRES.get(name, ())}
+        else:
+            also = {user: False for user, needs in REQUIRES.items() if name in needs}
+        also = {k: v for k, v in also.items() if getattr(self, k) != v}
+        return replace(self, **{name: value}, **also), tuple(also)
