@@ -311,7 +311,7 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
     dev, sync = run.device, _synchronizer(run.device)
     pipe, run.components = synthetic_pipeline(run.preset, case, device=dev, dtype=run.dtype,
                                               options=run.options, components=run.components)
-    max_b = max(*batch_sizes, *compare_batches)
+    max_b = max((*batch_sizes, *compare_batches))
     images = np.random.default_rng(0).integers(0, 256, size=(max_b, *case.image_hw, 3),
                                                dtype=np.uint8)
     augment = get_adapter("libero").prompt  # the task plus the view-point sentence
@@ -493,6 +493,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", default="10,30",
                         help="with --synthetic: comma-separated denoising step counts "
                              "(default: 10,30)")
+    parser.add_argument("--no-flips", action="store_true",
+                        help="with --synthetic: skip the option flips (paired runs of every "
+                             "option turned over, the longest part at large shapes)")
     parser.add_argument("--no-reference", action="store_true",
                         help="with --synthetic: skip diffusers' reference forward (it needs a "
                              "second copy of the weights in memory)")
@@ -527,7 +530,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result = run_synthetic(
         args.synthetic, device=args.device, cases=cases, batch_sizes=sizes,
         steps=_int_list(args.steps, "--steps"), warmup=args.warmup, repeats=args.repeats,
-        compare_batches=(1, args.compare_batch), reference=not args.no_reference,
+        compare_batches=() if args.no_flips else tuple(sorted({1, args.compare_batch})),
+        reference=not args.no_reference,
         out=Path(args.out),
     )
     print(format_synthetic(result))

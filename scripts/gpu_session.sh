@@ -5,7 +5,8 @@
 # (diffusers and gymnasium travel as wheels: ../shared/reference/gpu-device.md), runs the GPU
 # tests (bf16 parity with diffusers, CPU/GPU agreement, batch invariance, compiled Triton
 # kernels against eager at Nano layer widths, CUDA-graph replay against eager), then the
-# synthetic Cosmos3-Nano benchmark that docs/bench_gpu_nano.json is made of.
+# synthetic Cosmos3-Nano benchmark (DROID-size at B=1, 2 with diffusers' reference; the LIBERO
+# batch curve with every option flipped), which docs/benchmarks.md's GPU section is made of.
 #
 # Here, once, in the repository root (wheels for the GPU machine's Python 3.12):
 #   echo /.whl/ >> .git/info/exclude
@@ -24,14 +25,24 @@ export PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
 
+# Budgets: 150 + 140 + 230 s of commands, plus the install, under one 580 s call. Every bench
+# JSON is rewritten after each measurement, so a stage cut short still returns its rows.
 if [[ " $stages " == *" checks "* ]]; then
   # test_gpu.py is marked gpu; the kernel and graph tests run compiled wherever CUDA is.
-  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py \
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py \
     tests/test_model_kernels.py tests/test_model_cuda_graphs.py 2>&1 | tail -40 \
     > "$OUT/pytest_gpu.log"
 fi
 if [[ " $stages " == *" bench "* ]]; then
-  timeout 420 python3 -m cosmos3_gym.eval.cli bench --synthetic nano --device cuda \
-    --warmup 1 --repeats 3 --out "$OUT/bench_gpu_nano.json" > "$OUT/bench_gpu_nano.txt" 2>&1
+  # DROID-size B=1 at 30 steps is the number sglang published (1.457 s on an H200); with
+  # diffusers' reference step beside it, no flips (they would take minutes at this size).
+  timeout 140 python3 -m cosmos3_gym.eval.cli bench --synthetic nano --device cuda \
+    --cases droid_480x832 --batch-sizes 1,2 --steps 30 --no-flips --warmup 1 --repeats 3 \
+    --out "$OUT/bench_gpu_nano_droid.json" > "$OUT/bench_gpu_nano_droid.txt" 2>&1
+  # LIBERO: the batch curve (TFLOP/s, GPU busy, B=2 vs B=4) and every option flipped at B=1, 8.
+  timeout 230 python3 -m cosmos3_gym.eval.cli bench --synthetic nano --device cuda \
+    --cases libero_256x512 --batch-sizes 1,2,4,8,16 --steps 30 --compare-batch 8 \
+    --warmup 1 --repeats 3 --no-reference \
+    --out "$OUT/bench_gpu_nano_libero.json" > "$OUT/bench_gpu_nano_libero.txt" 2>&1
 fi
 ls -la "$OUT"

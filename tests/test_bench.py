@@ -202,6 +202,20 @@ def test_a_flip_that_fails_is_recorded_and_the_others_measured(monkeypatch) -> N
     assert "flipping frame_encoder failed: MemoryError" in table
 
 
+def test_synthetic_bench_without_flips_or_reference(tmp_path) -> None:
+    """The GPU session's DROID stage: rows only (flips and diffusers' reference skipped)."""
+    out = tmp_path / "synthetic.json"
+    assert main([
+        "bench", "--synthetic", "tiny", "--cases", "droid_480x832", "--steps", "1",
+        "--batch-sizes", "1", "--warmup", "0", "--repeats", "1", "--no-flips", "--no-reference",
+        "--out", str(out),
+    ]) == 0
+    result = json.loads(out.read_text())
+    assert result["complete"] and [r["case"] for r in result["rows"]] == ["droid_480x832"]
+    assert result["flips"] == {"droid_480x832": {}}
+    assert result["reference"] == {"droid_480x832": None}
+
+
 def test_synthetic_bench_refuses_an_unknown_preset(tmp_path, capsys) -> None:
     try:
         main(["bench", "--synthetic", "mega", "--out", str(tmp_path / "x.json")])
