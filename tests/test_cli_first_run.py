@@ -14,18 +14,8 @@ import pytest
 from cosmos3_gym.eval.cli import main
 from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
 from cosmos3_gym.eval.results import format_table, read_episode_records
-from cosmos3_gym.tiny import write_tiny_checkpoint
 
 TASKS = ["red", "green", "blue"]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(
-        tmp_path_factory.mktemp("ckpt"),
-        policy_overrides={"raw_action_dim": 2, "normalization": "none", "stats": None,
-                          "view_point": "ego_view"},
-    )
 
 
 def eval_args(checkpoint: Path | str, out: Path, *extra: str) -> list[str]:

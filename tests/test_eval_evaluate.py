@@ -25,20 +25,6 @@ EPISODE_FIELDS = ("task", "trial", "seed", "init_state_id", "steps", "chunks", "
 TASKS = ["red", "green", "blue"]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(
-        tmp_path_factory.mktemp("ckpt"),
-        policy_overrides={"raw_action_dim": 2, "normalization": "none", "stats": None,
-                          "view_point": "ego_view"},
-    )
-
-
-@pytest.fixture(scope="module")
-def pipeline(checkpoint: Path):
-    return load_pipeline(str(checkpoint))
-
-
 def small_config(checkpoint: Path, **overrides) -> EvalConfig:
     fields = dict(checkpoint=str(checkpoint), tasks=TASKS, trials=2, num_envs=3, seed=7,
                   image_size=32, max_episode_steps=6, num_inference_steps=2, progress=False)

@@ -15,26 +15,11 @@ from PIL import Image
 
 from cosmos3_gym.eval import report
 from cosmos3_gym.eval.cli import main
-from cosmos3_gym.eval.evaluate import EvalConfig, evaluate, load_pipeline
+from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
 from cosmos3_gym.eval.results import format_table
 from cosmos3_gym.plotting import INSTALL_HINT
-from cosmos3_gym.tiny import write_tiny_checkpoint
 
 TASKS = ["red", "green", "blue"]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(
-        tmp_path_factory.mktemp("ckpt"),
-        policy_overrides={"raw_action_dim": 2, "normalization": "none", "stats": None,
-                          "view_point": "ego_view"},
-    )
-
-
-@pytest.fixture(scope="module")
-def pipeline(checkpoint: Path):
-    return load_pipeline(str(checkpoint))
 
 
 def config(checkpoint: Path, **overrides) -> EvalConfig:

@@ -14,7 +14,7 @@ from cosmos3_gym.eval.rollout import collect_rollouts, load_rollouts
 from cosmos3_gym.eval.tasks import derive_seed
 from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 from cosmos3_gym.policy import VectorPolicy
-from cosmos3_gym.tiny import write_tiny_checkpoint
+from cosmos3_gym.tiny import COLOR_REACH_POLICY, write_tiny_checkpoint
 
 
 def test_wilson_interval_known_values() -> None:
@@ -45,8 +45,7 @@ def test_derived_seeds_depend_on_task_trial_and_chunk() -> None:
 
 
 def test_rollouts_round_trip_through_the_loader(tmp_path: Path) -> None:
-    ckpt = write_tiny_checkpoint(tmp_path / "ckpt", policy_overrides={
-        "raw_action_dim": 2, "normalization": "none", "stats": None, "view_point": "ego_view"})
+    ckpt = write_tiny_checkpoint(tmp_path / "ckpt", policy_overrides=COLOR_REACH_POLICY)
     policy = VectorPolicy(Cosmos3ActionPipeline.from_pretrained(ckpt), n_action_steps=2,
                           seed=3, num_inference_steps=2)
     envs = make_color_reach_vector_env(2, image_size=32, max_episode_steps=3)

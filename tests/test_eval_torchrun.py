@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cosmos3_gym.eval.results import read_episode_records
-from cosmos3_gym.tiny import write_tiny_checkpoint
+from cosmos3_gym.tiny import COLOR_REACH_POLICY, write_tiny_checkpoint
 
 FIELDS = ("task", "trial", "seed", "steps", "chunks", "success", "out_of_range_steps")
 
@@ -25,8 +25,7 @@ def _free_loopback_port() -> int:
 
 @pytest.mark.slow
 def test_two_rank_torchrun_matches_single_process(tmp_path: Path) -> None:
-    ckpt = write_tiny_checkpoint(tmp_path / "ckpt", policy_overrides={
-        "raw_action_dim": 2, "normalization": "none", "stats": None, "view_point": "ego_view"})
+    ckpt = write_tiny_checkpoint(tmp_path / "ckpt", policy_overrides=COLOR_REACH_POLICY)
     args = ["eval", "--checkpoint", str(ckpt), "--tasks", "red,blue", "--trials", "2",
             "--num-envs", "2", "--seed", "5", "--image-size", "32", "--max-episode-steps", "5",
             "--num-inference-steps", "2", "--no-progress"]

@@ -12,28 +12,13 @@ from PIL import Image
 from cosmos3_gym.eval import evaluate as evaluate_module
 from cosmos3_gym.eval import videos
 from cosmos3_gym.eval.cli import build_parser
-from cosmos3_gym.eval.evaluate import EvalConfig, evaluate, load_pipeline
+from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
 from cosmos3_gym.eval.results import read_episode_records
 from cosmos3_gym.eval.tasks import derive_seed
 from cosmos3_gym.eval.videos import ImaginedChunk, ImaginedLayout, imagined_frames
-from cosmos3_gym.tiny import write_tiny_checkpoint
 
 SEED = 7
 HORIZON = 4  # the tiny checkpoint's action chunk
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(
-        tmp_path_factory.mktemp("ckpt"),
-        policy_overrides={"raw_action_dim": 2, "normalization": "none", "stats": None,
-                          "view_point": "ego_view"},
-    )
-
-
-@pytest.fixture(scope="module")
-def pipeline(checkpoint: Path):
-    return load_pipeline(str(checkpoint))
 
 
 class SpyPipeline:

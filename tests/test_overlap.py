@@ -8,14 +8,13 @@ from gymnasium.vector import AutoresetMode
 from cosmos3_gym import Cosmos3ActionPipeline, VectorPolicy
 from cosmos3_gym.bench.overlap import DoubleBufferedRollout, measure_overlap
 from cosmos3_gym.envs import ChunkedActionWrapper, make_color_reach_vector_env
-from cosmos3_gym.tiny import write_tiny_checkpoint
+from cosmos3_gym.tiny import COLOR_REACH_POLICY, write_tiny_checkpoint
 
 
 def _pipe(tmp_path):
     path = write_tiny_checkpoint(
         tmp_path / "tiny2d",
-        policy_overrides={"raw_action_dim": 2, "normalization": "none", "stats": None,
-                          "view_point": "ego_view", "num_inference_steps": 2},
+        policy_overrides={**COLOR_REACH_POLICY, "num_inference_steps": 2},
     )
     return Cosmos3ActionPipeline.from_pretrained(path)
 

@@ -8,7 +8,7 @@ import pytest
 
 from cosmos3_gym import Cosmos3ActionPipeline, VectorPolicy
 from cosmos3_gym.envs import make_color_reach_vector_env
-from cosmos3_gym.tiny import write_tiny_checkpoint
+from cosmos3_gym.tiny import COLOR_REACH_POLICY, write_tiny_checkpoint
 
 STEPS = 2
 
@@ -18,8 +18,7 @@ def pipe(tmp_path_factory):
     # A 2-D action head for the built-in env (its actions are already in [-1, 1]).
     path = write_tiny_checkpoint(
         tmp_path_factory.mktemp("tiny2d"),
-        policy_overrides={"raw_action_dim": 2, "normalization": "none", "stats": None,
-                          "view_point": "ego_view"},
+        policy_overrides=COLOR_REACH_POLICY,
     )
     return Cosmos3ActionPipeline.from_pretrained(path)
 
