@@ -19,10 +19,11 @@ DROID-size (480x832, tier 480) observations:
   fused kernels off too).
 
 Before anything is timed, one short call checks the configuration (``self_check`` in the JSON):
-an option that raises on this device (``cuda_graphs``, then ``triton_kernels``: they need more
-of the CUDA toolchain than torch itself) is switched off, with its error recorded, and the rest
-is measured; the configuration's actions are compared with the eager ones (no graphs, no fused
-kernels) of the same weights, noise and inputs. A flip that raises is recorded the same way.
+an option that raises on this device (``cuda_graphs`` or ``triton_kernels``: they need more of
+the CUDA toolchain than torch itself) is switched off by the pipeline, as it is in production,
+with its error recorded, and the rest is measured; the configuration's actions are compared
+with the eager ones (no graphs, no fused kernels) of the same weights, noise and inputs. A flip
+that raises, or whose option the pipeline had to switch off, is recorded the same way.
 A benchmark on a borrowed GPU thus returns every number it can, and says which it could not.
 
 Users size their hardware with it before they have weights. Results are a JSON file whose
@@ -72,10 +73,8 @@ CASES = {
 ACTION_HORIZON = 16  # 17 frames: the LIBERO and DROID policy recipes
 RAW_ACTION_DIM = 10
 # Option flips measured against the configuration under test: the benchmark's name -> field.
-FLIPS = ("cuda_graphs", "triton_kernels", "text_cache", "kv_buffers", "frame_encoder")
-# Options that need more than torch (Triton's compiler, CUDA graph capture), in the order the
-# self-check switches them off when the configuration raises.
-FALLIBLE = ("cuda_graphs", "triton_kernels")
+FLIPS = ("cuda_graphs", "triton_kernels", "text_cache", "kv_buffers", "frame_encoder",
+         "prompt_cache")
 
 
 def synthetic_pipeline(
@@ -87,29 +86,21 @@ def synthetic_pipeline(
     options: InferenceOptions,
     components: tuple[Any, Any, Any] | None = None,
 ) -> tuple[Cosmos3ActionPipeline, tuple[Any, Any, Any]]:
-    """A pipeline over a random generator and VAE of ``preset``'s shapes; pass the returned
-    components back in to build another case or option set around the same weights."""
-    from transformers import AutoTokenizer
-
+    """A pipeline over a random generator and VAE of ``preset``'s shapes
+    (:meth:`Cosmos3ActionPipeline.from_preset`); pass the returned components back in to build
+    another case or option set around the same weights."""
     from cosmos3_gym import Cosmos3ActionPipeline
-    from cosmos3_gym import checkpoint as layout
     from cosmos3_gym.checkpoint import PolicyConfig
-    from cosmos3_gym.model.presets import random_transformer, random_vae, vae_preset
 
-    if components is None:
-        transformer = random_transformer(preset, device=device, dtype=dtype, seed=0)
-        if options.fuse_projections:
-            transformer.fuse_gen_projections()
-        vae = random_vae(vae_preset(preset), device=device, seed=1)
-        tokenizer = AutoTokenizer.from_pretrained(
-            layout.resolve_checkpoint("tiny") / layout.TEXT_TOKENIZER
-        )
-        components = (transformer, vae, tokenizer)
     policy = PolicyConfig(
         domain_name=case.domain_name, raw_action_dim=RAW_ACTION_DIM,
         action_horizon=ACTION_HORIZON, normalization="none", resolution_tier=case.resolution_tier,
         view_point=case.view_point,
     )
+    if components is None:
+        pipe = Cosmos3ActionPipeline.from_preset(preset, policy, device=device, dtype=dtype,
+                                                 options=options)
+        return pipe, (pipe.transformer, pipe.vae, pipe.tokenizer)
     return Cosmos3ActionPipeline(*components, policy, options=options), components
 
 
@@ -267,35 +258,30 @@ def _error_line(err: BaseException) -> str:
 
 
 def check_options(run: _Run, case: Case) -> dict[str, Any]:
-    """One short call (B=1, 2 steps) with ``run.options``; an option of :data:`FALLIBLE` is
-    switched off in ``run.options`` while the call raises, the error kept. Returns the record
+    """One short call (B=1, 2 steps) with ``run.options``. An option that fails on this device
+    is switched off by the pipeline itself (as in production: one warning, the error kept in
+    ``disabled_options``); ``run.options`` becomes what the pipeline ran. Returns the record
     (``options`` as measured, ``disabled`` option -> error, and the largest action difference
     from the eager configuration on the same weights, noise and inputs)."""
     image = np.random.default_rng(0).integers(0, 256, size=(1, *case.image_hw, 3), dtype=np.uint8)
     prompt = [PROMPTS[0]]
 
-    def actions(options: InferenceOptions) -> np.ndarray:
+    def actions(options: InferenceOptions) -> tuple[np.ndarray, Cosmos3ActionPipeline]:
         pipe, run.components = synthetic_pipeline(run.preset, case, device=run.device,
                                                    dtype=run.dtype, options=options,
                                                    components=run.components)
-        return pipe(image, prompt, seed=[0], num_inference_steps=2, progress=False).actions
+        out = pipe(image, prompt, seed=[0], num_inference_steps=2, progress=False)
+        return out.actions, pipe
 
-    eager = replace(run.options, **{name: False for name in FALLIBLE})
-    disabled: dict[str, str] = {}
-    reference = actions(eager)  # torch alone: if this raises, nothing can be measured
-    while True:
-        try:
-            measured = actions(run.options)
-            break
-        except Exception as err:  # noqa: BLE001 - any failure of an optional path is recorded
-            name = next((n for n in FALLIBLE if getattr(run.options, n)), None)
-            if name is None:
-                raise
-            disabled[name] = _error_line(err)
-            run.options = replace(run.options, **{name: False})
+    from cosmos3_gym.pipeline.stages import FALLIBLE_OPTIONS
+
+    eager = replace(run.options, **{name: False for name in FALLIBLE_OPTIONS})
+    reference, _ = actions(eager)  # torch alone: if this raises, nothing can be measured
+    measured, pipe = actions(run.options)
+    run.options = pipe.options
     return {
         "options": asdict(run.options),
-        "disabled": disabled,
+        "disabled": pipe.disabled_options,
         "max_abs_action_diff_vs_eager": float(np.abs(measured - reference).max()),
     }
 
@@ -356,6 +342,9 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
                                                 options=flipped, components=run.components)
                 m = _paired(lambda v=variant, b=b: call(v, b, n), lambda b=b: call(pipe, b, n),
                             run.warmup, run.repeats)
+                if variant.disabled_options:  # it ran, but without what was to be measured
+                    raise RuntimeError("; ".join(f"{k} switched off: {v}"
+                                                 for k, v in variant.disabled_options.items()))
                 entry.update(ratio=m["ratio"], denoise_ratio=m["denoise_ratio"])
             except Exception as err:  # noqa: BLE001 - the flip's failure is its result
                 entry.update(ratio=None, denoise_ratio=None, error=_error_line(err))
@@ -383,6 +372,7 @@ def run_synthetic(
     preset: str,
     *,
     device: str = "cpu",
+    dtype: str | None = None,
     cases: tuple[str, ...] = tuple(CASES),
     batch_sizes: dict[str, tuple[int, ...]] | None = None,
     steps: tuple[int, ...] = (10, 30),
@@ -397,13 +387,13 @@ def run_synthetic(
     written to ``out`` after every measurement (``"complete": false`` until the end)."""
     import torch
 
+    from cosmos3_gym.devices import resolve_device, resolve_dtype
     from cosmos3_gym.pipeline.options import InferenceOptions
 
-    dev = torch.device(device)
-    if options is None:  # the fastest the device supports
-        on_gpu = dev.type == "cuda"
-        options = InferenceOptions(cuda_graphs=on_gpu, triton_kernels=on_gpu)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dev = resolve_device(device)
+    # The production default: on CUDA the fast path (graphs and fused kernels).
+    options = (options or InferenceOptions()).resolve(dev.type)
+    dtype = resolve_dtype(dtype, dev)
     result: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "none (cpu)",
         "preset": preset, "device": str(dev), "dtype": str(dtype).removeprefix("torch."),

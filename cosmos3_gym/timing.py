@@ -25,6 +25,11 @@ class StageTimer:
     track_cpu_memory: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
     peak_bytes: dict[str, int] = field(default_factory=dict)
+    # Events counted over the call (e.g. prompt-cache hits), reported as they are named.
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + n
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -57,4 +62,5 @@ class StageTimer:
         out = {f"{k}_s": v for k, v in self.seconds.items()}
         out.update({f"{k}_peak_bytes": float(v) for k, v in self.peak_bytes.items()})
         out["total_s"] = sum(self.seconds.values())
+        out.update({k: float(v) for k, v in self.counts.items()})
         return out

@@ -153,7 +153,7 @@ def test_pipeline_optimisations_leave_actions_bit_identical(checkpoint) -> None:
 
 def test_inference_options_reach_the_transformer_and_the_stages(checkpoint) -> None:
     shipped = Cosmos3ActionPipeline.from_pretrained(checkpoint)
-    assert shipped.options == InferenceOptions()
+    assert shipped.options == InferenceOptions().resolve("cpu")  # auto switches decided
     off = InferenceOptions(text_cache=False, kv_buffers=False, fuse_projections=False,
                            fold_query_groups=False, frame_encoder=False)
     for pipe, on in ((shipped, True), (Cosmos3ActionPipeline.from_pretrained(checkpoint,

@@ -37,7 +37,7 @@ def model():
     return random_transformer("tiny", seed=7).fuse_gen_projections()
 
 
-def _request(model, lengths, seed, batch=None):
+def _request(model, lengths, seed, latent=(3, 4, 6)):
     gen = torch.Generator().manual_seed(seed)
     b = len(lengths)
     ids = torch.zeros(b, max(lengths), dtype=torch.long)
@@ -46,21 +46,26 @@ def _request(model, lengths, seed, batch=None):
     text = model.encode_text(ids, mask)
     return dict(
         text=text,
-        vision_noisy=(torch.arange(3) > 0)[None].expand(b, 3),
+        vision_noisy=(torch.arange(latent[0]) > 0)[None].expand(b, latent[0]),
         action_noisy=torch.ones(b, 8, dtype=torch.bool),
         domain_ids=torch.randint(0, 32, (b,), generator=gen),
-        steps=[(torch.randn(b, 48, 3, 4, 6, generator=gen), torch.randn(b, 8, 64, generator=gen),
+        steps=[(torch.randn(b, 48, *latent, generator=gen), torch.randn(b, 8, 64, generator=gen),
                 torch.full((b,), 900.0 - 100 * i)) for i in range(3)],
     )
 
 
-def _layout(model, text, preallocate_kv):
-    return model.gen_layout(text, latent_shape=(3, 4, 6), num_actions=8, fps=20.0,
+def _layout(model, text, preallocate_kv, latent=None):
+    latent = latent or (3, 4, 6)
+    return model.gen_layout(text, latent_shape=latent, num_actions=8, fps=20.0,
                             preallocate_kv=preallocate_kv)
 
 
+def _latent(req):
+    return tuple(req["steps"][0][0].shape[2:])
+
+
 def _eager(model, req):
-    layout = _layout(model, req["text"], preallocate_kv=True)
+    layout = _layout(model, req["text"], preallocate_kv=True, latent=_latent(req))
     return [model.forward_gen(req["text"], layout, v, req["vision_noisy"], a,
                               req["action_noisy"], req["domain_ids"], t)
             for v, a, t in req["steps"]]
@@ -68,8 +73,9 @@ def _eager(model, req):
 
 def _graphed(graphs, model, req):
     v0, a0, _ = req["steps"][0]
-    step = graphs.bind(req["text"], _layout(model, req["text"], preallocate_kv=False), v0,
-                       req["vision_noisy"], a0, req["action_noisy"], req["domain_ids"])
+    layout = _layout(model, req["text"], preallocate_kv=False, latent=_latent(req))
+    step = graphs.bind(req["text"], layout, v0, req["vision_noisy"], a0, req["action_noisy"],
+                       req["domain_ids"])
     assert step is not None
     return [step(v, a, t) for v, a, t in req["steps"]]
 
@@ -85,6 +91,34 @@ def test_graph_steps_equal_the_eager_forward_across_requests(model) -> None:
         for (g_vis, g_act), (e_vis, e_act) in zip(outs, _eager(model, req), strict=True):
             assert torch.equal(g_vis, e_vis) and torch.equal(g_act, e_act)
     assert graphs.captures == 2 and len(graphs.graphs) == 2
+
+
+@torch.no_grad()
+def test_one_capture_per_batch_prompt_length_and_latent_grid(model) -> None:
+    """The graph key holds everything that fixes a step's shapes: a request replays an
+    earlier graph only where batch, (padded) prompt length and latent grid all match, and
+    every replay equals the eager forward."""
+    graphs = GenGraphs(model, capture=rerun_capture)
+    requests = [  # (lengths, latent grid, expected captures, expected hits) after each
+        ([5], (3, 4, 6), 1, 0),
+        ([5], (3, 4, 6), 1, 1),     # other tokens, same shapes: a hit
+        ([7], (3, 4, 6), 2, 1),     # batch 1 again, another prompt length: a capture
+        ([7], (3, 4, 8), 3, 1),     # same prompt length, another latent grid
+        ([5, 5], (3, 4, 6), 4, 1),  # batch 2
+        ([5, 3], (3, 4, 6), 5, 1),  # batch 2, same padded length, but a key mask now
+        ([7], (3, 4, 6), 5, 2),
+    ]
+    keys = set()
+    for seed, (lengths, latent, captures, hits) in enumerate(requests):
+        req = _request(model, lengths, seed=10 + seed, latent=latent)
+        v0, a0, _ = req["steps"][0]
+        layout = _layout(model, req["text"], preallocate_kv=False, latent=latent)
+        keys.add(GenGraphs._key(req["text"], layout, v0, a0))
+        assert len(keys) == captures, (lengths, latent)  # a new shape is a new key, and only it
+        outs = _graphed(graphs, model, req)
+        for (g_vis, g_act), (e_vis, e_act) in zip(outs, _eager(model, req), strict=True):
+            assert torch.equal(g_vis, e_vis) and torch.equal(g_act, e_act)
+        assert (graphs.captures, graphs.hits) == (captures, hits), (lengths, latent)
 
 
 @torch.no_grad()

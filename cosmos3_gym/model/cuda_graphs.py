@@ -99,6 +99,7 @@ class GenGraphs:
         self.uncapturable: set[tuple] = set()
         self.pool: Any = None  # one memory pool for all graphs, made at the first capture
         self.captures = 0  # how many shapes were recorded (a cache miss each)
+        self.hits = 0  # requests that replayed a graph captured for an earlier one
 
     def bind(
         self,
@@ -119,6 +120,7 @@ class GenGraphs:
         static = self.graphs.get(key)
         if static is not None:
             self.graphs.move_to_end(key)
+            self.hits += 1
         else:
             static = self._allocate(text, layout, vision, actions)
         self._fill_request(static, text, layout, vision_noisy, action_noisy, domain_ids)

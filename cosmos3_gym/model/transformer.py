@@ -443,6 +443,18 @@ class Cosmos3Transformer(nn.Module):
 
     # ------------------------------------------------------------------ UND, once per request
 
+    def text_parameters(self) -> list[nn.Parameter]:
+        """The parameters the UND pathway reads (what ``encode_text``'s output depends on)."""
+        params = list(self.embed_tokens.parameters())
+        for layer in self.layers:
+            attn = layer.self_attn
+            for module in (layer.input_layernorm, layer.post_attention_layernorm, layer.mlp,
+                           attn.to_q, attn.to_k, attn.to_v, attn.to_out, attn.norm_q,
+                           attn.norm_k, attn.k_norm_und_for_gen):
+                if module is not None:
+                    params.extend(module.parameters())
+        return params
+
     def encode_text(self, input_ids: torch.Tensor, text_mask: torch.Tensor) -> TextKVCache:
         """Run the UND pathway over right-padded prompts ``[B, L]``; cache its K/V per layer."""
         if input_ids.shape != text_mask.shape:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from cosmos3_gym.pipeline.normalization import ActionStats
 from cosmos3_gym.pipeline.options import InferenceOptions
 from cosmos3_gym.pipeline.output import ActionOutput
 from cosmos3_gym.pipeline.preprocess import plan_canvas
+from cosmos3_gym.pipeline.prompt_cache import PromptCache
 from cosmos3_gym.pipeline.stages import (
     DecodeStage,
     DenoiseStage,
@@ -76,8 +78,11 @@ class Cosmos3ActionPipeline:
         self.transformer, self.vae, self.tokenizer = transformer, vae, tokenizer
         self.policy = policy
         self.max_batch_size = max_batch_size
-        self.options = options = options or InferenceOptions()
+        # The largest micro-batch that fit in device memory after an out-of-memory error
+        # (None until one happens); later calls split by it too.
+        self.memory_batch_limit: int | None = None
         self.device = transformer.device
+        options = (options or InferenceOptions()).resolve(self.device.type)
         stats = ActionStats.from_dict(policy.stats) if policy.denormalizes else None
         if policy.normalization != "none" and policy.stats is None:
             logger.warning(
@@ -87,7 +92,10 @@ class Cosmos3ActionPipeline:
                 policy.domain_name, policy.normalization,
             )
         self.preprocess = PreprocessStage(self.device, next(vae.parameters()).dtype)
-        self.prompt = PromptStage(transformer, tokenizer, policy)
+        cache = None
+        if options.prompt_cache:
+            cache = PromptCache(transformer, max_bytes=options.prompt_cache_mb * 2**20)
+        self.prompt = PromptStage(transformer, tokenizer, policy, cache)
         self.encode = EncodeStage(vae, use_frame_encoder=options.frame_encoder)
         self.noise = NoiseStage(
             policy, self.device, action_dim=transformer.config.action_dim,
@@ -98,6 +106,17 @@ class Cosmos3ActionPipeline:
         self.stages = (
             self.preprocess, self.prompt, self.encode, self.noise, self.denoise, self.decode
         )
+
+    @property
+    def options(self) -> InferenceOptions:
+        """How this pipeline computes: the options it was built with, auto switches decided for
+        its device, less any fallible option that failed here (:attr:`disabled_options`)."""
+        return self.denoise.options
+
+    @property
+    def disabled_options(self) -> dict[str, str]:
+        """Options switched off because they failed on this device: name -> the error."""
+        return dict(self.denoise.disabled)
 
     @property
     def action_horizon(self) -> int:
@@ -121,7 +140,9 @@ class Cosmos3ActionPipeline:
     ) -> Cosmos3ActionPipeline:
         """Load a diffusers-layout checkpoint folder (or the name of a shipped checkpoint).
 
-        ``dtype`` defaults to bfloat16 on CUDA and float32 on CPU. How the action head is used
+        ``device`` is a device or ``"auto"`` (:func:`cosmos3_gym.devices.resolve_device`: the GPU
+        where there is one); ``dtype`` defaults to bfloat16 on CUDA and float32 on CPU. How the
+        action head is used
         comes from, in order: ``policy``; ``domain``, an embodiment of
         :data:`~cosmos3_gym.checkpoint.DOMAINS` (``"droid_lerobot"``, ...; ``"libero"`` is the
         official LIBERO recipe), for folders that have no ``action_policy.json``, like the ones
@@ -131,31 +152,66 @@ class Cosmos3ActionPipeline:
         compute: the transformer is fused, folded and compiled here as they ask, the stages get
         the rest.
         """
-        options = options or InferenceOptions()
         from diffusers import AutoencoderKLWan
         from transformers import AutoTokenizer
 
+        from cosmos3_gym.devices import resolve_device, resolve_dtype
+
         root = layout.resolve_checkpoint(path)
         layout.check_layout(root)
-        device = torch.device(device)
-        if dtype is None:
-            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        device = resolve_device(device)
+        dtype = resolve_dtype(dtype, device)
+        options = (options or InferenceOptions()).resolve(device.type)
         policy = layout.resolve_policy(root, policy, domain)
         transformer = Cosmos3Transformer.from_pretrained(
             root / layout.TRANSFORMER, device=device, dtype=dtype
         )
-        if options.fuse_projections:
-            transformer.fuse_gen_projections()
-        for layer in transformer.layers:
-            layer.self_attn.fold_query_groups = options.fold_query_groups
-        if options.compile_gen:
-            transformer.compile_gen_layers()
+        _prepare_transformer(transformer, options)
         # The VAE encodes one frame per request; fp32 keeps the conditioning latent exact.
         vae = AutoencoderKLWan.from_pretrained(
             root / layout.VAE, torch_dtype=torch.float32, low_cpu_mem_usage=False
         )
         vae = vae.to(device).eval().requires_grad_(False)
         tokenizer = AutoTokenizer.from_pretrained(root / layout.TEXT_TOKENIZER)
+        return cls(
+            transformer, vae, tokenizer, policy, max_batch_size=max_batch_size, options=options
+        )
+
+    @classmethod
+    def from_preset(
+        cls,
+        preset: str,
+        policy: PolicyConfig,
+        *,
+        device: str | torch.device = "auto",
+        dtype: torch.dtype | None = None,
+        max_batch_size: int | None = None,
+        options: InferenceOptions | None = None,
+        seed: int = 0,
+    ) -> Cosmos3ActionPipeline:
+        """A pipeline of a published model shape with random weights, built on the device:
+        :mod:`~cosmos3_gym.model.presets` ``nano``, ``super``, ``edge`` (``tiny`` for a CPU),
+        the Wan2.2 VAE at its real widths, the shipped tiny checkpoint's tokenizer (Qwen's
+        chat template and special tokens).
+
+        It computes exactly what a real checkpoint of that shape computes, on the same shapes,
+        so its timings and memory are the real model's; its actions mean nothing. For sizing
+        hardware and measuring a whole evaluation loop before the weights are at hand.
+        """
+        from transformers import AutoTokenizer
+
+        from cosmos3_gym.devices import resolve_device, resolve_dtype
+        from cosmos3_gym.model.presets import random_transformer, random_vae, vae_preset
+
+        device = resolve_device(device)
+        dtype = resolve_dtype(dtype, device)
+        options = (options or InferenceOptions()).resolve(device.type)
+        transformer = random_transformer(preset, device=device, dtype=dtype, seed=seed)
+        _prepare_transformer(transformer, options)
+        vae = random_vae(vae_preset(preset), device=device, seed=seed + 1)
+        tokenizer = AutoTokenizer.from_pretrained(
+            layout.resolve_checkpoint("tiny") / layout.TEXT_TOKENIZER
+        )
         return cls(
             transformer, vae, tokenizer, policy, max_batch_size=max_batch_size, options=options
         )
@@ -222,12 +278,12 @@ class Cosmos3ActionPipeline:
                 if video_noise is not None:
                     mb.video_noise = video_noise[mb.indices]
 
-        results: list[MicroBatch] = []
-        for mb in batches:
-            for stage in self.stages:
-                with timer.stage(stage.name):
-                    mb = stage(mb, params)
-            results.append(mb)
+        cache = self.prompt.cache
+        hits, misses = (cache.hits, cache.misses) if cache is not None else (0, 0)
+        results = self._run(batches, params, timer)
+        if cache is not None:
+            timer.count("prompt_cache_hits", cache.hits - hits)
+            timer.count("prompt_cache_misses", cache.misses - misses)
 
         def gather(key: str) -> np.ndarray:
             return np.stack(_in_caller_order(results, key, count))
@@ -244,27 +300,75 @@ class Cosmos3ActionPipeline:
             video=_in_caller_order(results, "video", count) if any(video_rows) else None,
         )
 
+    def _run(
+        self, batches: list[MicroBatch], params: SamplingParams, timer: StageTimer
+    ) -> list[MicroBatch]:
+        """Every micro-batch through the stages. One that runs out of device memory is split
+        in two and run again from its inputs (nothing is lost: each item's result depends on
+        its own inputs only; one warning per call); the size that fits is kept in
+        :attr:`memory_batch_limit` for later calls. A single item that does not fit raises."""
+        pending, results = deque(batches), []
+        too_large: list[int] = []  # sizes that ran out of memory in this call
+        while pending:
+            mb = out = pending.popleft()
+            parts = None
+            try:
+                for stage in self.stages:
+                    with timer.stage(stage.name):
+                        out = stage(out, params)
+            except torch.cuda.OutOfMemoryError:
+                if mb.size == 1:
+                    raise
+                half = (mb.size + 1) // 2
+                too_large.append(mb.size)
+                self.memory_batch_limit = min(half, self.memory_batch_limit or half)
+                parts = mb.split(half)  # fresh from the inputs: no stage has run on them
+            if parts is None:
+                results.append(out)
+                continue
+            del mb, out  # this attempt's tensors go before the retry allocates
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            pending.extendleft(reversed(parts))
+        if too_large:
+            logger.warning(
+                "out of device memory with micro-batches of %s items; ran them as micro-batches "
+                "of at most %d (later calls too), with the same results",
+                ", ".join(map(str, too_large)), self.memory_batch_limit,
+            )
+        return results
+
     def _micro_batches(
         self, images: list[np.ndarray], prompts: list[str], seeds: list[int]
     ) -> list[MicroBatch]:
-        """Group items by canvas, in first-seen order, then split by ``max_batch_size``."""
+        """Group items by canvas, in first-seen order, then split by ``max_batch_size`` (and
+        :attr:`memory_batch_limit`)."""
         groups: dict[Any, list[int]] = {}
         for i, image in enumerate(images):
             plan = plan_canvas(image.shape[0], image.shape[1], self.policy.resolution_tier)
             groups.setdefault(plan, []).append(i)
-        limit = self.max_batch_size or len(images)
+        limits = [n for n in (self.max_batch_size, self.memory_batch_limit) if n is not None]
+        limit = min(limits, default=len(images))
         batches = []
         for plan, members in groups.items():
-            for start in range(0, len(members), limit):
-                idx = members[start : start + limit]
-                batches.append(
-                    MicroBatch(
-                        indices=idx, images=[images[i] for i in idx],
-                        prompts=[prompts[i] for i in idx], seeds=[seeds[i] for i in idx],
-                        plan=plan,
-                    )
-                )
+            whole = MicroBatch(
+                indices=members, images=[images[i] for i in members],
+                prompts=[prompts[i] for i in members], seeds=[seeds[i] for i in members],
+                plan=plan,
+            )
+            batches += whole.split(limit)
         return batches
+
+
+def _prepare_transformer(transformer: Cosmos3Transformer, options: InferenceOptions) -> None:
+    """Apply the transformer's own options (:data:`~cosmos3_gym.pipeline.options.
+    TRANSFORMER_OPTIONS`) to a freshly built transformer."""
+    if options.fuse_projections:
+        transformer.fuse_gen_projections()
+    for layer in transformer.layers:
+        layer.self_attn.fold_query_groups = options.fold_query_groups
+    if options.compile_gen:
+        transformer.compile_gen_layers()
 
 
 def _in_caller_order(results: list[MicroBatch], key: str, count: int) -> list[np.ndarray]:

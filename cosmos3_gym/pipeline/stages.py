@@ -8,7 +8,8 @@ share one canvas, at most ``max_batch_size`` of them). Every stage checks what i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -23,10 +24,17 @@ from cosmos3_gym.pipeline.normalization import denormalize_actions
 from cosmos3_gym.pipeline.options import InferenceOptions
 from cosmos3_gym.pipeline.preprocess import CanvasPlan, crop_latent_to_content, preprocess
 from cosmos3_gym.pipeline.prompt import build_action_caption, tokenize_captions
+from cosmos3_gym.pipeline.prompt_cache import PromptCache
 from cosmos3_gym.pipeline.scheduler import FlowUniPCScheduler
 from cosmos3_gym.pipeline.vae import decode_latents, encode_conditioning_frames
 from cosmos3_gym.progress import progress
 from cosmos3_gym.seeding import check_noise
+
+logger = logging.getLogger(__name__)
+
+# Options that need more than torch (Triton's compiler, CUDA graph capture) and so may fail on a
+# user's device; DenoiseStage switches one off when it raises there.
+FALLIBLE_OPTIONS = ("cuda_graphs", "triton_kernels")
 
 
 @dataclass
@@ -65,6 +73,21 @@ class MicroBatch:
     def size(self) -> int:
         return len(self.indices)
 
+    def split(self, size: int) -> list[MicroBatch]:
+        """This batch's inputs as micro-batches of at most ``size`` items, in order; fresh (no
+        stage has run on them), whatever has run on this one."""
+        parts = []
+        for start in range(0, self.size, size):
+            rows = slice(start, start + size)
+            parts.append(MicroBatch(
+                indices=self.indices[rows], images=self.images[rows], prompts=self.prompts[rows],
+                seeds=self.seeds[rows], plan=self.plan,
+                action_noise=None if self.action_noise is None else self.action_noise[rows],
+                video_noise=None if self.video_noise is None else self.video_noise[rows],
+                video_rows=self.video_rows[rows],
+            ))
+        return parts
+
 
 class Stage:
     """One job of the pipeline: ``stage(batch, params) -> batch``."""
@@ -89,22 +112,33 @@ class PreprocessStage(Stage):
 
 
 class PromptStage(Stage):
-    """Structured JSON caption per item, chat template, UND pathway once per request."""
+    """Structured JSON caption per item, chat template, UND pathway once per request (once per
+    distinct prompt across calls, with a :class:`~cosmos3_gym.pipeline.prompt_cache.PromptCache`).
+    """
 
     name = "prompt"
 
-    def __init__(self, model: Cosmos3Transformer, tokenizer: Any, policy: PolicyConfig) -> None:
+    def __init__(
+        self, model: Cosmos3Transformer, tokenizer: Any, policy: PolicyConfig,
+        cache: PromptCache | None = None,
+    ) -> None:
         self.model, self.tokenizer, self.policy = model, tokenizer, policy
+        self.cache = cache
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
-        batch.text_inputs = self.tokenize(batch, params)
-        batch.text = self.model.encode_text(*batch.text_inputs)
+        ids, mask = self.tokenize(batch, params)
+        device = self.model.device
+        batch.text_inputs = ids.to(device), mask.to(device)
+        if self.cache is not None:
+            batch.text = self.cache.encode(ids, mask)
+        else:
+            batch.text = self.model.encode_text(*batch.text_inputs)
         return batch
 
     def tokenize(
         self, batch: MicroBatch, params: SamplingParams
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token ids and mask ``[b or 2b, L]`` of the batch's captions, on the model's device."""
+        """Token ids and mask ``[b or 2b, L]`` of the batch's captions, on the host."""
         p = self.policy
         captions = [
             build_action_caption(
@@ -121,8 +155,7 @@ class PromptStage(Stage):
             self.tokenizer, captions, max_sequence_length=p.max_sequence_length,
             allow_empty=params.guidance_scale != 1.0,
         )
-        device = self.model.device
-        return tokens.input_ids.to(device), tokens.attention_mask.to(device)
+        return tokens.input_ids, tokens.attention_mask
 
 
 class EncodeStage(Stage):
@@ -212,22 +245,60 @@ class DenoiseStage(Stage):
         self, model: Cosmos3Transformer, policy: PolicyConfig, options: InferenceOptions
     ) -> None:
         self.model, self.policy = model, policy
-        # InferenceOptions.text_cache and .kv_buffers: the text K/V once per request, and GEN
-        # K/V written into buffers that hold the text prefix.
+        # Options that failed on this device and were switched off: name -> the error.
+        self.disabled: dict[str, str] = {}
+        self.configure(options)
+
+    def configure(self, options: InferenceOptions) -> None:
+        """Set how the steps run: InferenceOptions.text_cache and .kv_buffers (the text K/V
+        once per request, GEN K/V written into buffers holding the text prefix), the step's
+        elementwise work (eager, or fused Triton kernels) and the step as CUDA graphs
+        (captured per shape, replayed every step) or eagerly."""
+        if options.cuda_graphs and self.model.device.type != "cuda":
+            raise ValueError(
+                f"cuda_graphs needs the model on a CUDA device; found {self.model.device}"
+            )
+        self.options = options
         self.text_cache = options.text_cache
         self.preallocate_kv = options.kv_buffers
-        # How each GEN step's elementwise work runs (eager, or fused Triton kernels), and the
-        # step as CUDA graphs (captured per shape, replayed every step) or eagerly.
-        self.ops = TritonGenOps() if options.triton_kernels else TORCH_OPS
-        self.graphs = None
+        self.ops, self.graphs = TORCH_OPS, None
+        try:
+            if options.triton_kernels:
+                self.ops = TritonGenOps()
+        except Exception as error:  # noqa: BLE001 - no Triton here: the eager ops instead
+            self.switch_off("triton_kernels", error)
+            return
         if options.cuda_graphs:
-            if model.device.type != "cuda":
-                raise ValueError(
-                    f"cuda_graphs needs the model on a CUDA device; found {model.device}"
-                )
-            self.graphs = GenGraphs(model, max_graphs=options.max_cuda_graphs, ops=self.ops)
+            self.graphs = GenGraphs(self.model, max_graphs=options.max_cuda_graphs, ops=self.ops)
+
+    def switch_off(self, name: str, error: BaseException) -> None:
+        """Turn fallible option ``name`` off after it failed here: one warning, the error kept
+        in :attr:`disabled`, and the steps set up again without it."""
+        detail = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+        logger.warning("%s failed on %s and is switched off for this pipeline (%s); the "
+                       "denoising steps run without it", name, self.model.device, detail)
+        self.disabled[name] = detail
+        self.configure(replace(self.options, **{name: False}))
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
+        """The denoising loop. Where it raises with a fallible option on, that option is
+        switched off and the loop runs again from the same state (it never modifies its
+        inputs): the CUDA graphs if a replay raised, else the fused kernels. (A shape whose
+        capture fails already runs eagerly: :class:`~cosmos3_gym.model.cuda_graphs.GenGraphs`.)
+        """
+        while True:
+            self._replaying = False
+            try:
+                return self._denoise(batch, params)
+            except torch.cuda.OutOfMemoryError:
+                raise  # the pipeline splits the batch; no option is to blame
+            except Exception as error:
+                blamed = "cuda_graphs" if self._replaying else "triton_kernels"
+                if not getattr(self.options, blamed):
+                    raise
+                self.switch_off(blamed, error)
+
+    def _denoise(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
         model, p = self.model, self.policy
         b = batch.size
         device, dtype = model.device, model.dtype
@@ -265,6 +336,7 @@ class DenoiseStage(Stage):
             model_vision, model_actions = model_inputs(vision, actions)
             graphed = self.graphs.bind(text, layout, model_vision, vision_noisy, model_actions,
                                        action_noisy, domain_ids)
+            self._replaying = graphed is not None
         if graphed is None:  # eager steps (also where a shape could not be captured)
             layout = layout_for(preallocate_kv=self.preallocate_kv)
         scheduler = FlowUniPCScheduler(params.num_inference_steps, params.flow_shift)
