@@ -7,8 +7,8 @@ What it measures, all in one process and one run so ratios are side by side:
 - the text (UND) K/V cache on versus off (``text_cache_speedup``);
 - prompts of mixed token lengths versus equal lengths in one batch;
 - each hot-path optimisation switched off alone (fused projections, K/V buffers, folded query
-  groups, the single-frame VAE encoder), and the RoPE and RMSNorm kernels against their
-  textbook forms at Cosmos3-Nano shapes;
+  groups, the single-frame VAE encoder, the prompt cache across calls), and the RoPE and
+  RMSNorm kernels against their textbook forms at Cosmos3-Nano shapes;
 - per-stage seconds (admission ... decode) and peak memory: CUDA max-allocated on GPU, process
   peak RSS on CPU.
 
@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +59,7 @@ SWITCHES = {
     "fused_projections": "fuse_projections",
     "folded_query_groups": "fold_query_groups",
     "frame_encoder": "frame_encoder",
+    "prompt_cache": "prompt_cache",
 }
 
 
@@ -193,6 +194,7 @@ def run_benchmark(
     checkpoint: str,
     *,
     device: str = "cpu",
+    dtype: str | None = None,
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
     image_size: tuple[int, int] = (256, 512),
     num_inference_steps: int | None = None,
@@ -212,11 +214,13 @@ def run_benchmark(
     import torch
 
     from cosmos3_gym import Cosmos3ActionPipeline
+    from cosmos3_gym.devices import resolve_device, resolve_dtype
     from cosmos3_gym.eval.evaluate import load_pipeline
     from cosmos3_gym.pipeline.options import TRANSFORMER_OPTIONS
 
-    dev = torch.device(device)
-    pipe = load_pipeline(checkpoint, domain, action_stats, device=dev)
+    dev = resolve_device(device)
+    precision = resolve_dtype(dtype, dev)
+    pipe = load_pipeline(checkpoint, domain, action_stats, device=dev, dtype=precision)
     horizon = pipe.action_horizon
     rng = np.random.default_rng(0)
     max_b = max(*batch_sizes, compare_batch)
@@ -271,10 +275,10 @@ def run_benchmark(
     def switched_off(option: str) -> Cosmos3ActionPipeline:
         """The pipeline as shipped but for ``option``: a stage option shares its transformer,
         VAE and tokenizer; a transformer option needs a transformer loaded with it."""
-        options = replace(pipe.options, **{option: False})
+        options, _ = pipe.options.flip(option)  # off, with what needs it (graphs, kernels)
         if option in TRANSFORMER_OPTIONS:
             return Cosmos3ActionPipeline.from_pretrained(
-                checkpoint, device=dev, policy=pipe.policy, options=options
+                checkpoint, device=dev, dtype=precision, policy=pipe.policy, options=options
             )
         return Cosmos3ActionPipeline(
             pipe.transformer, pipe.vae, pipe.tokenizer, pipe.policy, options=options
@@ -307,6 +311,8 @@ def run_benchmark(
         "checkpoint": str(checkpoint),
         "domain": pipe.policy.domain_name,
         "device": str(dev),
+        "dtype": str(precision).removeprefix("torch."),
+        "options": asdict(pipe.options),
         "host": platform.node(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -324,7 +330,7 @@ def run_benchmark(
         "text_cache_speedup": optimisations["text_cache"]["total"],
         "optimisations": optimisations,
         "mixed_vs_equal_prompt_latency": mixed_vs_equal,
-        "kernels": kernel_microbench(device, batch=b),
+        "kernels": kernel_microbench(str(dev), batch=b),
         "env_overlap": env_overlap,
     }
 
@@ -385,12 +391,12 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from cosmos3_gym.eval.cli import add_checkpoint_arguments
+    from cosmos3_gym.eval.cli import add_checkpoint_arguments, add_device_arguments
     from cosmos3_gym.eval.tasks import ENV_NAMES
 
     add_checkpoint_arguments(parser)
     parser.add_argument("--out", required=True, help="JSON file to write")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    add_device_arguments(parser)
     parser.add_argument("--batch-sizes", default=None,
                         help="comma-separated batch sizes (default: 1,2,4,8,16,32; with "
                              "--synthetic: 1..32 for LIBERO, 1..8 for DROID)")
@@ -422,7 +428,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     height, width = (int(x) for x in args.image_size.lower().split("x"))
     result = run_benchmark(
-        args.checkpoint, device=args.device,
+        args.checkpoint, device=args.device, dtype=args.dtype,
         batch_sizes=tuple(int(b) for b in (args.batch_sizes or "1,2,4,8,16,32").split(",")),
         image_size=(height, width), num_inference_steps=args.num_inference_steps,
         warmup=args.warmup, repeats=args.repeats, compare_batch=args.compare_batch,

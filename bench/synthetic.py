@@ -518,7 +518,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         chosen = _int_list(args.batch_sizes, "--batch-sizes")
         sizes = {c: chosen for c in cases}
     result = run_synthetic(
-        args.synthetic, device=args.device, cases=cases, batch_sizes=sizes,
+        args.synthetic, device=args.device, dtype=args.dtype, cases=cases, batch_sizes=sizes,
         steps=_int_list(args.steps, "--steps"), warmup=args.warmup, repeats=args.repeats,
         compare_batches=() if args.no_flips else tuple(sorted({1, args.compare_batch})),
         reference=not args.no_reference,

@@ -8,7 +8,8 @@ Examples:
         --trials 50 --num-envs 8 --async-envs --seed 7 --out runs/libero_10
     torchrun --nproc_per_node 2 -m cosmos3_gym.eval.cli eval ... --out DIR   # rank 0 merges
     cosmos3-gym rollout --steps 256 --num-envs 4 --out runs/rollouts
-    cosmos3-gym bench --checkpoint PATH --out bench.json          # add --device cuda on a GPU
+    cosmos3-gym bench --checkpoint PATH --out bench.json          # on the GPU where there is one
+    cosmos3-gym eval --synthetic nano --trials 8 --num-envs 8 --out runs/size_it  # no weights
     cosmos3-gym bench --checkpoint /models/Cosmos3-Nano --domain droid_lerobot --device cuda \\
         --out bench.json                     # a diffusers folder: name its embodiment
     cosmos3-gym report runs/color_reach                            # table + results.png again
@@ -23,7 +24,11 @@ from pathlib import Path
 
 from cosmos3_gym.checkpoint import DOMAINS
 from cosmos3_gym.envs import STEP_BUDGETS
+from cosmos3_gym.eval.synthetic import PRESETS as SYNTHETIC_PRESETS
 from cosmos3_gym.eval.tasks import ENV_NAMES
+
+# cosmos3_gym.devices.DTYPE_CHOICES, without importing torch to build the parser.
+DTYPE_CHOICES = ("auto", "bfloat16", "float32")
 
 
 def _csv(text: str) -> list[str]:
@@ -45,7 +50,7 @@ def _positive_int(text: str) -> int:
 
 def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
     """``--checkpoint``, and how to use one whose folder has no ``action_policy.json``."""
-    p.add_argument("--checkpoint", default="tiny",
+    p.add_argument("--checkpoint", default=None,
                    help="checkpoint folder or shipped name (default: tiny)")
     p.add_argument("--domain", default=None, choices=sorted(DOMAINS), metavar="NAME",
                    help="embodiment of a checkpoint without action_policy.json (a diffusers "
@@ -56,8 +61,23 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
                         "without statistics the actions stay in the model's normalised space")
 
 
+def add_device_arguments(p: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--dtype``: where the model runs and in which precision."""
+    p.add_argument("--device", default="auto", metavar="DEVICE",
+                   help="auto (default: the GPU where there is one, cuda:LOCAL_RANK under "
+                        "torchrun, else the CPU), cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                   help="model precision: auto (default: bfloat16 on CUDA, float32 on the CPU), "
+                        "bfloat16 or float32")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     add_checkpoint_arguments(p)
+    add_device_arguments(p)
+    p.add_argument("--synthetic", default=None, choices=SYNTHETIC_PRESETS, metavar="PRESET",
+                   help="instead of a checkpoint, a published model shape with random weights "
+                        "(nano, super, edge; tiny on a CPU): the real loop and its timings "
+                        "before you have weights; success rates are meaningless")
     p.add_argument("--env", default="color_reach", choices=ENV_NAMES,
                    help="env family (default: the built-in color_reach)")
     p.add_argument("--suite", default=None, help="LIBERO suite, e.g. libero_10 (--env libero)")
@@ -204,9 +224,27 @@ def _check_out_folder(out: str) -> None:
             )
 
 
+def _check_model_arguments(args: argparse.Namespace) -> None:
+    """The model source and the device, checked before anything loads: ``--synthetic`` builds
+    a random model, so a checkpoint's options do not go with it; a device that is not there is
+    an error now, not a traceback later."""
+    if args.synthetic is not None:
+        given = [f"--{name.replace('_', '-')}" for name in ("checkpoint", "domain", "action_stats")
+                 if getattr(args, name) is not None]
+        if given:
+            raise ValueError(f"--synthetic {args.synthetic} builds a model with random weights; "
+                             f"{', '.join(given)} would not be used. Give one or the other")
+    args.checkpoint = args.checkpoint or "tiny"
+    from cosmos3_gym.devices import resolve_device, resolve_dtype
+
+    resolve_dtype(args.dtype, resolve_device(args.device))
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.command in ("eval", "rollout"):
         _check_out_folder(args.out)
+    if args.command in ("eval", "rollout", "bench"):
+        _check_model_arguments(args)
     if args.command == "eval":
         from cosmos3_gym.eval.evaluate import EvalConfig, Evaluator
         from cosmos3_gym.eval.results import format_table
@@ -221,6 +259,7 @@ def _run(args: argparse.Namespace) -> int:
             out_of_range=args.out_of_range, env_timeout=args.env_timeout, videos=args.videos,
             video_trials=args.video_trials,
             shuffle_prompts=args.shuffle_prompts, progress=not args.no_progress,
+            device=args.device, dtype=args.dtype, synthetic=args.synthetic,
         )
         evaluator = Evaluator(config, args.out)
         results = evaluator.run()

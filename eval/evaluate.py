@@ -109,8 +109,12 @@ from cosmos3_gym.seeding import check_seed
 IDENTITY_KEYS = (
     "checkpoint", "env", "suite", "tasks", "trials", "seed", "image_size", "max_episode_steps",
     "step_budget", "num_inference_steps", "n_action_steps", "out_of_range", "shuffle_prompts",
-    "domain", "action_stats",
+    "domain", "action_stats", "synthetic",
 )
+# Beside IDENTITY_KEYS, the identity holds the model's precision as resolved on the machine
+# ("dtype": bf16 and fp32 runs of one checkpoint are different evaluations). Folders written
+# before it was recorded ran on the CPU in float32, which is what a missing key reads as.
+LEGACY_IDENTITY = {"dtype": "float32"}
 # --videos: the env's frames, or the model's input and predicted future beside them.
 VIDEO_KINDS = ("env", "imagined")
 
@@ -164,6 +168,15 @@ class EvalConfig:
     # should then fail (near chance); one that ignores it keeps its success rate.
     shuffle_prompts: bool = False
     progress: bool = True
+    # Where the model runs: "auto" (cuda:LOCAL_RANK where there is a GPU, else the CPU), "cpu",
+    # "cuda" or "cuda:N" (cosmos3_gym.devices). Not part of the identity: any GPU gives the
+    # same run, but its precision is (below).
+    device: str = "auto"
+    # "auto" (bfloat16 on CUDA, float32 on the CPU), "bfloat16" or "float32".
+    dtype: str = "auto"
+    # A published model shape with random weights instead of a checkpoint (eval/synthetic.py):
+    # "nano", "super", "edge" or "tiny". Its success rates mean nothing; its timings are real.
+    synthetic: str | None = None
 
     def __post_init__(self) -> None:
         if self.out_of_range not in ("report", "fail"):
@@ -184,6 +197,12 @@ class EvalConfig:
             raise ValueError(f"videos must be one of {VIDEO_KINDS} or None; found {self.videos!r}")
         if self.video_trials is not None and self.video_trials < 0:
             raise ValueError(f"video_trials must be at least 0; found {self.video_trials}")
+        from cosmos3_gym.eval.synthetic import PRESETS, view_size
+
+        if self.synthetic is not None and self.synthetic not in PRESETS:
+            raise ValueError(f"synthetic must be one of {PRESETS} or None; found "
+                             f"{self.synthetic!r}")
+        self.image_size = view_size(self.env, self.synthetic, self.image_size)
 
     def identity(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in IDENTITY_KEYS}
@@ -290,18 +309,21 @@ def load_pipeline(
     return Cosmos3ActionPipeline.from_pretrained(path, policy=policy, **kwargs)
 
 
-def check_config_file(out_dir: Path, config: EvalConfig, recorded: bool) -> None:
+def check_config_file(
+    out_dir: Path, config: EvalConfig, recorded: bool, precision: str | None = None
+) -> None:
     """Write ``config.json``, or refuse to continue a folder that holds another run.
 
     The stored identity binds once the folder holds an episode (``recorded``). Until then the
     command's identity replaces it, and the files of the attempt that recorded nothing (its
-    incidents and throughput) go with it.
+    incidents and throughput) go with it. ``precision`` is the model's dtype as this run
+    resolved it (``None`` for a pipeline without one, such as a test stand-in).
     """
     path = out_dir / "config.json"
-    identity = config.identity()
+    identity = {**config.identity(), "dtype": precision}
     if path.exists():
         found = _read_json(path)
-        stored = found.get("identity", {})
+        stored = {**LEGACY_IDENTITY, **found.get("identity", {})}
         # A key the stored identity lacks (a folder older than the key) reads as None, its default.
         diff = {
             k: {"expected (stored)": stored.get(k), "found (this command)": identity.get(k)}
@@ -349,7 +371,12 @@ class Evaluator:
             max_episode_steps=config.max_episode_steps,
             step_budget=config.step_budget,
         )
-        self.adapter: Adapter = get_adapter(self.eval_env.adapter)
+        if config.synthetic is not None:
+            from cosmos3_gym.eval.synthetic import synthetic_adapter
+
+            self.adapter: Adapter = synthetic_adapter(self.eval_env)
+        else:
+            self.adapter = get_adapter(self.eval_env.adapter)
         self.pipeline = pipeline
         self.all_episodes = self.eval_env.episodes(config.trials, config.seed)
         self.episode_index = {e.key: k for k, e in enumerate(self.all_episodes)}
@@ -365,6 +392,10 @@ class Evaluator:
         self.env_steps = 0
         self.chunks = 0
         self.finished = 0
+        # Seconds of this session in pipeline calls (chunk planning) and in the env (builds,
+        # resets, steps: simulation and rendering); the rest of the wall time is the loop's.
+        self.pipeline_s = 0.0
+        self.env_s = 0.0
         # Whether the folder held every episode before this run (then it runs nothing).
         self.already_complete = False
         self.plot = ResultsPlot(self.out_dir)
@@ -377,17 +408,19 @@ class Evaluator:
         # Before the folder is written: a refused checkpoint leaves nothing to clash with the
         # corrected rerun.
         checked = self.check_action_fit()
+        device, dtype = self._device()  # a device that is not there fails here, before writing
         self.out_dir.mkdir(parents=True, exist_ok=True)
         init_process_group(self.rank)
         try:
             finished = results_io.read_episode_records(self.out_dir)
-            check_config_file(self.out_dir, cfg, recorded=bool(finished))
+            check_config_file(self.out_dir, cfg, recorded=bool(finished),
+                              precision=self._precision(dtype))
             done = {(r["task"], int(r["trial"])) for r in finished}
             self.already_complete = all(e.key in done for e in self.all_episodes)
             mine = self.rank.shard(self.all_episodes)
             pending = deque(e for e in mine if e.key not in done)
             if pending and self.pipeline is None:
-                self.pipeline = load_pipeline(cfg.checkpoint, cfg.domain, cfg.action_stats)
+                self.pipeline = self._load(device, dtype)
                 if not checked:  # its width is known only now it is loaded
                     self.check_action_fit()
             start = time.perf_counter()
@@ -398,7 +431,8 @@ class Evaluator:
                 results_io.write_json_atomic(
                     self.out_dir / self._throughput_name(),
                     {"episodes": self.finished, "env_steps": self.env_steps,
-                     "chunks": self.chunks, "wall_s": wall},
+                     "chunks": self.chunks, "wall_s": wall, "pipeline_s": self.pipeline_s,
+                     "env_s": self.env_s, **self._runtime()},
                 )
             barrier(self.rank)
             if not self.rank.is_main:
@@ -408,12 +442,62 @@ class Evaluator:
             self._discard_envs()
             destroy_process_group(self.rank)
 
+    def _device(self) -> tuple[Any, Any]:
+        """The torch device and dtype this rank's model runs on (a pipeline passed in: its
+        own; ``None`` for a stand-in without a transformer)."""
+        from cosmos3_gym.devices import resolve_device, resolve_dtype
+
+        if self.pipeline is not None:
+            transformer = getattr(self.pipeline, "transformer", None)
+            if transformer is None:
+                return None, None
+            return transformer.device, transformer.dtype
+        device = resolve_device(self.config.device)
+        return device, resolve_dtype(self.config.dtype, device)
+
+    @staticmethod
+    def _precision(dtype: Any) -> str | None:
+        from cosmos3_gym.devices import dtype_name
+
+        return None if dtype is None else dtype_name(dtype)
+
+    def _load(self, device: Any, dtype: Any) -> Any:
+        cfg = self.config
+        if cfg.synthetic is not None:
+            from cosmos3_gym.eval.synthetic import synthetic_pipeline
+
+            return synthetic_pipeline(cfg.synthetic, device=device, dtype=dtype)
+        return load_pipeline(cfg.checkpoint, cfg.domain, cfg.action_stats, device=device,
+                             dtype=dtype)
+
+    def _runtime(self) -> dict[str, Any]:
+        """Where and how this session's model ran, for throughput*.json and the summary."""
+        device, dtype = self._device()
+        options = getattr(self.pipeline, "options", None)
+        gpu = None
+        if device is not None and device.type == "cuda":
+            import torch
+
+            gpu = torch.cuda.get_device_name(device)
+        return {
+            "device": None if device is None else str(device), "gpu": gpu,
+            "dtype": self._precision(dtype), "synthetic": self.config.synthetic,
+            "options": None if options is None else asdict(options),
+            "disabled_options": dict(getattr(self.pipeline, "disabled_options", {}) or {}),
+        }
+
     def check_action_fit(self) -> bool:
         """Refuse a checkpoint whose actions, through the env's adapter, do not fit the env's
         action space; builds no simulator and calls no model. False where the checkpoint's width
         is not known without loading it (no ``action_policy.json``, no pipeline given)."""
         if self.pipeline is not None:
             head, source = pipeline_action_head(self.pipeline), "the pipeline's checkpoint"
+        elif self.config.synthetic is not None:
+            from cosmos3_gym.eval.synthetic import synthetic_policy
+
+            policy = synthetic_policy()
+            head = policy.raw_action_dim, policy.domain_name
+            source = f"--synthetic {self.config.synthetic}"
         else:
             head = checkpoint_action_head(self.config.checkpoint, self.config.domain)
             source = f"--checkpoint {self.config.checkpoint}"
@@ -505,6 +589,13 @@ class Evaluator:
     # ------------------------------------------------------------------ envs
 
     def _build_envs(self, num_slots: int) -> None:
+        start = time.perf_counter()
+        try:
+            self._make_envs(num_slots)
+        finally:
+            self.env_s += time.perf_counter() - start
+
+    def _make_envs(self, num_slots: int) -> None:
         envs = self.eval_env.make(num_slots, self.config.async_envs)
         self.envs = envs
         if not isinstance(envs.single_action_space, Box):
@@ -555,6 +646,7 @@ class Evaluator:
             mask[i] = True
             seeds = [ep.seed if j == i else None for j in range(envs.num_envs)]
             options = {"reset_mask": mask, **self.eval_env.reset_options(ep)}
+            start = time.perf_counter()
             if isinstance(envs, AsyncVectorEnv):
                 self._guard(f"reset of env {i}", envs.reset_async, seed=seeds, options=options)
                 obs, _ = self._guard(
@@ -562,6 +654,7 @@ class Evaluator:
                 )
             else:
                 obs, _ = self._guard(f"reset of env {i}", envs.reset, seed=seeds, options=options)
+            self.env_s += time.perf_counter() - start
             self.obs = obs
             slot.needs_reset = False
             hash_observation(slot.obs_digest, obs, i)
@@ -594,12 +687,14 @@ class Evaluator:
             tasks = self._tasks(idx)
         # Only the episodes that write an imagined video pay for decoding the predicted future.
         imagine = [cfg.videos == "imagined" and slots[i].records_video for i in need]
+        start = time.perf_counter()
         record = planner.plan(
             self.obs, idx, tasks,
             episodes=[self.episode_index[slots[i].episode.key] for i in need],
             chunks=[slots[i].chunks for i in need],
             video=imagine,
         )
+        self.pipeline_s += time.perf_counter() - start
         steps = cfg.n_action_steps or None  # None: the whole chunk
         self.queues.fill(record, steps)
         self.chunks += len(need)
@@ -648,12 +743,14 @@ class Evaluator:
             return ended
         for i in active:
             self.queues.pop(i)
+        start = time.perf_counter()
         if isinstance(envs, AsyncVectorEnv):
             self._guard("step", envs.step_async, actions)
             timeout = self.config.env_timeout
             obs, _, _, _, info = self._guard("step", envs.step_wait, timeout=timeout)
         else:
             obs, _, _, _, info = self._guard("step", envs.step, actions)
+        self.env_s += time.perf_counter() - start
         self.obs = obs
         for i in active:
             slot = slots[i]

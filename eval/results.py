@@ -13,7 +13,9 @@ Layout of an output folder:
   launch): one :data:`EpisodeRecord` per line. All of them are read together, so a run may be
   resumed with a different number of processes.
 - ``incidents*.jsonl``: worker crashes and hangs, same naming.
-- ``throughput*.json``: each process's throughput for its last session.
+- ``throughput*.json``: each process's throughput for its last session, where its model ran
+  (device, dtype, GPU, options, synthetic preset) and where its time went (pipeline calls,
+  env, the rest).
 - ``results.json``: the summary (:func:`summarize`).
 """
 
@@ -210,6 +212,7 @@ def format_table(results: dict[str, Any]) -> str:
             f"throughput: {t['episodes_per_s']:.3f} episodes/s, {t['steps_per_s']:.1f} steps/s, "
             f"{t['chunks_per_s']:.2f} chunks/s over {t['wall_s']:.1f} s"
         )
+        lines += format_runtime(t)
     n = results["episodes"]
     if results["out_of_range_episodes"]:
         lines.append(f"out-of-range actions: {results['out_of_range_episodes']} of {n} episodes "
@@ -224,18 +227,66 @@ def format_table(results: dict[str, Any]) -> str:
 
 
 def merge_throughput(parts: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
-    """Sum the counts of several processes' sessions; rates over the slowest process's wall."""
+    """Sum the counts of several processes' sessions; rates over the slowest process's wall.
+
+    The time split (``pipeline_s``: pipeline calls, ``env_s``: env builds, resets and steps,
+    ``other_s``: the rest of the loop) is summed over processes, and ``loop_overhead`` is what
+    everything around the pipeline adds to its call time: ``(wall - pipeline) / pipeline``.
+    ``devices`` / ``dtypes`` / ``gpus`` list what the processes ran on; ``options`` are the
+    first process's (a launch shares its settings), ``disabled_options`` any process's.
+    """
     parts = list(parts)
     if not parts:
         return None
     wall = max(p["wall_s"] for p in parts)
     totals = {k: sum(p[k] for p in parts) for k in ("episodes", "env_steps", "chunks")}
     rate = (lambda n: n / wall) if wall > 0 else (lambda n: 0.0)
-    return {
+    merged = {
         **totals,
         "wall_s": wall,
         "processes": len(parts),
         "episodes_per_s": rate(totals["episodes"]),
+        "episodes_per_hour": 3600 * rate(totals["episodes"]),
         "steps_per_s": rate(totals["env_steps"]),
         "chunks_per_s": rate(totals["chunks"]),
     }
+    if all("pipeline_s" in p for p in parts):  # sessions before the split have none
+        walls = sum(p["wall_s"] for p in parts)
+        pipeline = sum(p["pipeline_s"] for p in parts)
+        env = sum(p["env_s"] for p in parts)
+        merged.update(
+            pipeline_s=pipeline, env_s=env, other_s=max(walls - pipeline - env, 0.0),
+            loop_overhead=(walls - pipeline) / pipeline if pipeline > 0 else None,
+        )
+    for key, out in (("device", "devices"), ("dtype", "dtypes"), ("gpu", "gpus")):
+        merged[out] = sorted({p[key] for p in parts if p.get(key)})
+    merged["synthetic"] = parts[0].get("synthetic")
+    merged["options"] = parts[0].get("options")
+    merged["disabled_options"] = {k: v for p in parts
+                                  for k, v in (p.get("disabled_options") or {}).items()}
+    return merged
+
+
+def format_runtime(t: dict[str, Any]) -> list[str]:
+    """The summary's lines on where the model ran and where the time went (throughput keys of
+    :func:`merge_throughput`; lines whose keys an older run lacks are left out)."""
+    lines = []
+    if t.get("synthetic"):
+        lines.append(f"model: synthetic {t['synthetic']} (random weights): success rates are "
+                     "meaningless, the timings are the real model's")
+    if t.get("devices"):
+        gpus = f" ({', '.join(t['gpus'])})" if t.get("gpus") else ""
+        on = [k for k in ("cuda_graphs", "triton_kernels", "prompt_cache")
+              if (t.get("options") or {}).get(k)]
+        lines.append(f"ran on {', '.join(t['devices'])}{gpus} in {', '.join(t['dtypes'])}"
+                     + (f" with {', '.join(on)}" if on else ""))
+    for name, error in (t.get("disabled_options") or {}).items():
+        lines.append(f"switched off on this device: {name} ({error})")
+    if t.get("loop_overhead") is not None:
+        lines.append(
+            f"time: pipeline {t['pipeline_s']:.1f} s, env {t['env_s']:.1f} s, other "
+            f"{t['other_s']:.1f} s; around the pipeline the loop adds "
+            f"{100 * t['loop_overhead']:.1f}% to its call time; "
+            f"{t['episodes_per_hour']:.0f} episodes/hour"
+        )
+    return lines

@@ -25,6 +25,7 @@ the final step, for bootstrapping. :func:`load_rollouts` concatenates shards (ch
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -53,11 +54,13 @@ def collect_rollouts(
     seed: int = 0,
     shard_steps: int = 256,
     progress: bool = False,
+    meta: dict[str, Any] | None = None,
 ) -> Path:
     """Roll ``policy`` (a :class:`~cosmos3_gym.policy.VectorPolicy`) in ``envs`` for
     ``num_steps`` vector steps and write the shards described in the module notes.
 
     ``envs`` must autoreset (``NEXT_STEP`` or ``SAME_STEP``); it is attached to the policy here.
+    ``meta`` entries (e.g. where the model ran) are added to ``meta.json``.
     """
     from cosmos3_gym.progress import progress_bar
 
@@ -145,9 +148,9 @@ def collect_rollouts(
         if len(steps) == shard_steps or t == num_steps - 1:
             flush(obs if t == num_steps - 1 else None)
     bar.close()
-    meta = {"schema_version": SCHEMA_VERSION, "num_envs": num_envs, "autoreset_mode": mode.value,
-            "num_steps": num_steps, "shards": shards}
-    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    info = {"schema_version": SCHEMA_VERSION, "num_envs": num_envs, "autoreset_mode": mode.value,
+            "num_steps": num_steps, "shards": shards, **(meta or {})}
+    (out / "meta.json").write_text(json.dumps(info, indent=2) + "\n")
     return out
 
 
@@ -198,23 +201,37 @@ def run_rollout_command(args: Any) -> Path:
     """``cosmos3-gym rollout``: the built env, the policy, then :func:`collect_rollouts`."""
     from gymnasium.vector import AutoresetMode as Mode
 
+    from cosmos3_gym.devices import resolve_device, resolve_dtype
     from cosmos3_gym.eval.evaluate import load_pipeline
+    from cosmos3_gym.eval.synthetic import synthetic_adapter, synthetic_pipeline, view_size
     from cosmos3_gym.eval.tasks import make_eval_env
-    from cosmos3_gym.policy import VectorPolicy
+    from cosmos3_gym.policy import VectorPolicy, get_adapter
 
     check_rollout_folder(args.out)  # before the env and the model load
+    image_size = view_size(args.env, args.synthetic, args.image_size)
     eval_env = make_eval_env(args.env, suite=args.suite, tasks=args.tasks,
-                             image_size=args.image_size, max_episode_steps=args.max_episode_steps,
+                             image_size=image_size, max_episode_steps=args.max_episode_steps,
                              step_budget=args.step_budget)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if args.synthetic is not None:
+        pipeline = synthetic_pipeline(args.synthetic, device=device, dtype=dtype)
+        adapter = synthetic_adapter(eval_env)
+    else:
+        pipeline = load_pipeline(args.checkpoint, args.domain, args.action_stats, device=device,
+                                 dtype=dtype)
+        adapter = get_adapter(eval_env.adapter)
     # Tasks are assigned to envs round-robin; episodes follow each other by autoreset.
     envs = eval_env.make(args.num_envs, args.async_envs, autoreset_mode=Mode.NEXT_STEP)
-    pipeline = load_pipeline(args.checkpoint, args.domain, args.action_stats)
-    policy = VectorPolicy(pipeline, adapter=eval_env.adapter,
+    policy = VectorPolicy(pipeline, adapter=adapter,
                           n_action_steps=args.n_action_steps, seed=args.seed,
                           stochastic=not args.deterministic,
                           num_inference_steps=args.num_inference_steps)
+    runtime = {"device": str(device), "dtype": str(dtype).removeprefix("torch."),
+               "synthetic": args.synthetic, "options": asdict(pipeline.options)}
     try:
         return collect_rollouts(policy, envs, args.steps, args.out, seed=args.seed,
-                                shard_steps=args.shard_steps, progress=not args.no_progress)
+                                shard_steps=args.shard_steps, progress=not args.no_progress,
+                                meta=runtime)
     finally:
         envs.close()

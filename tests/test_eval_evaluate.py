@@ -157,7 +157,7 @@ def test_rerun_with_other_settings_is_refused(reference: Path, checkpoint: Path)
 def test_finished_run_rerun_does_nothing(reference: Path, checkpoint: Path, monkeypatch) -> None:
     import cosmos3_gym.eval.evaluate as evaluate_module
 
-    def no_loading(path: str):
+    def no_loading(path: str, *args, **kwargs):
         raise AssertionError(f"a complete folder must not load the checkpoint; loaded {path}")
 
     monkeypatch.setattr(evaluate_module, "load_pipeline", no_loading)
@@ -454,7 +454,7 @@ def test_a_pipeline_of_another_action_width_is_refused_before_any_env_runs(
     import cosmos3_gym.eval.evaluate as evaluate_module
 
     monkeypatch.setattr(evaluate_module, "checkpoint_action_head", lambda *a: None)
-    monkeypatch.setattr(evaluate_module, "load_pipeline", lambda *a: pipeline)
+    monkeypatch.setattr(evaluate_module, "load_pipeline", lambda *a, **kw: pipeline)
     with pytest.raises(ValueError, match=message):
         evaluate(small_config(checkpoint), tmp_path / "loaded",
                  eval_env=LiberoAdapted(TASKS, image_size=32, max_episode_steps=6))
