@@ -7,6 +7,9 @@
 # kernels against eager at Nano layer widths, CUDA-graph replay against eager), then the
 # synthetic Cosmos3-Nano benchmark (DROID-size at B=1, 2 with diffusers' reference; the LIBERO
 # batch curve with every option flipped), which docs/benchmarks.md's GPU section is made of.
+# To commit a session's results: copy $OUT's files to docs/gpu_results/<date>/, add a
+# session.json there (date, commit, each file's command line), then
+#   python3 scripts/collect_gpu_results.py docs/gpu_results/<date> docs/bench_gpu_nano.json
 #
 # Here, once, in the repository root (wheels for the GPU machine's Python 3.12):
 #   echo /.whl/ >> .git/info/exclude
