@@ -1,51 +1,114 @@
 #!/usr/bin/env bash
-# The prepared device check of the model stack, for a session lent the GPU machine (one H200).
-# Run it there as ONE command with `carry: [".whl"]`, a timeout of ~580 s, and results under
-# $OUT (at most 8 files come back). It installs the project beside the machine's own torch
-# (diffusers and gymnasium travel as wheels: ../shared/reference/gpu-device.md), runs the GPU
-# tests (bf16 parity with diffusers, CPU/GPU agreement, batch invariance, compiled Triton
-# kernels against eager at Nano layer widths, CUDA-graph replay against eager), then the
-# synthetic Cosmos3-Nano benchmark (DROID-size at B=1, 2 with diffusers' reference; the LIBERO
-# batch curve with every option flipped), which docs/benchmarks.md's GPU section is made of.
-# To commit a session's results: copy $OUT's files to docs/gpu_results/<date>/, add a
-# session.json there (date, commit, each file's command line), then
-#   python3 scripts/collect_gpu_results.py docs/gpu_results/<date> docs/bench_gpu_nano.json
+# The prepared device check, for a session lent the GPU machine (one H200). Run it there as ONE
+# command with `carry: [".whl"]` and a timeout of 560 s; its results are under $OUT (7 files:
+# gpu.txt, log.txt, pytest_gpu.log, bench_gpu_nano_libero.json, eval_loop_nano.json,
+# bench_gpu_nano_droid.json, summary.txt), each rewritten as its stage goes, so a stage cut short
+# still returns what it measured. It ends with a one-screen summary (summary.txt).
+#
+# Stages, each under its own timeout (seconds):
+#   install  20  the project beside the machine's torch (diffusers and gymnasium travel as
+#                wheels: see below)
+#   checks  100  the GPU tests: bf16 parity with diffusers, CPU/GPU agreement, batch invariance,
+#                compiled Triton kernels and CUDA-graph replay against eager, the CUDA default
+#                (fast path) against eager, the prompt cache, a real out-of-memory split
+#   libero  150  bench --synthetic: LIBERO 256x512 at B=1, 8, 32, 10 and 30 steps (a row's
+#                calls repeat one request: the prompt cache hits, as in an episode) and every
+#                option flipped at B=1 and 8 (10 steps), the prompt cache among them
+#   eval    202  cosmos3-gym eval --synthetic on ColorReach at LIBERO's input, as a user runs
+#                it (default options: the fast path) at B=1, 8, 32 (40 + 2B s each):
+#                episodes/hour and what the loop adds around the pipeline
+#   droid    50  bench --synthetic: DROID 480x832 B=1 (sglang published 1.457 s on an H200)
+#   summary      the one-screen summary
+# 2 x 20 + 100 + 150 + 202 + 50 = 542 s at most. `bash scripts/gpu_session.sh eval summary` runs
+# some stages only. On a CPU, each stage runs at a small size with
+#   PRESET=tiny DEVICE=cpu SKIP_INSTALL=1 EVAL_BATCHES="1 2" bash scripts/gpu_session.sh eval
+# (tests/test_gpu_session.py does that for every stage but the GPU tests).
 #
 # Here, once, in the repository root (wheels for the GPU machine's Python 3.12):
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux2014_x86_64 -d .whl diffusers==0.42.1 \
 #     gymnasium==1.4.0 farama-notifications==0.0.6 importlib_metadata==8.7.0
-#
-# Stages (each can be run alone to fit the device budget): checks, bench; default both.
+# To commit a session's results: copy $OUT's files to docs/gpu_results/<date>/, add a
+# session.json there (date, commit, each file's command line), then
+#   python3 scripts/collect_gpu_results.py docs/gpu_results/<date> docs/bench_gpu_nano.json
 set -uo pipefail
 OUT="${OUT:-/tmp/cosmos3-gym-gpu}"
+PRESET="${PRESET:-nano}"
+DEVICE="${DEVICE:-cuda}"
+PYTHON="${PYTHON:-python3}"
+LIBERO_BATCHES="${LIBERO_BATCHES:-1,8,32}"
+COMPARE_BATCH="${COMPARE_BATCH:-8}"
+EVAL_BATCHES="${EVAL_BATCHES:-1 8 32}"
+STEPS="${STEPS:-30}"
+RUNS="${RUNS:-/tmp/cosmos3-gym-gpu-runs}"  # eval folders, outside $OUT (its file count is capped)
 mkdir -p "$OUT"
-stages="${*:-checks bench}"
+stages="${*:-install checks libero eval droid summary}"
+has() { [[ " $stages " == *" $1 "* ]]; }
+log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/log.txt"; }
+CLI=("$PYTHON" -m cosmos3_gym.eval.cli)
 
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
+if has install && [[ -z "${SKIP_INSTALL:-}" ]]; then
+  log install
+  timeout 20 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+    .whl/*.whl >> "$OUT/log.txt" 2>&1 || exit 1
+  export PYTHONPATH=/tmp/site
+  timeout 20 "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation -e . \
+    >> "$OUT/log.txt" 2>&1 || exit 1
+fi
+[[ -d /tmp/site ]] && export PYTHONPATH=/tmp/site
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
+fi
 
-# Budgets: 150 + 140 + 230 s of commands, plus the install, under one 580 s call. Every bench
-# JSON is rewritten after each measurement, so a stage cut short still returns its rows.
-if [[ " $stages " == *" checks "* ]]; then
+if has checks; then
+  log checks
   # test_gpu.py is marked gpu; the kernel and graph tests run compiled wherever CUDA is.
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py \
+  timeout 100 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_gpu.py \
     tests/test_model_kernels.py tests/test_model_cuda_graphs.py 2>&1 | tail -40 \
     > "$OUT/pytest_gpu.log"
 fi
-if [[ " $stages " == *" bench "* ]]; then
-  # DROID-size B=1 at 30 steps is the number sglang published (1.457 s on an H200); with
-  # diffusers' reference step beside it, no flips (they would take minutes at this size).
-  timeout 140 python3 -m cosmos3_gym.eval.cli bench --synthetic nano --device cuda \
-    --cases droid_480x832 --batch-sizes 1,2 --steps 30 --no-flips --warmup 1 --repeats 3 \
-    --out "$OUT/bench_gpu_nano_droid.json" > "$OUT/bench_gpu_nano_droid.txt" 2>&1
-  # LIBERO: the batch curve (TFLOP/s, GPU busy, B=2 vs B=4) and every option flipped at B=1, 8.
-  timeout 230 python3 -m cosmos3_gym.eval.cli bench --synthetic nano --device cuda \
-    --cases libero_256x512 --batch-sizes 1,2,4,8,16 --steps 30 --compare-batch 8 \
-    --warmup 1 --repeats 3 --no-reference \
-    --out "$OUT/bench_gpu_nano_libero.json" > "$OUT/bench_gpu_nano_libero.txt" 2>&1
+if has libero; then
+  log "libero bench ($PRESET, B=$LIBERO_BATCHES, flips at 1 and $COMPARE_BATCH)"
+  timeout 150 "${CLI[@]}" bench --synthetic "$PRESET" --device "$DEVICE" --cases libero_256x512 \
+    --batch-sizes "$LIBERO_BATCHES" --steps "10,$STEPS" --compare-batch "$COMPARE_BATCH" \
+    --warmup 1 --repeats 3 --no-reference --out "$OUT/bench_gpu_${PRESET}_libero.json" \
+    >> "$OUT/log.txt" 2>&1
 fi
-ls -la "$OUT"
+if has eval; then
+  # One process per batch size, as users run it; the JSON gathers each run's results as they
+  # finish. Episodes: 2 per env slot (40 steps each: 3 chunks of 16), at least 8.
+  for b in $EVAL_BATCHES; do
+    trials=$(( (2 * b + 3) / 4 )); (( trials < 2 )) && trials=2
+    log "eval --synthetic $PRESET --num-envs $b --trials $trials"
+    rm -rf "$RUNS/eval_b$b"
+    timeout $(( 40 + 2 * b )) "${CLI[@]}" eval --synthetic "$PRESET" --device "$DEVICE" \
+      --num-envs "$b" --trials "$trials" --num-inference-steps "$STEPS" --no-progress \
+      --out "$RUNS/eval_b$b" >> "$OUT/log.txt" 2>&1
+    "$PYTHON" - "$RUNS" "$OUT/eval_loop_$PRESET.json" "$PRESET" <<'PYEOF' >> "$OUT/log.txt" 2>&1
+import json, sys
+from pathlib import Path
+
+runs_dir, target, preset = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+runs = {}
+for folder in sorted(runs_dir.glob("eval_b*"), key=lambda p: int(p.name[6:])):
+    path = folder / "results.json"
+    if path.exists():
+        r = json.loads(path.read_text())
+        runs[folder.name.removeprefix("eval_b")] = {
+            "episodes": r["episodes"], "complete": r["complete"], "throughput": r["throughput"],
+        }
+target.write_text(json.dumps({"preset": preset, "runs": runs}, indent=2))
+PYEOF
+  done
+fi
+if has droid; then
+  log "droid bench ($PRESET, B=1)"
+  timeout 50 "${CLI[@]}" bench --synthetic "$PRESET" --device "$DEVICE" --cases droid_480x832 \
+    --batch-sizes 1 --steps "$STEPS" --no-flips --no-reference --warmup 1 --repeats 3 \
+    --out "$OUT/bench_gpu_${PRESET}_droid.json" >> "$OUT/log.txt" 2>&1
+fi
+if has summary; then
+  "$PYTHON" scripts/gpu_summary.py "$OUT" "$PRESET" | tee "$OUT/summary.txt"
+fi

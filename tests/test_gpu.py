@@ -222,3 +222,92 @@ def test_video_for_some_items_on_gpu_changes_no_action(tmp_path) -> None:
         assert some.video[row].dtype == np.uint8 and some.video[row].ndim == 4
         diff = np.abs(some.video[row].astype(int) - every.video[row].astype(int))
         assert diff.max() <= 2 and diff.mean() < 0.05, (diff.max(), diff.mean())
+
+
+def _tiny_inputs(count: int = 3):
+    images = np.random.default_rng(0).integers(0, 256, (count, 256, 512, 3), dtype=np.uint8)
+    prompts = ["put the bowl on the plate", "open the top drawer and put the bowl inside", "go",
+               "push the plate to the left", "close the drawer"][:count]
+    return images, prompts
+
+
+def test_cuda_default_is_the_fast_path_and_as_accurate_as_eager(tmp_path) -> None:
+    """On CUDA, InferenceOptions() means CUDA graphs and the fused kernels (nothing switched
+    off on this device), and the fast path's actions are as close to fp32 as eager bf16's."""
+    from cosmos3_gym.pipeline import InferenceOptions
+
+    path = write_tiny_checkpoint(tmp_path / "tiny")
+    images, prompts = _tiny_inputs()
+    kwargs = dict(seed=[1, 2, 3], num_inference_steps=8, progress=False)
+    fast = Cosmos3ActionPipeline.from_pretrained(path, device="cuda")
+    assert fast.options.cuda_graphs and fast.options.triton_kernels
+    eager = Cosmos3ActionPipeline.from_pretrained(
+        path, device="cuda", options=InferenceOptions(cuda_graphs=False, triton_kernels=False)
+    )
+    reference = Cosmos3ActionPipeline.from_pretrained(path)(images, prompts, **kwargs).actions
+    got = fast(images, prompts, **kwargs).actions
+    assert fast.disabled_options == {} and fast.denoise.graphs.captures >= 1
+    fast_error = np.abs(got - reference).max()
+    eager_error = np.abs(eager(images, prompts, **kwargs).actions - reference).max()
+    assert fast_error <= 1.5 * eager_error + 1e-3, (fast_error, eager_error)
+
+
+def test_prompt_cache_on_gpu_gives_the_uncached_actions(tmp_path) -> None:
+    """bf16 on CUDA with the default fast path: an episode's B=1 replans with the prompt cache
+    equal the uncached pipeline's bit for bit, and a repeated batch hits for every row."""
+    from cosmos3_gym.pipeline import InferenceOptions
+
+    path = write_tiny_checkpoint(tmp_path / "tiny")
+    cached = Cosmos3ActionPipeline.from_pretrained(path, device="cuda")
+    uncached = Cosmos3ActionPipeline.from_pretrained(
+        path, device="cuda", options=InferenceOptions(prompt_cache=False)
+    )
+    images, prompts = _tiny_inputs()
+    for call in range(4):
+        got = cached(images[call % 3 : call % 3 + 1], prompts[1], seed=call,
+                     num_inference_steps=8, progress=False)
+        want = uncached(images[call % 3 : call % 3 + 1], prompts[1], seed=call,
+                        num_inference_steps=8, progress=False)
+        np.testing.assert_array_equal(got.actions, want.actions)
+        assert got.timings["prompt_cache_hits"] == (call > 0)
+    first = cached(images, prompts, seed=[1, 2, 3], num_inference_steps=8, progress=False)
+    again = cached(images, prompts, seed=[1, 2, 3], num_inference_steps=8, progress=False)
+    assert again.timings["prompt_cache_hits"] == 3
+    np.testing.assert_array_equal(first.actions, again.actions)
+
+
+def test_a_real_out_of_memory_error_splits_the_call(tmp_path) -> None:
+    """CUDA's own OutOfMemoryError (a real failed allocation) in a micro-batch of more than two
+    items: the call splits and returns every item, as the unsplit call would within bf16."""
+    path = write_tiny_checkpoint(tmp_path / "tiny")
+    pipe = Cosmos3ActionPipeline.from_pretrained(path, device="cuda")
+    images, prompts = _tiny_inputs(5)
+    kwargs = dict(seed=list(range(5)), num_inference_steps=4, progress=False)
+    expected = pipe(images, prompts, **kwargs).actions
+    denoise = pipe.denoise
+
+    def denoise_or_fail(batch, params):
+        if batch.size > 2:
+            torch.empty(2**62, dtype=torch.uint8, device="cuda")  # raises OutOfMemoryError
+        return denoise(batch, params)
+
+    denoise_or_fail.name = "denoise"
+    pipe.stages = tuple(denoise_or_fail if s is denoise else s for s in pipe.stages)
+    out = pipe(images, prompts, **kwargs)
+    assert pipe.memory_batch_limit == 2
+    np.testing.assert_allclose(out.actions, expected, atol=5e-2)
+
+
+def test_synthetic_eval_on_gpu_runs_the_fast_path(tmp_path) -> None:
+    import json
+
+    from cosmos3_gym.eval.cli import main
+
+    out = tmp_path / "eval"
+    assert main(["eval", "--synthetic", "tiny", "--trials", "1", "--num-envs", "4",
+                 "--num-inference-steps", "2", "--max-episode-steps", "6", "--no-progress",
+                 "--out", str(out)]) == 0
+    t = json.loads((out / "results.json").read_text())["throughput"]
+    assert t["devices"] == ["cuda:0"] and t["dtypes"] == ["bfloat16"] and t["gpus"]
+    assert t["options"]["cuda_graphs"] and t["options"]["triton_kernels"]
+    assert t["disabled_options"] == {} and t["pipeline_s"] > 0

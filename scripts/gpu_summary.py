@@ -1,0 +1,102 @@
+"""The one-screen summary of a device session (scripts/gpu_session.sh's last stage).
+
+Reads what the stages wrote under OUT (any may be missing or partial: a stage cut short by its
+timeout) and prints each headline number beside the bar it is measured against.
+
+    python3 scripts/gpu_summary.py OUT [PRESET]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+# The bars of the GPU issue (LIBERO B=1 with the prompt cache, the loop around the pipeline).
+B1_CALL_S = 0.26
+B1_GPU_BUSY = 0.90
+LOOP_OVERHEAD = 0.05
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _mark(ok: bool | None) -> str:
+    return "" if ok is None else ("  [ok]" if ok else "  [MISSED]")
+
+
+def _ratio(value: float | None) -> str:
+    return "failed" if value is None else f"{value:.2f}x"
+
+
+def _bench_lines(name: str, bench: dict[str, Any] | None) -> list[str]:
+    if bench is None:
+        return [f"{name}: no result"]
+    state = "" if bench.get("complete") else " (cut short)"
+    lines = [f"{name}{state}: {bench.get('gpu')}, {bench.get('dtype')}, options "
+             + ", ".join(k for k in ("cuda_graphs", "triton_kernels", "prompt_cache")
+                         if (bench.get("options") or {}).get(k))]
+    check = bench.get("self_check") or {}
+    for option, error in (check.get("disabled") or {}).items():
+        lines.append(f"  switched off on this device: {option}: {error}")
+    for r in bench.get("rows", []):
+        busy = "-" if r.get("gpu_busy") is None else f"{100 * r['gpu_busy']:.0f}%"
+        bar = ""
+        if r["case"].startswith("libero") and r["batch_size"] == 1 and r["steps"] == 30:
+            bar = _mark(r["call_s"] <= B1_CALL_S and (r.get("gpu_busy") or 0) >= B1_GPU_BUSY)
+            bar += f" (bar: <= {B1_CALL_S} s, busy >= {B1_GPU_BUSY:.0%})"
+        lines.append(f"  B={r['batch_size']:<3} {r['steps']:>2} steps  {r['call_s']:.3f} s  "
+                     f"{r['denoise_tflops']:6.1f} TFLOP/s  busy {busy:>4}"
+                     f"  prompt {1e3 * r['stages_s'].get('prompt', 0):.1f} ms{bar}")
+    for per_b in (bench.get("flips") or {}).values():
+        for b, flips in per_b.items():
+            shown = ", ".join(f"{k} {_ratio(v['ratio'])}" for k, v in flips.items())
+            lines.append(f"  B={b} slowdown with each option flipped: {shown}")
+    return lines
+
+
+def _eval_lines(loop: dict[str, Any] | None) -> list[str]:
+    if loop is None:
+        return ["eval --synthetic: no result"]
+    lines = [f"eval --synthetic {loop['preset']} on ColorReach (LIBERO's 256x512 input), "
+             "default options:"]
+    for b, run in loop["runs"].items():
+        t = run.get("throughput") or {}
+        if t.get("loop_overhead") is None:
+            lines.append(f"  B={b}: {run['episodes']} episodes, no throughput (cut short)")
+            continue
+        ok = t["loop_overhead"] <= LOOP_OVERHEAD if b == "32" else None
+        off = t.get("disabled_options") or {}
+        lines.append(
+            f"  B={b:<3} {t['episodes_per_hour']:8.0f} episodes/h  pipeline "
+            f"{t['pipeline_s']:.1f} s, env {t['env_s']:.1f} s, other {t['other_s']:.1f} s: "
+            f"loop +{100 * t['loop_overhead']:.1f}%{_mark(ok)}"
+            + (f" (bar <= {LOOP_OVERHEAD:.0%})" if ok is not None else "")
+            + (f"  switched off: {', '.join(off)}" if off else "")
+        )
+    return lines
+
+
+def summary(out: Path, preset: str = "nano") -> str:
+    lines = ["cosmos3-gym device session: summary"]
+    gpu = out / "gpu.txt"
+    if gpu.exists():
+        lines.append("gpu: " + gpu.read_text().strip().splitlines()[-1])
+    tests = out / "pytest_gpu.log"
+    if tests.exists():
+        tail = [line for line in tests.read_text().splitlines() if line.strip()]
+        lines.append("gpu tests: " + (tail[-1] if tail else "no output"))
+    lines += _bench_lines(f"LIBERO bench ({preset})",
+                          _load(out / f"bench_gpu_{preset}_libero.json"))
+    lines += _eval_lines(_load(out / f"eval_loop_{preset}.json"))
+    lines += _bench_lines(f"DROID bench ({preset})", _load(out / f"bench_gpu_{preset}_droid.json"))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(summary(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "nano"))
