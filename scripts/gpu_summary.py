@@ -53,6 +53,9 @@ def _bench_lines(name: str, bench: dict[str, Any] | None) -> list[str]:
         lines.append(f"  B={r['batch_size']:<3} {r['steps']:>2} steps  {r['call_s']:.3f} s  "
                      f"{r['denoise_tflops']:6.1f} TFLOP/s  busy {busy:>4}"
                      f"  prompt {1e3 * r['stages_s'].get('prompt', 0):.1f} ms{bar}")
+        if r["batch_size"] == 1 and r["steps"] == 30 and r.get("top_kernels"):
+            lines.append("    top kernels: " + "; ".join(
+                f"{k['name'][:40]} {k['ms']:.1f} ms x{k['count']}" for k in r["top_kernels"][:5]))
     for per_b in (bench.get("flips") or {}).values():
         for b, flips in per_b.items():
             shown = ", ".join(f"{k} {_ratio(v['ratio'])}" for k, v in flips.items())
