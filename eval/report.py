@@ -64,6 +64,8 @@ def _title(runs: Sequence[RunResults]) -> str:
     label, results = runs[0]
     config = results.get("config", {})
     where = config.get("suite") or config.get("env") or ""
+    if "," in where:
+        where = f"{len(where.split(','))} suites"
     done = f"{results['episodes']} of {results['episodes_expected']} episodes"
     state = "" if results["complete"] else ", partial run"
     return f"{label}: success rate per task\n{where}, checkpoint {config.get('checkpoint')}, " \

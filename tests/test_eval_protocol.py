@@ -30,7 +30,7 @@ def test_libero_4_names_the_four_standard_suites_and_each_suite_counts_once() ->
         canonical_suites("libero_4,libero_10")
 
 
-def test_the_suite_average_is_the_mean_of_suite_rates_with_an_interval() -> None:
+def test_the_suite_average_is_the_mean_of_suite_rates_with_an_interval(tmp_path: Path) -> None:
     # spatial 2/2, goal 1/4: the pooled rate is 3/6 = 50%, the suites' mean (1 + 0.25) / 2.
     records = [_record("libero_spatial", "libero_spatial/0", t, True) for t in range(2)]
     records += [_record("libero_goal", "libero_goal/0", t, t == 0) for t in range(4)]
@@ -43,6 +43,13 @@ def test_the_suite_average_is_the_mean_of_suite_rates_with_an_interval() -> None
     low, high = average["interval"]
     assert 0.0 < low < 0.625 < high < 1.0
     assert "average of 2 suites   62.5%    6" in format_table(results)
+    from cosmos3_gym.eval.report import format_comparison, plot_results
+
+    paths = plot_results([("run", results)], Path(tmp_path) / "plot")
+    svg = next(p for p in paths if p.suffix == ".svg").read_text()
+    assert 'id="bar-average-4-run0"' in svg and "mean of 2 suites" in svg
+    assert "average of the suites  62.5% (mean of 2 suites)" in format_comparison(
+        [("a", results), ("b", results)])
     one_suite = summarize(records[:2], config={}, task_names=["libero_spatial/0"],
                           expected_episodes=2)
     assert one_suite["suite_average"] is None and "average" not in format_table(one_suite)
