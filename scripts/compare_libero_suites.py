@@ -12,7 +12,9 @@ original LIBERO source tree and prints one table. ``SOURCE`` is any of
 - an sdist ``.tar.gz`` (``pip download --no-deps libero``, Hugging Face's repackaging).
 
 Without ``--original`` the script runs ``pip download --no-deps libero==0.1.1`` into a temporary
-folder and compares with that sdist, which ships the BDDL files and init states but no assets.
+folder and compares with that sdist, which ships the BDDL files and init states but no assets
+(pip prepares the sdist's metadata, which runs its build backend; nothing of the package is
+imported). A git clone is the source that runs nothing at all.
 
 For each of libero_spatial, libero_object, libero_goal and libero_10 it compares:
 
