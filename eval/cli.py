@@ -6,6 +6,8 @@ Examples:
     cosmos3-gym eval --trials 10 --out runs/color_reach            # built-in env, tiny checkpoint
     cosmos3-gym eval --checkpoint PATH --env libero --suite libero_10 --tasks 0,3 \\
         --trials 50 --num-envs 8 --async-envs --seed 7 --out runs/libero_10
+    cosmos3-gym eval --checkpoint PATH --env libero --suite libero_4 --protocol official \\
+        --num-envs 8 --async-envs --out runs/libero_4     # NVIDIA's LIBERO table (docs/libero.md)
     torchrun --nproc_per_node 2 -m cosmos3_gym.eval.cli eval ... --out DIR   # rank 0 merges
     cosmos3-gym rollout --steps 256 --num-envs 4 --out runs/rollouts
     cosmos3-gym bench --checkpoint PATH --out bench.json          # on the GPU where there is one
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from cosmos3_gym.checkpoint import DOMAINS
 from cosmos3_gym.envs import STEP_BUDGETS
+from cosmos3_gym.eval.protocol import PROTOCOLS
 from cosmos3_gym.eval.synthetic import PRESETS as SYNTHETIC_PRESETS
 from cosmos3_gym.eval.tasks import ENV_NAMES
 
@@ -80,7 +83,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "before you have weights; success rates are meaningless")
     p.add_argument("--env", default="color_reach", choices=ENV_NAMES,
                    help="env family (default: the built-in color_reach)")
-    p.add_argument("--suite", default=None, help="LIBERO suite, e.g. libero_10 (--env libero)")
+    p.add_argument("--suite", default=None,
+                   help="LIBERO suite, e.g. libero_10, or several comma-separated, or libero_4 "
+                        "(spatial, object, goal, 10: the published four); --env libero")
     p.add_argument("--tasks", type=_csv, default=None,
                    help="comma-separated tasks: colours for color_reach, task ids for LIBERO "
                         "(default: all)")
@@ -117,8 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="success-rate evaluation (resumable; torchrun-shardable)")
     _common(ev)
-    ev.add_argument("--trials", type=_positive_int, default=10,
-                    help="episodes per task (default: 10)")
+    ev.add_argument("--trials", type=_positive_int, default=None,
+                    help="episodes per task (default: 10; 50 under --protocol official)")
+    ev.add_argument("--protocol", choices=PROTOCOLS, default="default",
+                    help="default: fresh noise per chunk, --trials as given; official: the rules "
+                         "behind NVIDIA's published LIBERO numbers (50 trials per task, init "
+                         "state t, the client's budget, whole chunks, every chunk from seed 0, "
+                         "the checkpoint's sampler), recorded in results.json (docs/libero.md)")
+    ev.add_argument("--allow-normalized-actions", action="store_true",
+                    help="run a checkpoint without action statistics in an env with real units "
+                         "(LIBERO); its actions then stay in the model's normalised space")
     ev.add_argument("--out-of-range", choices=("report", "fail"), default="report",
                     help="actions outside the action space: count them and let the env apply "
                          "its own handling (report), or fail the episode (fail)")
@@ -260,6 +273,7 @@ def _run(args: argparse.Namespace) -> int:
             video_trials=args.video_trials,
             shuffle_prompts=args.shuffle_prompts, progress=not args.no_progress,
             device=args.device, dtype=args.dtype, synthetic=args.synthetic,
+            protocol=args.protocol, allow_normalized_actions=args.allow_normalized_actions,
         )
         evaluator = Evaluator(config, args.out)
         results = evaluator.run()

@@ -68,6 +68,7 @@ import numpy as np
 from gymnasium.spaces import Box
 from gymnasium.vector import AsyncVectorEnv, VectorEnv
 
+from cosmos3_gym.eval import protocol as protocols
 from cosmos3_gym.eval import results as results_io
 from cosmos3_gym.eval.distributed import (
     RankInfo,
@@ -80,6 +81,7 @@ from cosmos3_gym.eval.tasks import (
     EVAL_ENVS,
     Episode,
     EvalEnv,
+    canonical_suites,
     episode_seed_rule,
     make_eval_env,
 )
@@ -109,7 +111,7 @@ from cosmos3_gym.seeding import check_seed
 IDENTITY_KEYS = (
     "checkpoint", "env", "suite", "tasks", "trials", "seed", "image_size", "max_episode_steps",
     "step_budget", "num_inference_steps", "n_action_steps", "out_of_range", "shuffle_prompts",
-    "domain", "action_stats", "synthetic",
+    "domain", "action_stats", "protocol", "synthetic",
 )
 # Beside IDENTITY_KEYS, the identity holds the model's precision as resolved on the machine
 # ("dtype": bf16 and fp32 runs of one checkpoint are different evaluations). Folders written
@@ -132,11 +134,13 @@ class EvalConfig:
     action_stats: str | None = None
     # "color_reach" (built in, runs anywhere) or "libero".
     env: str = "color_reach"
-    # LIBERO suite (libero_10, libero_spatial, ...); None for color_reach.
+    # LIBERO suite (libero_10, libero_spatial, ...), several comma-separated, or a group
+    # ("libero_4": the four standard suites, stored expanded); None for color_reach.
     suite: str | None = None
     # Task names (color_reach: colours) or LIBERO task ids; None = all of the env's tasks.
     tasks: list[str] | None = None
-    trials: int = 10
+    # Episodes per task; None = the protocol's (10, or 50 under the official protocol).
+    trials: int | None = None
     # Root of every episode's env seed and noise seeds.
     seed: int = 0
     num_envs: int = 4
@@ -177,8 +181,19 @@ class EvalConfig:
     # A published model shape with random weights instead of a checkpoint (eval/synthetic.py):
     # "nano", "super", "edge" or "tiny". Its success rates mean nothing; its timings are real.
     synthetic: str | None = None
+    # None: this project's protocol; "official": the rules behind NVIDIA's published LIBERO
+    # numbers (cosmos3_gym.eval.protocol: 50 trials, every chunk from seed 0, ...).
+    protocol: str | None = None
+    # Run a checkpoint whose actions stay in the model's normalised space (no statistics) in an
+    # env that takes real units; refused by default, since every success rate would be noise.
+    allow_normalized_actions: bool = False
 
     def __post_init__(self) -> None:
+        if self.protocol == "default":
+            self.protocol = None
+        self.suite = canonical_suites(self.suite)
+        if self.trials is None:
+            self.trials = protocols.default_trials(self.protocol)
         if self.out_of_range not in ("report", "fail"):
             raise ValueError(
                 f"out_of_range must be 'report' or 'fail'; found {self.out_of_range!r}"
@@ -203,6 +218,7 @@ class EvalConfig:
             raise ValueError(f"synthetic must be one of {PRESETS} or None; found "
                              f"{self.synthetic!r}")
         self.image_size = view_size(self.env, self.synthetic, self.image_size)
+        protocols.check(self)
 
     def identity(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in IDENTITY_KEYS}
@@ -267,13 +283,41 @@ def checkpoint_action_head(
     """``(raw action width, domain)`` of a checkpoint folder's policy (``domain`` where given,
     else its ``action_policy.json``), read without loading any weights; ``None`` where neither
     says, or the folder is not found (loading reports that)."""
+    policy = checkpoint_policy(checkpoint, domain)
+    return None if policy is None else (policy.raw_action_dim, policy.domain_name)
+
+
+def checkpoint_policy(checkpoint: str, domain: str | None = None) -> Any:
+    """A checkpoint folder's ``PolicyConfig`` (``domain`` where given, else its
+    ``action_policy.json``), read without loading any weights; ``None`` where neither says, or
+    the folder is not found (loading reports that)."""
     from cosmos3_gym.checkpoint import resolve_checkpoint, resolve_policy
 
     try:
-        policy = resolve_policy(resolve_checkpoint(checkpoint), domain=domain)
+        return resolve_policy(resolve_checkpoint(checkpoint), domain=domain)
     except (FileNotFoundError, ValueError):
         return None
-    return policy.raw_action_dim, policy.domain_name
+
+
+def check_action_stats(stats: dict[str, Any], policy: Any, source: str) -> None:
+    """Refuse statistics that the policy head cannot use: the block its normalisation reads
+    (``global_raw`` for ``quantile_rot``, else ``global``) must exist and be as wide as its raw
+    actions."""
+    from cosmos3_gym.pipeline.normalization import ActionStats
+
+    if policy.normalization == "none":
+        return
+    parsed = ActionStats.from_dict(stats, source=source)
+    try:
+        parsed.block_for(policy.normalization)
+    except ValueError as err:
+        raise ValueError(f"{source}: {err} (the checkpoint's {policy.domain_name!r} head)") \
+            from None
+    if parsed.raw_action_dim != policy.raw_action_dim:
+        raise ValueError(
+            f"{source} holds {parsed.raw_action_dim}-D statistics; the checkpoint's "
+            f"{policy.domain_name!r} head makes {policy.raw_action_dim}-D actions"
+        )
 
 
 def load_pipeline(
@@ -399,6 +443,9 @@ class Evaluator:
         # Whether the folder held every episode before this run (then it runs nothing).
         self.already_complete = False
         self.plot = ResultsPlot(self.out_dir)
+        # The checkpoint's PolicyConfig as the run uses it (results.json records its sampler);
+        # None until known (check_action_units reads it without loading any weights).
+        self.policy: Any = None
 
     # ------------------------------------------------------------------ run
 
@@ -408,6 +455,7 @@ class Evaluator:
         # Before the folder is written: a refused checkpoint leaves nothing to clash with the
         # corrected rerun.
         checked = self.check_action_fit()
+        units_checked = self.check_action_units()
         device, dtype = self._device()  # a device that is not there fails here, before writing
         self.out_dir.mkdir(parents=True, exist_ok=True)
         init_process_group(self.rank)
@@ -423,6 +471,8 @@ class Evaluator:
                 self.pipeline = self._load(device, dtype)
                 if not checked:  # its width is known only now it is loaded
                     self.check_action_fit()
+                if not units_checked:
+                    self.check_action_units()
             start = time.perf_counter()
             if pending:
                 self._run_pool(pending, already_done=len(mine) - len(pending))
@@ -515,6 +565,44 @@ class Evaluator:
         )
         return True
 
+    def check_action_units(self) -> bool:
+        """Refuse a run whose actions would stay in the model's normalised space (a checkpoint
+        without statistics, no ``action_stats`` given) in an env that takes real units, unless
+        ``allow_normalized_actions``; check an ``action_stats`` file against the checkpoint's
+        head. Reads no weights; False where the checkpoint's policy is not known without loading
+        it."""
+        cfg = self.config
+        if self.pipeline is not None:  # load_pipeline has applied action_stats to it
+            policy, source = getattr(self.pipeline, "policy", None), "the pipeline's checkpoint"
+        elif cfg.synthetic is not None:  # un-normalised by construction
+            from cosmos3_gym.eval.synthetic import synthetic_policy
+
+            policy, source = synthetic_policy(), f"--synthetic {cfg.synthetic}"
+        else:
+            policy = checkpoint_policy(cfg.checkpoint, cfg.domain)
+            source = f"--checkpoint {cfg.checkpoint}"
+            if policy is not None and cfg.action_stats is not None:
+                from dataclasses import replace
+
+                from cosmos3_gym.checkpoint import read_action_stats
+
+                stats = read_action_stats(cfg.action_stats)
+                check_action_stats(stats, policy, f"--action-stats {cfg.action_stats}")
+                policy = replace(policy, stats=stats)
+        if policy is None:
+            return False
+        self.policy = policy
+        normalised = policy.normalization != "none" and policy.stats is None
+        if normalised and self.eval_env.real_action_units and not cfg.allow_normalized_actions:
+            raise ValueError(
+                f"{source} has no action statistics ({policy.domain_name!r} head, normalization "
+                f"{policy.normalization!r}), so its actions would stay in the model's normalised "
+                f"space, which --env {cfg.env} would take as real units; pass --action-stats "
+                "FILE (the statistics JSON of the checkpoint's training data, see "
+                "docs/libero.md), or --allow-normalized-actions to run anyway"
+            )
+        return True
+
     def _throughput_name(self) -> str:
         ws = self.rank.world_size
         return "throughput.json" if ws == 1 else f"throughput.rank{self.rank.rank}.json"
@@ -534,6 +622,7 @@ class Evaluator:
             incidents=results_io.read_incidents(self.out_dir),
             throughput=throughput,
             episode_budget=self.eval_env.episode_budget(),
+            protocol=protocols.record(self.config, self.eval_env.init_state_rule, self.policy),
         )
         results_io.write_json_atomic(self.out_dir / "results.json", results)
         self.plot.update(results, final=final)
@@ -545,7 +634,8 @@ class Evaluator:
         slots = [_Slot() for _ in range(num_slots)]
         self.queues = ActionQueues(num_slots)
         planner = ChunkPlanner(
-            self.pipeline, self.adapter, episode_seed_rule(cfg.seed, self.all_episodes),
+            self.pipeline, self.adapter,
+            episode_seed_rule(cfg.seed, self.all_episodes, stochastic=cfg.protocol != "official"),
             num_inference_steps=cfg.num_inference_steps,
         )
         successes = 0

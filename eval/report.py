@@ -32,7 +32,8 @@ DRAW_SHARE = 0.1  # redraw while running only if drawing takes at most this shar
 
 
 def _rows(runs: Sequence[RunResults]) -> list[tuple[str, str, str]]:
-    """(kind, key, label) per plot row, top to bottom: tasks, then suites, then the run."""
+    """(kind, key, label) per plot row, top to bottom: tasks, then suites and their average
+    (where a run has several), then the run."""
     tasks: list[str] = []
     suites: list[str] = []
     for _, results in runs:
@@ -41,6 +42,8 @@ def _rows(runs: Sequence[RunResults]) -> list[tuple[str, str, str]]:
     rows = [("task", t, t) for t in tasks]
     if len(suites) > 1:
         rows += [("suite", s, f"suite {s}") for s in suites]
+        if any(results.get("suite_average") for _, results in runs):
+            rows.append(("average", "", "average of the suites"))
     rows.append(("all", "", f"all ({suites[0]})" if len(suites) == 1 else "all"))
     return rows
 
@@ -50,6 +53,8 @@ def _entry(results: dict[str, Any], kind: str, key: str) -> dict[str, Any] | Non
         return results["per_task"].get(key)
     if kind == "suite":
         return results["per_suite"].get(key)
+    if kind == "average":
+        return results.get("suite_average")
     return results
 
 
@@ -59,6 +64,8 @@ def _title(runs: Sequence[RunResults]) -> str:
     label, results = runs[0]
     config = results.get("config", {})
     where = config.get("suite") or config.get("env") or ""
+    if "," in where:
+        where = f"{len(where.split(','))} suites"
     done = f"{results['episodes']} of {results['episodes_expected']} episodes"
     state = "" if results["complete"] else ", partial run"
     return f"{label}: success rate per task\n{where}, checkpoint {config.get('checkpoint')}, " \
@@ -97,8 +104,7 @@ def plot_results(runs: Sequence[RunResults], stem: Path) -> list[Path]:
             patch.set_gid(f"bar-{kind}-{y}-run{r}")
             ax.errorbar(rate, centre, xerr=[[rate - lo], [hi - rate]], fmt="none",
                         ecolor="#222222", elinewidth=1.2, capsize=3)
-            ax.text(hi + 0.015, centre,
-                    f"{rate:.0%} ({entry['successes']}/{entry['episodes']})",
+            ax.text(hi + 0.015, centre, f"{rate:.0%} ({_counts(entry)})",
                     va="center", fontsize=8 if n_runs > 1 else 9)
     ax.set_yticks(range(len(rows)), [label for _, _, label in rows])
     for tick, (kind, _, _) in zip(ax.get_yticklabels(), rows, strict=True):
@@ -121,6 +127,13 @@ def plot_results(runs: Sequence[RunResults], stem: Path) -> list[Path]:
                    for r, run in enumerate(runs)]
         fig.legend(handles=handles, loc="outside lower center", ncols=n_runs, frameon=False)
     return save_figure(fig, stem)
+
+
+def _counts(entry: dict[str, Any]) -> str:
+    """``successes/episodes``, or for the suites' average ``mean of K suites``."""
+    if "suites" in entry:
+        return f"mean of {len(entry['suites'])} suites"
+    return f"{entry['successes']}/{entry['episodes']}"
 
 
 def _legend_label(label: str, results: dict[str, Any]) -> str:
@@ -175,7 +188,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         stored = json.loads(stored_path.read_text(encoding="utf-8"))
         task_names = list(stored["per_task"])
         expected, config = stored["episodes_expected"], stored["config"]
-        budget = stored.get("episode_budget")
+        budget, protocol = stored.get("episode_budget"), stored.get("protocol")
     elif config_path.exists():
         from cosmos3_gym.eval.tasks import make_eval_env
 
@@ -187,7 +200,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
             step_budget=config.get("step_budget"),
         )
         task_names, expected = eval_env.tasks, len(eval_env.tasks) * config["trials"]
-        budget = eval_env.episode_budget()
+        budget, protocol = eval_env.episode_budget(), None
     else:
         raise FileNotFoundError(
             f"{run_dir} holds no evaluation: expected results.json or config.json written by "
@@ -201,6 +214,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         incidents=results_io.read_incidents(run_dir),
         throughput=stored.get("throughput"),
         episode_budget=budget,
+        protocol=protocol,
     )
     return {**stored, **summary}  # keys a newer results.json holds beyond the summary stay
 
@@ -217,8 +231,7 @@ def format_comparison(runs: Sequence[RunResults]) -> str:
                 cells.append("-")
                 continue
             lo, hi = entry["interval"]
-            cells.append(f"{entry['success_rate']:.1%} ({entry['successes']}/"
-                         f"{entry['episodes']}) [{lo:.1%}, {hi:.1%}]")
+            cells.append(f"{entry['success_rate']:.1%} ({_counts(entry)}) [{lo:.1%}, {hi:.1%}]")
         table.append(cells)
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()

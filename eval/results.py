@@ -47,14 +47,45 @@ def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float
         raise ValueError(f"expected 0 <= successes <= trials; found {successes} of {trials}")
     if trials == 0:
         return 0.0, 1.0
-    p = successes / trials
+    return _wilson(successes / trials, trials, z)
+
+
+def _wilson(p: float, n: float, z: float = Z_95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion ``p`` observed over ``n`` (> 0) trials."""
     z2 = z * z
-    centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
-    half = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / (1 + z2 / trials)
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
     # At 0 or n successes the bound is exactly 0 or 1; floating point would miss it by an ulp.
-    lo = 0.0 if successes == 0 else max(0.0, centre - half)
-    hi = 1.0 if successes == trials else min(1.0, centre + half)
+    lo = 0.0 if p == 0 else max(0.0, centre - half)
+    hi = 1.0 if p == 1 else min(1.0, centre + half)
     return lo, hi
+
+
+def suite_average(per_suite: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The unweighted mean of the suites' success rates (how the published LIBERO averages are
+    formed), with a 95% interval; ``None`` for fewer than two suites with episodes.
+
+    The interval is Wilson's at the mean, over the effective count ``K^2 / sum(1/n_k)`` of K
+    suites with ``n_k`` episodes each: with equal counts (a finished run) that is every episode,
+    and the mean is the pooled rate, so both agree with the ``all`` row.
+
+    >>> avg = suite_average({"a": {"successes": 9, "episodes": 10},
+    ...                      "b": {"successes": 7, "episodes": 10}})
+    >>> avg["success_rate"], avg["episodes"], [round(x, 4) for x in avg["interval"]]
+    (0.8, 20, [0.584, 0.9193])
+    """
+    rates = {k: e["successes"] / e["episodes"] for k, e in per_suite.items() if e["episodes"]}
+    if len(rates) < 2:
+        return None
+    mean = sum(rates.values()) / len(rates)
+    effective = len(rates) ** 2 / sum(1 / per_suite[k]["episodes"] for k in rates)
+    return {
+        "success_rate": mean,
+        "suites": list(rates),
+        "episodes": sum(per_suite[k]["episodes"] for k in rates),
+        "effective_episodes": effective,
+        "interval": list(_wilson(mean, effective)),
+    }
 
 
 def episode_log_name(rank: int, world_size: int) -> str:
@@ -148,6 +179,7 @@ def summarize(
     incidents: Sequence[dict[str, Any]] = (),
     throughput: dict[str, Any] | None = None,
     episode_budget: dict[str, Any] | None = None,
+    protocol: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The results.json document.
 
@@ -166,19 +198,22 @@ def summarize(
     for r in records:
         suites.setdefault(r["suite"], []).append(r)
     overall = _rate(records)
+    per_suite = {name: _rate(rs) for name, rs in suites.items()}
     return {
         "schema_version": SCHEMA_VERSION,
         "complete": len(records) == expected_episodes,
         "episodes_expected": expected_episodes,
         **overall,
         "per_task": {name: _rate(rs) for name, rs in by_task.items()},
-        "per_suite": {name: _rate(rs) for name, rs in suites.items()},
+        "per_suite": per_suite,
+        "suite_average": suite_average(per_suite),
         "invalid_action_episodes": sum(r["invalid_action"] is not None for r in records),
         "out_of_range_episodes": sum(r["out_of_range_steps"] > 0 for r in records),
         "restarted_episodes": sum(r["restarts"] > 0 for r in records),
         "incidents": list(incidents),
         "throughput": throughput,
         "episode_budget": episode_budget,
+        "protocol": protocol,
         "config": config,
     }
 
@@ -196,6 +231,9 @@ def format_table(results: dict[str, Any]) -> str:
 
     rows += [row(name, e) for name, e in results["per_task"].items()]
     rows += [row(f"suite {name}", e) for name, e in results["per_suite"].items()]
+    average = results.get("suite_average")
+    if average:
+        rows.append(row(f"average of {len(average['suites'])} suites", average))
     rows.append(row("all", results))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
@@ -206,6 +244,11 @@ def format_table(results: dict[str, Any]) -> str:
         steps = ", ".join(f"{suite} {n}" for suite, n in budget["max_episode_steps"].items())
         settle = f" after {budget['settle_steps']} settle steps" if budget["settle_steps"] else ""
         lines.append(f"step budget{name}: {steps} policy steps per episode{settle}")
+    protocol = results.get("protocol")
+    if protocol:
+        from cosmos3_gym.eval.protocol import describe
+
+        lines += describe(protocol)
     t = results.get("throughput")
     if t:
         lines.append(

@@ -36,15 +36,27 @@ if TYPE_CHECKING:  # the command line reads this module's env table without the 
     from cosmos3_gym.policy.planner import SeedRule
 
 LIBERO_INIT_STATES_PER_TASK = 50
+# Names for several suites at once (``--suite libero_4``): the four suites behind the published
+# LIBERO averages (spatial, object, goal, long), in the order papers list them.
+SUITE_GROUPS: dict[str, tuple[str, ...]] = {
+    "libero_4": ("libero_spatial", "libero_object", "libero_goal", "libero_10"),
+}
 
 _ENV_SEED_TAG = 0  # keeps the env seed and the chunk seeds of one episode apart
 _CHUNK_SEED_TAG = 1
 
 
-def episode_seed_rule(global_seed: int, episodes: Sequence[Episode]) -> SeedRule:
+def episode_seed_rule(
+    global_seed: int, episodes: Sequence[Episode], stochastic: bool = True
+) -> SeedRule:
     """The evaluation's seed rule for the chunk planner: chunk ``c`` of ``episodes[k]`` gets
-    ``derive_seed(global_seed, task, trial, chunk=c)``, whichever env slot runs it."""
+    ``derive_seed(global_seed, task, trial, chunk=c)``, whichever env slot runs it; with
+    ``stochastic=False`` every chunk gets ``global_seed`` itself (the official LIBERO server's
+    rule: every request from seed 0)."""
     from cosmos3_gym.policy.planner import SeedRule
+
+    if not stochastic:
+        return SeedRule.fixed(global_seed)
 
     def seed_of(env: int, episode: int, chunk: int) -> int:
         task, trial = episodes[episode].key
@@ -62,6 +74,27 @@ def derive_seed(global_seed: int, task: str, trial: int, chunk: int | None = Non
     entropy = [int(global_seed), zlib.crc32(task.encode()), int(trial)]
     entropy += [_ENV_SEED_TAG] if chunk is None else [_CHUNK_SEED_TAG, int(chunk)]
     return int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 1)
+
+
+def canonical_suites(suite: str | None) -> str | None:
+    """``--suite`` as one comma-separated string: groups (:data:`SUITE_GROUPS`) expanded, each
+    suite once, in the order given, so ``libero_4`` and its four names are the same run.
+
+    >>> canonical_suites("libero_4")
+    'libero_spatial,libero_object,libero_goal,libero_10'
+    >>> canonical_suites(" libero_10 ")
+    'libero_10'
+    """
+    if suite is None:
+        return None
+    names = [n.strip() for n in suite.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"--suite: expected one or more suite names; found {suite!r}")
+    expanded = [s for n in names for s in SUITE_GROUPS.get(n, (n,))]
+    repeated = sorted({s for s in expanded if expanded.count(s) > 1})
+    if repeated:
+        raise ValueError(f"--suite {suite}: each suite once; found {repeated} more than once")
+    return ",".join(expanded)
 
 
 @dataclass(frozen=True)
@@ -94,6 +127,11 @@ class EvalEnv:
     domain: str | None = None
     # The suite `cosmos3-gym bench --overlap-env` measures when none is named (None: no suites).
     bench_suite: str | None = None
+    # Whether the env takes actions in physical units (LIBERO: metres and radians per step), so
+    # that a checkpoint's actions left in the model's normalised space would be meaningless.
+    real_action_units: bool = False
+    # How a trial picks its initial state, for results.json (None: the seed decides it all).
+    init_state_rule: str | None = None
 
     @classmethod
     def from_cli(
@@ -119,7 +157,7 @@ class EvalEnv:
             Episode(
                 task=task,
                 task_index=i,
-                suite=self.suite,
+                suite=self.task_suite(i),
                 trial=trial,
                 seed=derive_seed(global_seed, task, trial),
                 init_state_id=self.init_state_id(trial),
@@ -130,6 +168,10 @@ class EvalEnv:
 
     def init_state_id(self, trial: int) -> int | None:
         return None
+
+    def task_suite(self, task_index: int) -> str:
+        """The suite task ``task_index`` belongs to (results are grouped by it)."""
+        return self.suite
 
     def reset_options(self, episode: Episode) -> dict[str, Any]:
         """The ``reset(options=...)`` that makes a sub-env start ``episode``."""
@@ -237,28 +279,41 @@ class ColorReachEval(EvalEnv):
 
 class LiberoEval(EvalEnv):
     """LIBERO; a task is ``"{suite}/{task_id}"``; trial ``t`` starts from init state ``t % 50``.
+
+    ``suite`` is one suite or several (``"libero_spatial,libero_10"``, or a sequence): the same
+    ``task_ids`` are taken from each (``None``: every task of each), suite after suite, and every
+    suite keeps its own budget.
     """
 
     adapter = "libero"
     domain = "libero"
     bench_suite = "libero_spatial"
+    real_action_units = True
+    init_state_rule = f"trial % {LIBERO_INIT_STATES_PER_TASK}"
 
     def __init__(
         self,
-        suite: str,
-        task_ids: list[int],
+        suite: str | Sequence[str],
+        task_ids: list[int] | None,
         *,
         image_size: int = 256,
         step_budget: str = "cosmos3",
         max_episode_steps: int | None = None,
     ) -> None:
-        super().__init__([f"{suite}/{t}" for t in task_ids])
+        suites = suite.split(",") if isinstance(suite, str) else list(suite)
+        if task_ids is None:
+            from cosmos3_gym.envs import libero_num_tasks
+
+            self.pairs = [(s, t) for s in suites for t in range(libero_num_tasks(s))]
+        else:
+            self.pairs = [(s, t) for s in suites for t in task_ids]
+        super().__init__([f"{s}/{t}" for s, t in self.pairs])
         if step_budget not in STEP_BUDGETS:
             raise ValueError(
                 f"step_budget must be one of {list(STEP_BUDGETS)}; found {step_budget!r}"
             )
-        self.suite = suite
-        self.task_ids = task_ids
+        self.suites = suites
+        self.suite = ",".join(suites)
         self.image_size = image_size
         self.step_budget = step_budget
         self.max_episode_steps = max_episode_steps
@@ -269,7 +324,10 @@ class LiberoEval(EvalEnv):
         max_episode_steps: int | None, step_budget: str | None = None,
     ) -> LiberoEval:
         if suite is None:
-            raise ValueError("--env libero needs --suite (e.g. libero_10, libero_spatial)")
+            raise ValueError(
+                "--env libero needs --suite (e.g. libero_10, several as libero_spatial,libero_10, "
+                f"or {', '.join(SUITE_GROUPS)} for {', '.join(SUITE_GROUPS['libero_4'])})"
+            )
         if step_budget is not None and max_episode_steps is not None:
             raise ValueError(
                 f"--step-budget {step_budget!r} and --max-episode-steps {max_episode_steps} both "
@@ -277,9 +335,12 @@ class LiberoEval(EvalEnv):
             )
         from cosmos3_gym.envs import libero_num_tasks
 
-        n_tasks = libero_num_tasks(suite)
-        ids = list(range(n_tasks)) if tasks is None else [_task_id(t, n_tasks) for t in tasks]
-        return cls(suite, ids, image_size=image_size or 256, step_budget=step_budget or "cosmos3",
+        suites = canonical_suites(suite).split(",")
+        ids = None
+        if tasks is not None:  # every suite must have each task id
+            n_tasks = min(libero_num_tasks(s) for s in suites)
+            ids = [_task_id(t, n_tasks) for t in tasks]
+        return cls(suites, ids, image_size=image_size or 256, step_budget=step_budget or "cosmos3",
                    max_episode_steps=max_episode_steps)
 
     def episode_budget(self) -> dict[str, Any]:
@@ -290,27 +351,31 @@ class LiberoEval(EvalEnv):
         {'step_budget': 'openpi', 'settle_steps': 10, 'max_episode_steps': {'libero_10': 520}}
         """
         if self.max_episode_steps is not None:
-            name, steps = "custom", self.max_episode_steps
+            name = "custom"
+            steps = {s: self.max_episode_steps for s in self.suites}
         else:
-            name, steps = self.step_budget, libero_max_episode_steps(self.suite, self.step_budget)
+            name = self.step_budget
+            steps = {s: libero_max_episode_steps(s, self.step_budget) for s in self.suites}
         return {"step_budget": name, "settle_steps": LIBERO_SETTLE_STEPS,
-                "max_episode_steps": {self.suite: steps}}
+                "max_episode_steps": steps}
 
     def init_state_id(self, trial: int) -> int | None:
         return trial % LIBERO_INIT_STATES_PER_TASK
 
+    def task_suite(self, task_index: int) -> str:
+        return self.pairs[task_index][0]
+
     def task_prompt(self, task_index: int) -> str:
-        return libero_task_description(self.suite, self.task_ids[task_index])
+        return libero_task_description(*self.pairs[task_index])
 
     def reset_options(self, episode: Episode) -> dict[str, Any]:
-        task_id = self.task_ids[episode.task_index]
-        return {"task": (self.suite, task_id), "init_state_id": episode.init_state_id}
+        return {"task": self.pairs[episode.task_index], "init_state_id": episode.init_state_id}
 
     def make(
         self, num_envs: int, async_: bool, autoreset_mode: AutoresetMode = AutoresetMode.DISABLED
     ) -> VectorEnv:
         return make_libero_vector_env(
-            [(self.suite, t) for t in self.task_ids],
+            self.pairs,
             num_envs,
             async_=async_,
             image_size=self.image_size,

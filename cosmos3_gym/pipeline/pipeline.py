@@ -48,7 +48,10 @@ class Cosmos3ActionPipeline:
 
     Example::
 
-        pipe = Cosmos3ActionPipeline.from_pretrained("/models/Cosmos3-Nano-LIBERO", device="cuda")
+        # a post-trained folder with its action_policy.json (domain, statistics, ...)
+        pipe = Cosmos3ActionPipeline.from_pretrained("/models/my-cosmos3-libero", device="cuda")
+        # a published diffusers folder has none: name its embodiment
+        # Cosmos3ActionPipeline.from_pretrained("/models/Cosmos3-Nano", domain="droid_lerobot")
         out = pipe(images_uint8_bhwc, ["put the bowl on the plate"] * len(images_uint8_bhwc))
         out.actions            # float32 [B, 16, 10]
         out.timings            # {"denoise_s": ..., "total_s": ...}
