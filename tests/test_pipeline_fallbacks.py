@@ -1,7 +1,8 @@
 """What a call does when the device fails it: out of memory splits the batch, a fallible option
 (CUDA graphs, the fused kernels) that raises is switched off. Each retry loses nothing.
 
-The failures are injected on CPU; tests/test_gpu.py runs the same paths on a GPU."""
+The failures are injected on CPU (``checkpoint``: tests/conftest.py's tiny checkpoint);
+tests/test_gpu.py runs the same paths on a GPU."""
 
 from __future__ import annotations
 
@@ -15,16 +16,10 @@ import torch
 from cosmos3_gym import Cosmos3ActionPipeline
 from cosmos3_gym.model.cuda_graphs import GenGraphs, Graph
 from cosmos3_gym.pipeline import InferenceOptions, stages
-from cosmos3_gym.tiny import write_tiny_checkpoint
 
 PROMPTS = ["pick up the red bowl", "open the top drawer and put the bowl inside", "go",
            "push the plate", "close the drawer"]
 CALL = dict(num_inference_steps=2, progress=False)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), seed=4)
 
 
 @pytest.fixture(scope="module")

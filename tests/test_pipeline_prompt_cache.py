@@ -1,4 +1,6 @@
-"""The prompt cache: text keys/values kept across calls, exact, bounded, and never stale."""
+"""The prompt cache: text keys/values kept across calls, exact, bounded, and never stale.
+
+``checkpoint`` is tests/conftest.py's tiny checkpoint."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ import torch
 from cosmos3_gym import Cosmos3ActionPipeline
 from cosmos3_gym.pipeline import InferenceOptions
 from cosmos3_gym.pipeline.prompt_cache import PromptCache
-from cosmos3_gym.tiny import write_tiny_checkpoint
 
 PROMPTS = [
     "pick up the red bowl",
@@ -19,11 +20,6 @@ PROMPTS = [
     "go",
 ]
 CALL = dict(num_inference_steps=2, progress=False)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), seed=3)
 
 
 @pytest.fixture(scope="module")
