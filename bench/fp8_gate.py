@@ -21,6 +21,7 @@ nano --device cuda`` runs gates 1-2 on a random-weight Cosmos3-Nano (its LIBERO-
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import tempfile
@@ -133,6 +134,7 @@ def action_deviation(preset: str, device: str, batch: int, steps: int | None,
     fp32 = _pipeline(preset, device, torch.float32)
     reference = fp32(images, prompts, **call).normalized_actions
     del fp32
+    gc.collect()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     bf16 = _pipeline(preset, device, torch.bfloat16)
@@ -233,16 +235,26 @@ def format_gates(result: dict[str, Any]) -> str:
 
 def run_gates(preset: str = "tiny", device: str = "cpu", batch: int = 4, steps: int | None = None,
               fp8_bf16_steps: int = 0, trials: int = 0, num_envs: int = 20, seed: int = 0,
-              runs: Path | None = None) -> dict[str, Any]:
-    """Every gate that applies to ``preset`` (closed loop: tiny only, when ``trials`` > 0)."""
+              runs: Path | None = None, out: Path | None = None) -> dict[str, Any]:
+    """Every gate that applies to ``preset`` (closed loop: tiny only, when ``trials`` > 0),
+    written to ``out`` after each one (a run cut short keeps what it measured)."""
     result: dict[str, Any] = {"preset": preset, "device": device, "batch": batch,
                               "steps": steps, "torch": torch.__version__}
+
+    def save() -> None:
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=2))
+
     result["sqnr"] = layer_sqnr(preset, device, batch, steps)
+    save()
     result["actions"] = action_deviation(preset, device, batch, steps, fp8_bf16_steps)
+    save()
     if trials and preset == "tiny":
         with tempfile.TemporaryDirectory() as scratch:
             result["closed_loop"] = closed_loop(trials, num_envs, seed, steps, fp8_bf16_steps,
                                                 runs or Path(scratch))
+        save()
     return result
 
 
@@ -268,10 +280,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     result = run_gates(args.preset, args.device, args.batch, args.steps, args.fp8_bf16_steps,
                        args.trials, args.num_envs, args.seed,
-                       Path(args.runs) if args.runs else None)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
+                       Path(args.runs) if args.runs else None,
+                       Path(args.out) if args.out else None)
     print(format_gates(result))
     return result
 
