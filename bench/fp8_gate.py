@@ -143,7 +143,7 @@ def action_deviation(preset: str, device: str, batch: int, steps: int | None,
 
     fp8_pipe = Cosmos3ActionPipeline(
         bf16.transformer, bf16.vae, bf16.tokenizer, bf16.policy,
-        options=replace(bf16.options, fp8=True, fp8_bf16_steps=fp8_bf16_steps))
+        options=replace(bf16.options, fp8=True, fp8_bf16_steps=fp8_bf16_steps, fp8_min_tokens=0))
     quantised = fp8_pipe(images, prompts, **call).normalized_actions
     dev = {name: {"max": float(np.abs(a - reference).max()),
                   "mean": float(np.abs(a - reference).mean())}
@@ -177,7 +177,8 @@ def closed_loop(trials: int, num_envs: int, seed: int, steps: int | None, fp8_bf
 
     arms = {"fp32": (torch.float32, InferenceOptions()),
             "bf16": (torch.bfloat16, InferenceOptions()),
-            "fp8": (torch.bfloat16, InferenceOptions(fp8=True, fp8_bf16_steps=fp8_bf16_steps))}
+            "fp8": (torch.bfloat16, InferenceOptions(fp8=True, fp8_bf16_steps=fp8_bf16_steps,
+                                                     fp8_min_tokens=0))}
     config = EvalConfig(trials=trials, num_envs=num_envs, seed=seed, progress=False,
                         num_inference_steps=steps)
     outcomes, result = {}, {"episodes": None, "arms": {}, "fp8_bf16_steps": fp8_bf16_steps}

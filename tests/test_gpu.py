@@ -372,8 +372,8 @@ def test_fp8_pipeline_on_gpu_runs_both_kinds_of_step_as_graphs(tmp_path) -> None
     path = write_tiny_checkpoint(tmp_path / "tiny")
     images, prompts = _tiny_inputs()
     kwargs = dict(seed=[1, 2, 3], num_inference_steps=8, progress=False)
-    fp8 = Cosmos3ActionPipeline.from_pretrained(path, device="cuda",
-                                                options=InferenceOptions(fp8=True))
+    fp8 = Cosmos3ActionPipeline.from_pretrained(
+        path, device="cuda", options=InferenceOptions(fp8=True, fp8_min_tokens=0))
     bf16 = Cosmos3ActionPipeline.from_pretrained(path, device="cuda")
     got = fp8(images, prompts, **kwargs).actions
     assert fp8.disabled_options == {}

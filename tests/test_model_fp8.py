@@ -250,10 +250,14 @@ def test_fp8_needs_fused_projections_and_counts_its_steps() -> None:
         InferenceOptions(fp8=True, fuse_projections=False)
     with pytest.raises(ValueError, match="fp8_bf16_steps must be an int >= 0"):
         InferenceOptions(fp8=True, fp8_bf16_steps=-1)
-    assert InferenceOptions(fp8=True).fp8_steps(30) == range(3, 27)
-    assert InferenceOptions(fp8=True, fp8_bf16_steps=0).fp8_steps(10) == range(0, 10)
-    assert len(InferenceOptions(fp8=True).fp8_steps(6)) == 0
-    assert len(InferenceOptions().fp8_steps(30)) == 0
+    with pytest.raises(ValueError, match="fp8_min_tokens must be an int >= 0"):
+        InferenceOptions(fp8=True, fp8_min_tokens=True)
+    assert InferenceOptions(fp8=True).fp8_steps(30, 1024) == range(3, 27)
+    assert InferenceOptions(fp8=True, fp8_bf16_steps=0).fp8_steps(10, 5000) == range(0, 10)
+    assert len(InferenceOptions(fp8=True).fp8_steps(6, 5000)) == 0
+    assert len(InferenceOptions(fp8=True).fp8_steps(30, 1023)) == 0  # small batches: bf16
+    assert len(InferenceOptions(fp8=True, fp8_min_tokens=0).fp8_steps(30, 1)) == 24
+    assert len(InferenceOptions().fp8_steps(30, 5000)) == 0
 
 
 @pytest.fixture(scope="module")
@@ -265,9 +269,11 @@ PROMPTS = ["reach the red square", "reach the blue square", "reach the green squ
 
 
 def _actions(checkpoint, images, steps, dtype=None, **options) -> np.ndarray:
+    """Actions of the tiny checkpoint; FP8 at its small token counts (fp8_min_tokens=0)."""
     from cosmos3_gym import Cosmos3ActionPipeline
     from cosmos3_gym.pipeline import InferenceOptions
 
+    options.setdefault("fp8_min_tokens", 0)
     pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, dtype=dtype,
                                                  options=InferenceOptions(**options))
     assert pipe.disabled_options == {}
@@ -284,6 +290,9 @@ def test_pipeline_fp8_steps_are_the_middle_ones(checkpoint, images) -> None:
     quantised = _actions(checkpoint, images, 6, fp8=True, fp8_bf16_steps=1)
     assert not np.array_equal(quantised, plain) and np.isfinite(quantised).all()
     assert np.abs(quantised - plain).max() < 0.1 * np.abs(plain).max()
+    # Below fp8_min_tokens GEN tokens a call runs every step unquantised (small batches).
+    np.testing.assert_array_equal(
+        _actions(checkpoint, images, 6, fp8=True, fp8_bf16_steps=1, fp8_min_tokens=10**6), plain)
 
 
 @triton_only

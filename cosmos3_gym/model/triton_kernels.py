@@ -123,6 +123,20 @@ def qk_norm_rope_kv(qkv_ptr, gain_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr,
 
 
 @triton.jit
+def _activation_block(in_ptr, row, cols, mask, width, RELU2: tl.constexpr, BF16: tl.constexpr):
+    if RELU2:
+        x = tl.load(in_ptr + row * width + cols, mask=mask, other=0.0).to(tl.float32)
+        r = tl.maximum(x, 0.0)
+        out = rnd(r * r, BF16)
+    else:
+        base = in_ptr + row * 2 * width + cols
+        g = tl.load(base, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(base + width, mask=mask, other=0.0).to(tl.float32)
+        out = rnd(rnd(g / (1.0 + tl.exp(-g)), BF16) * up, BF16)
+    return out
+
+
+@triton.jit
 def activation(in_ptr, out_ptr, width, BLOCK: tl.constexpr, RELU2: tl.constexpr,
                BF16: tl.constexpr):
     # SiLU(gate) * up over [gate ; up] rows of 2 * width, or relu(x)^2 over rows of width.
@@ -140,12 +154,13 @@ def activation_fp8(in_ptr, q_ptr, scale_ptr, width, BLOCK: tl.constexpr, RELU2: 
     # row: a first pass finds the row's amax, a second recomputes each block (cheaper than
     # writing the activation out and reading it back) and stores it in e4m3.
     row = tl.program_id(0).to(tl.int64)
-    amax = 0.0
+    peak = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, width, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < width
         out = _activation_block(in_ptr, row, cols, mask, width, RELU2, BF16)
-        amax = tl.maximum(amax, tl.max(tl.where(mask, tl.abs(out), 0.0), axis=0))
+        peak = tl.maximum(peak, tl.where(mask, tl.abs(out), 0.0))
+    amax = tl.max(peak, axis=0)
     for start in range(0, width, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < width
@@ -154,30 +169,17 @@ def activation_fp8(in_ptr, q_ptr, scale_ptr, width, BLOCK: tl.constexpr, RELU2: 
 
 
 @triton.jit
-def _activation_block(in_ptr, row, cols, mask, width, RELU2: tl.constexpr, BF16: tl.constexpr):
-    if RELU2:
-        x = tl.load(in_ptr + row * width + cols, mask=mask, other=0.0).to(tl.float32)
-        r = tl.maximum(x, 0.0)
-        out = rnd(r * r, BF16)
-    else:
-        base = in_ptr + row * 2 * width + cols
-        g = tl.load(base, mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(base + width, mask=mask, other=0.0).to(tl.float32)
-        out = rnd(rnd(g / (1.0 + tl.exp(-g)), BF16) * up, BF16)
-    return out
-
-
-@triton.jit
 def quantize_rows(in_ptr, q_ptr, scale_ptr, width, BLOCK: tl.constexpr,
                   AMAX_FLOOR: tl.constexpr):
     # Per-row quantisation of a finished activation (the attention output before to_add_out):
     # one program per row, amax then quantise.
     row = tl.program_id(0).to(tl.int64)
-    amax = 0.0
+    peak = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, width, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(in_ptr + row * width + cols, mask=cols < width, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.max(tl.abs(x), axis=0))
+        peak = tl.maximum(peak, tl.abs(x))
+    amax = tl.max(peak, axis=0)
     for start in range(0, width, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < width

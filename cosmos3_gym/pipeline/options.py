@@ -80,6 +80,11 @@ class InferenceOptions:
     # With fp8: the first and the last this many denoising steps stay in the model's dtype
     # (as NVIDIA's FP8 Cosmos3 checkpoints run them); the steps between run in FP8.
     fp8_bf16_steps: int = 3
+    # With fp8: a micro-batch of fewer GEN tokens than this (B x N; 2B x N with CFG) runs every
+    # step in the model's dtype. At LIBERO B=1 (266 tokens) the H200 measured row-scaled FP8
+    # GEMMs at 0.75-1.11x bf16, at DROID B=1 (1982) and LIBERO B=8 (2128) at 1.4-2.0x
+    # (docs/benchmarks.md, FP8 GEMM probe). 0: FP8 at every size.
+    fp8_min_tokens: int = 1024
 
     def __post_init__(self) -> None:
         if self.triton_kernels and not (self.fuse_projections and self.kv_buffers):
@@ -93,9 +98,10 @@ class InferenceOptions:
         if self.fp8 and not self.fuse_projections:
             raise ValueError("fp8 needs fuse_projections=True (the fused Q/K/V norm and RoPE); "
                              "found fuse_projections=False")
-        steps = self.fp8_bf16_steps
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"fp8_bf16_steps must be an int >= 0; found {steps!r}")
+        for name in ("fp8_bf16_steps", "fp8_min_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0; found {value!r}")
         for name in ("max_cuda_graphs", "prompt_cache_mb"):
             limit = getattr(self, name)
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -142,14 +148,17 @@ class InferenceOptions:
         also = {k: v for k, v in also.items() if getattr(self, k) != v}
         return replace(self, **{name: value}, **also), tuple(also)
 
-    def fp8_steps(self, num_steps: int) -> range:
-        """The denoising step indices that run in FP8 (none without ``fp8``).
+    def fp8_steps(self, num_steps: int, gen_tokens: int) -> range:
+        """The denoising step indices that run in FP8 for a micro-batch of ``gen_tokens`` GEN
+        tokens (none without ``fp8``, or below ``fp8_min_tokens``).
 
         >>> from cosmos3_gym.pipeline import InferenceOptions
-        >>> InferenceOptions(fp8=True).fp8_steps(30)
+        >>> InferenceOptions(fp8=True).fp8_steps(30, gen_tokens=1982)  # DROID B=1
         range(3, 27)
+        >>> len(InferenceOptions(fp8=True).fp8_steps(30, gen_tokens=266))  # LIBERO B=1
+        0
         """
-        if not self.fp8:
+        if not self.fp8 or gen_tokens < self.fp8_min_tokens:
             return range(0)
         first = self.fp8_bf16_steps
         return range(first, max(first, num_steps - first))

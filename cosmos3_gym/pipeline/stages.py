@@ -348,7 +348,12 @@ class DenoiseStage(Stage):
             )
 
         # With fp8, the steps in fp8_steps run the FP8 ops (and their own graphs).
-        fp8_steps = self.options.fp8_steps(params.num_inference_steps) if self.fp8_ops else ()
+        fp8_steps = ()
+        if self.fp8_ops is not None:
+            patch = model.config.latent_patch_size
+            tokens = t * -(-vision.shape[3] // patch) * -(-vision.shape[4] // patch)
+            gen_tokens = vision_noisy.shape[0] * (tokens + p.action_horizon)
+            fp8_steps = self.options.fp8_steps(params.num_inference_steps, gen_tokens)
         graphed = fp8_graphed = None
         if self.graphs is not None:  # the graph owns its K/V buffers
             layout = layout_for(preallocate_kv=False)
