@@ -206,6 +206,7 @@ def run_benchmark(
     overlap_rounds: int = 4,
     domain: str | None = None,
     action_stats: str | None = None,
+    fp8: bool = False,
 ) -> dict[str, Any]:
     """Run the benchmark and return its JSON-ready result (see the module docstring).
 
@@ -216,11 +217,12 @@ def run_benchmark(
     from cosmos3_gym import Cosmos3ActionPipeline
     from cosmos3_gym.devices import resolve_device, resolve_dtype
     from cosmos3_gym.eval.evaluate import load_pipeline
-    from cosmos3_gym.pipeline.options import TRANSFORMER_OPTIONS
+    from cosmos3_gym.pipeline.options import TRANSFORMER_OPTIONS, InferenceOptions
 
     dev = resolve_device(device)
     precision = resolve_dtype(dtype, dev)
-    pipe = load_pipeline(checkpoint, domain, action_stats, device=dev, dtype=precision)
+    pipe = load_pipeline(checkpoint, domain, action_stats, device=dev, dtype=precision,
+                         options=InferenceOptions(fp8=fp8))
     horizon = pipe.action_horizon
     rng = np.random.default_rng(0)
     max_b = max(*batch_sizes, compare_batch)
@@ -434,6 +436,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         warmup=args.warmup, repeats=args.repeats, compare_batch=args.compare_batch,
         overlap_env=args.overlap_env, overlap_envs=args.overlap_envs,
         overlap_rounds=args.overlap_rounds, domain=args.domain, action_stats=args.action_stats,
+        fp8=getattr(args, "precision", "bf16") == "fp8",
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

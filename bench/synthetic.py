@@ -74,7 +74,7 @@ ACTION_HORIZON = 16  # 17 frames: the LIBERO and DROID policy recipes
 RAW_ACTION_DIM = 10
 # Option flips measured against the configuration under test: the benchmark's name -> field.
 FLIPS = ("cuda_graphs", "triton_kernels", "text_cache", "kv_buffers", "frame_encoder",
-         "prompt_cache")
+         "prompt_cache", "fp8")
 
 
 def synthetic_pipeline(
@@ -250,6 +250,7 @@ class _Run:
     warmup: int
     repeats: int
     save: Callable[[], None]  # writes what is measured so far (a killed run keeps its rows)
+    flips: tuple[str, ...] = FLIPS  # the options flipped against the configuration
     components: tuple[Any, Any, Any] | None = None
 
 
@@ -332,7 +333,7 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
     flips: dict[str, Any] = {}
     for b in compare_batches:
         flips[str(b)] = {}
-        for field in FLIPS:
+        for field in run.flips:
             flipped, also = run.options.flip(field)  # with what it needs, or what needs it
             if dev.type != "cuda" and (flipped.cuda_graphs or flipped.triton_kernels):
                 continue  # graphs exist on CUDA only; on CPU the kernels are interpreted
@@ -345,7 +346,16 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
                 if variant.disabled_options:  # it ran, but without what was to be measured
                     raise RuntimeError("; ".join(f"{k} switched off: {v}"
                                                  for k, v in variant.disabled_options.items()))
-                entry.update(ratio=m["ratio"], denoise_ratio=m["denoise_ratio"])
+                counts = token_counts(pipe, case, prompts[:b])
+                flops = n * gen_step_flops(
+                    pipe.transformer.config, batch_size=b, text_tokens=counts["text"],
+                    vision_tokens=counts["vision"], action_tokens=counts["action"],
+                )
+                # The same FLOP count over each side's time: for fp8, "bf16-equivalent" TFLOP/s.
+                entry.update(ratio=m["ratio"], denoise_ratio=m["denoise_ratio"], steps=n,
+                             flipped_call_s=m["a_s"], configured_call_s=m["b_s"],
+                             flipped_denoise_tflops=flops / m["a_stages_s"]["denoise"] / 1e12,
+                             configured_denoise_tflops=flops / m["b_stages_s"]["denoise"] / 1e12)
             except Exception as err:  # noqa: BLE001 - the flip's failure is its result
                 entry.update(ratio=None, denoise_ratio=None, error=_error_line(err))
             flips[str(b)][field] = entry
@@ -382,6 +392,7 @@ def run_synthetic(
     compare_batches: tuple[int, ...] = (1, 8),
     reference: bool = True,
     out: Path | None = None,
+    flips: tuple[str, ...] = FLIPS,
 ) -> dict[str, Any]:
     """Run the synthetic benchmark; returns its JSON-ready result (see the module docstring),
     written to ``out`` after every measurement (``"complete": false`` until the end)."""
@@ -407,7 +418,7 @@ def run_synthetic(
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(result, indent=2))
 
-    run = _Run(preset, dev, dtype, options, warmup, repeats, save)
+    run = _Run(preset, dev, dtype, options, warmup, repeats, save, flips)
     result["self_check"] = check_options(run, CASES[cases[0]])
     result["options"] = result["self_check"]["options"]
     save()
@@ -457,6 +468,9 @@ def format_synthetic(result: dict[str, Any]) -> str:
                                      + "".join(f"+{a}" for a in v.get("also", ()))
                                      + (" failed" if v["ratio"] is None else f" {v['ratio']:.2f}x")
                                      for k, v in flips.items()))
+            fp8 = flips.get("fp8")
+            if fp8 and fp8["ratio"] is not None:
+                lines.append(f"{case} B={b}: {fp8_line(fp8)}")
     check = result.get("self_check")
     if check:
         lines.append(f"self-check: actions vs eager max |diff| "
@@ -469,6 +483,17 @@ def format_synthetic(result: dict[str, Any]) -> str:
                     if "error" in v:
                         lines.append(f"{case} B={b}: flipping {k} failed: {v['error']}")
     return "\n".join(lines)
+
+
+def fp8_line(entry: dict[str, Any]) -> str:
+    """One flip entry of ``fp8`` as FP8 beside bf16 (whichever side was configured)."""
+    on, off = "flipped", "configured"
+    if not entry["flipped_to"]:
+        on, off = off, on
+    fp8_s, bf16_s = entry[f"{on}_call_s"], entry[f"{off}_call_s"]
+    return (f"{entry['steps']} steps, fp8 {fp8_s:.3f} s vs bf16 {bf16_s:.3f} s per call "
+            f"({bf16_s / fp8_s:.2f}x); denoise bf16-equivalent TFLOP/s "
+            f"{entry[f'{on}_denoise_tflops']:.3g} vs {entry[f'{off}_denoise_tflops']:.3g}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -486,6 +511,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-flips", action="store_true",
                         help="with --synthetic: skip the option flips (paired runs of every "
                              "option turned over, the longest part at large shapes)")
+    parser.add_argument("--flips", default=",".join(FLIPS),
+                        help=f"with --synthetic: the options to flip (default: all of "
+                             f"{','.join(FLIPS)}); e.g. fp8 alone measures FP8 beside bf16")
     parser.add_argument("--no-reference", action="store_true",
                         help="with --synthetic: skip diffusers' reference forward (it needs a "
                              "second copy of the weights in memory)")
@@ -517,8 +545,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.batch_sizes is not None:
         chosen = _int_list(args.batch_sizes, "--batch-sizes")
         sizes = {c: chosen for c in cases}
+    flips = tuple(f.strip() for f in args.flips.split(",") if f.strip())
+    if set(flips) - set(FLIPS):
+        raise ValueError(f"--flips: unknown {sorted(set(flips) - set(FLIPS))}; expected some "
+                         f"of {list(FLIPS)}")
+    from cosmos3_gym.pipeline.options import InferenceOptions
+
     result = run_synthetic(
         args.synthetic, device=args.device, dtype=args.dtype, cases=cases, batch_sizes=sizes,
+        options=InferenceOptions(fp8=getattr(args, "precision", "bf16") == "fp8"), flips=flips,
         steps=_int_list(args.steps, "--steps"), warmup=args.warmup, repeats=args.repeats,
         compare_batches=() if args.no_flips else tuple(sorted({1, args.compare_batch})),
         reference=not args.no_reference,

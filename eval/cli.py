@@ -32,6 +32,7 @@ from cosmos3_gym.eval.tasks import ENV_NAMES
 
 # cosmos3_gym.devices.DTYPE_CHOICES, without importing torch to build the parser.
 DTYPE_CHOICES = ("auto", "bfloat16", "float32")
+PRECISION_CHOICES = ("bf16", "fp8")
 
 
 def _csv(text: str) -> list[str]:
@@ -65,13 +66,21 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_device_arguments(p: argparse.ArgumentParser) -> None:
-    """``--device`` and ``--dtype``: where the model runs and in which precision."""
+    """``--device``, ``--dtype`` and ``--precision``: where the model runs and in which
+    precision."""
     p.add_argument("--device", default="auto", metavar="DEVICE",
                    help="auto (default: the GPU where there is one, cuda:LOCAL_RANK under "
                         "torchrun, else the CPU), cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="model precision: auto (default: bfloat16 on CUDA, float32 on the CPU), "
                         "bfloat16 or float32")
+    p.add_argument("--precision", default="bf16", choices=PRECISION_CHOICES,
+                   help="bf16 (default): every GEMM in --dtype; fp8: the generation tower's "
+                        "Q/K/V, attention-output, gate/up and down GEMMs in FP8 e4m3 (per-channel "
+                        "weights, per-token activations; the first and last 3 denoising steps "
+                        "stay in --dtype), compute capability >= 8.9 on CUDA (else switched off "
+                        "with a warning), emulated on the CPU. Not the same actions: see the "
+                        "accuracy gates in docs/benchmarks.md")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -274,6 +283,7 @@ def _run(args: argparse.Namespace) -> int:
             shuffle_prompts=args.shuffle_prompts, progress=not args.no_progress,
             device=args.device, dtype=args.dtype, synthetic=args.synthetic,
             protocol=args.protocol, allow_normalized_actions=args.allow_normalized_actions,
+            precision=None if args.precision == "bf16" else args.precision,
         )
         evaluator = Evaluator(config, args.out)
         results = evaluator.run()

@@ -111,7 +111,7 @@ from cosmos3_gym.seeding import check_seed
 IDENTITY_KEYS = (
     "checkpoint", "env", "suite", "tasks", "trials", "seed", "image_size", "max_episode_steps",
     "step_budget", "num_inference_steps", "n_action_steps", "out_of_range", "shuffle_prompts",
-    "domain", "action_stats", "protocol", "synthetic",
+    "domain", "action_stats", "protocol", "synthetic", "precision",
 )
 # Beside IDENTITY_KEYS, the identity holds the model's precision as resolved on the machine
 # ("dtype": bf16 and fp32 runs of one checkpoint are different evaluations). Folders written
@@ -187,6 +187,9 @@ class EvalConfig:
     # Run a checkpoint whose actions stay in the model's normalised space (no statistics) in an
     # env that takes real units; refused by default, since every success rate would be noise.
     allow_normalized_actions: bool = False
+    # "fp8": the generation tower's GEMMs in FP8 (InferenceOptions.fp8); None: all in dtype.
+    # Part of the identity: FP8 and bf16 runs are different evaluations.
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         if self.protocol == "default":
@@ -206,6 +209,8 @@ class EvalConfig:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be None or at least 1; found {value}")
         check_seed(self.seed)
+        if self.precision not in (None, "fp8"):
+            raise ValueError(f"precision must be None or 'fp8'; found {self.precision!r}")
         if isinstance(self.videos, bool):
             self.videos = "env" if self.videos else None
         if self.videos not in (None, *VIDEO_KINDS):
@@ -512,13 +517,16 @@ class Evaluator:
         return None if dtype is None else dtype_name(dtype)
 
     def _load(self, device: Any, dtype: Any) -> Any:
+        from cosmos3_gym.pipeline import InferenceOptions
+
         cfg = self.config
+        options = InferenceOptions(fp8=cfg.precision == "fp8")
         if cfg.synthetic is not None:
             from cosmos3_gym.eval.synthetic import synthetic_pipeline
 
-            return synthetic_pipeline(cfg.synthetic, device=device, dtype=dtype)
+            return synthetic_pipeline(cfg.synthetic, device=device, dtype=dtype, options=options)
         return load_pipeline(cfg.checkpoint, cfg.domain, cfg.action_stats, device=device,
-                             dtype=dtype)
+                             dtype=dtype, options=options)
 
     def _runtime(self) -> dict[str, Any]:
         """Where and how this session's model ran, for throughput*.json and the summary."""

@@ -214,12 +214,15 @@ def run_rollout_command(args: Any) -> Path:
                              step_budget=args.step_budget)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    from cosmos3_gym.pipeline import InferenceOptions
+
+    options = InferenceOptions(fp8=getattr(args, "precision", "bf16") == "fp8")
     if args.synthetic is not None:
-        pipeline = synthetic_pipeline(args.synthetic, device=device, dtype=dtype)
+        pipeline = synthetic_pipeline(args.synthetic, device=device, dtype=dtype, options=options)
         adapter = synthetic_adapter(eval_env)
     else:
         pipeline = load_pipeline(args.checkpoint, args.domain, args.action_stats, device=device,
-                                 dtype=dtype)
+                                 dtype=dtype, options=options)
         adapter = get_adapter(eval_env.adapter)
     # Tasks are assigned to envs round-robin; episodes follow each other by autoreset.
     envs = eval_env.make(args.num_envs, args.async_envs, autoreset_mode=Mode.NEXT_STEP)

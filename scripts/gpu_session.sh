@@ -1,25 +1,33 @@
 #!/usr/bin/env bash
 # The prepared device check, for a session lent the GPU machine (one H200). Run it there as ONE
-# command with `carry: [".whl"]` and a timeout of 560 s; its results are under $OUT (7 files:
+# command with `carry: [".whl"]` and a timeout of 560 s; its results are under $OUT (8 files:
 # gpu.txt, log.txt, pytest_gpu.log, bench_gpu_nano_libero.json, eval_loop_nano.json,
-# bench_gpu_nano_droid.json, summary.txt), each rewritten as its stage goes, so a stage cut short
-# still returns what it measured. It ends with a one-screen summary (summary.txt).
+# bench_gpu_nano_droid.json, bench_gpu_nano_fp8.json, summary.txt), each rewritten as its stage
+# goes, so a stage cut short still returns what it measured. It ends with a one-screen summary
+# (summary.txt).
 #
 # Stages, each under its own timeout (seconds):
-#   install  20  the project beside the machine's torch (diffusers and gymnasium travel as
+#   install  30  the project beside the machine's torch (diffusers and gymnasium travel as
 #                wheels: see below)
-#   checks  100  the GPU tests: bf16 parity with diffusers, CPU/GPU agreement, batch invariance,
-#                compiled Triton kernels and CUDA-graph replay against eager, the CUDA default
-#                (fast path) against eager, the prompt cache, a real out-of-memory split
-#   libero  150  bench --synthetic: LIBERO 256x512 at B=1, 8, 32, 10 and 30 steps (a row's
-#                calls repeat one request: the prompt cache hits, as in an episode) and every
-#                option flipped at B=1 and 8 (10 steps), the prompt cache among them
-#   eval    202  cosmos3-gym eval --synthetic on ColorReach at LIBERO's input, as a user runs
-#                it (default options: the fast path) at B=1, 8, 32 (40 + 2B s each):
-#                episodes/hour and what the loop adds around the pipeline
-#   droid    50  bench --synthetic: DROID 480x832 B=1 (sglang published 1.457 s on an H200)
+#   checks   80  the GPU tests: bf16 parity with diffusers, CPU/GPU agreement, batch invariance,
+#                compiled Triton kernels (the FP8 quantising ones too) and CUDA-graph replay
+#                against eager, the CUDA default (fast path) against eager, the prompt cache, a
+#                real out-of-memory split, FP8 graphs against eager FP8
+#   libero   95  bench --synthetic: LIBERO 256x512 at B=1, 8, 10 and 30 steps (a row's calls
+#                repeat one request: the prompt cache hits, as in an episode) and every option
+#                flipped at B=1 and 8 (10 steps), the prompt cache and fp8 among them
+#   eval    149  cosmos3-gym eval --synthetic on ColorReach at LIBERO's input, as a user runs
+#                it (default options: the fast path) at B=1, 8, 32 (36 + B s each; one episode
+#                per env slot, 8 at B=1): episodes/hour and what the loop adds around the
+#                pipeline (bar at B=32: <= 5%)
+#   droid    60  bench --synthetic: DROID 480x832 B=1, 30 steps, in FP8 beside bf16 (the fp8
+#                flip, paired calls; sglang published 1.457 s on an H200, bar <= 1.20 s)
+#   fp8     130  bench --synthetic: LIBERO 256x512 B=32, 30 steps, bf16 beside FP8 (bar: FP8
+#                1.35x faster), then the FP8 accuracy gates on the same model shape
+#                (bench/fp8_gate.py: per-layer SQNR, actions vs fp32 against bf16's), all in
+#                bench_gpu_nano_fp8.json
 #   summary      the one-screen summary
-# 2 x 20 + 100 + 150 + 202 + 50 = 542 s at most. `bash scripts/gpu_session.sh eval summary` runs
+# 2 x 15 + 80 + 95 + 149 + 60 + 90 + 40 = 544 s at most. `bash scripts/gpu_session.sh eval summary` runs
 # some stages only. On a CPU, each stage runs at a small size with
 #   PRESET=tiny DEVICE=cpu SKIP_INSTALL=1 EVAL_BATCHES="1 2" bash scripts/gpu_session.sh eval
 # (tests/test_gpu_session.py does that for every stage but the GPU tests).
@@ -37,23 +45,24 @@ OUT="${OUT:-/tmp/cosmos3-gym-gpu}"
 PRESET="${PRESET:-nano}"
 DEVICE="${DEVICE:-cuda}"
 PYTHON="${PYTHON:-python3}"
-LIBERO_BATCHES="${LIBERO_BATCHES:-1,8,32}"
+LIBERO_BATCHES="${LIBERO_BATCHES:-1,8}"
 COMPARE_BATCH="${COMPARE_BATCH:-8}"
 EVAL_BATCHES="${EVAL_BATCHES:-1 8 32}"
+FP8_BATCH="${FP8_BATCH:-32}"
 STEPS="${STEPS:-30}"
 RUNS="${RUNS:-/tmp/cosmos3-gym-gpu-runs}"  # eval folders, outside $OUT (its file count is capped)
 mkdir -p "$OUT"
-stages="${*:-install checks libero eval droid summary}"
+stages="${*:-install checks libero eval droid fp8 summary}"
 has() { [[ " $stages " == *" $1 "* ]]; }
 log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/log.txt"; }
 CLI=("$PYTHON" -m cosmos3_gym.eval.cli)
 
 if has install && [[ -z "${SKIP_INSTALL:-}" ]]; then
   log install
-  timeout 20 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+  timeout 15 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
     .whl/*.whl >> "$OUT/log.txt" 2>&1 || exit 1
   export PYTHONPATH=/tmp/site
-  timeout 20 "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation -e . \
+  timeout 15 "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation -e . \
     >> "$OUT/log.txt" 2>&1 || exit 1
 fi
 [[ -d /tmp/site ]] && export PYTHONPATH=/tmp/site
@@ -65,25 +74,26 @@ fi
 if has checks; then
   log checks
   # test_gpu.py is marked gpu; the kernel and graph tests run compiled wherever CUDA is.
-  timeout 100 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_gpu.py \
-    tests/test_model_kernels.py tests/test_model_cuda_graphs.py 2>&1 | tail -40 \
+  timeout 80 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_gpu.py \
+    tests/test_model_kernels.py tests/test_model_cuda_graphs.py tests/test_model_fp8.py 2>&1 \
+    | tail -40 \
     > "$OUT/pytest_gpu.log"
 fi
 if has libero; then
   log "libero bench ($PRESET, B=$LIBERO_BATCHES, flips at 1 and $COMPARE_BATCH)"
-  timeout 150 "${CLI[@]}" bench --synthetic "$PRESET" --device "$DEVICE" --cases libero_256x512 \
+  timeout 95 "${CLI[@]}" bench --synthetic "$PRESET" --device "$DEVICE" --cases libero_256x512 \
     --batch-sizes "$LIBERO_BATCHES" --steps "10,$STEPS" --compare-batch "$COMPARE_BATCH" \
     --warmup 1 --repeats 3 --no-reference --out "$OUT/bench_gpu_${PRESET}_libero.json" \
     >> "$OUT/log.txt" 2>&1
 fi
 if has eval; then
   # One process per batch size, as users run it; the JSON gathers each run's results as they
-  # finish. Episodes: 2 per env slot (40 steps each: 3 chunks of 16), at least 8.
+  # finish. Episodes: one per env slot (40 steps each: 3 chunks of 16), at least 8.
   for b in $EVAL_BATCHES; do
-    trials=$(( (2 * b + 3) / 4 )); (( trials < 2 )) && trials=2
+    trials=$(( (b + 3) / 4 )); (( trials < 2 )) && trials=2
     log "eval --synthetic $PRESET --num-envs $b --trials $trials"
     rm -rf "$RUNS/eval_b$b"
-    timeout $(( 40 + 2 * b )) "${CLI[@]}" eval --synthetic "$PRESET" --device "$DEVICE" \
+    timeout $(( 36 + b )) "${CLI[@]}" eval --synthetic "$PRESET" --device "$DEVICE" \
       --num-envs "$b" --trials "$trials" --num-inference-steps "$STEPS" --no-progress \
       --out "$RUNS/eval_b$b" >> "$OUT/log.txt" 2>&1
     "$PYTHON" - "$RUNS" "$OUT/eval_loop_$PRESET.json" "$PRESET" <<'PYEOF' >> "$OUT/log.txt" 2>&1
@@ -104,10 +114,33 @@ PYEOF
   done
 fi
 if has droid; then
-  log "droid bench ($PRESET, B=1)"
-  timeout 50 "${CLI[@]}" bench --synthetic "$PRESET" --device "$DEVICE" --cases droid_480x832 \
-    --batch-sizes 1 --steps "$STEPS" --no-flips --no-reference --warmup 1 --repeats 3 \
-    --out "$OUT/bench_gpu_${PRESET}_droid.json" >> "$OUT/log.txt" 2>&1
+  log "droid bench ($PRESET, B=1, fp8 beside bf16)"
+  timeout 60 "${CLI[@]}" bench --synthetic "$PRESET" --device "$DEVICE" --cases droid_480x832 \
+    --batch-sizes 1 --steps "$STEPS" --compare-batch 1 --flips fp8 --no-reference --warmup 1 \
+    --repeats 3 --out "$OUT/bench_gpu_${PRESET}_droid.json" >> "$OUT/log.txt" 2>&1
+fi
+if has fp8; then
+  # One file under OUT: the bench JSON with the gates' result merged in as "fp8_gates".
+  log "fp8 bench ($PRESET, LIBERO B=$FP8_BATCH, fp8 beside bf16)"
+  fp8_json="$OUT/bench_gpu_${PRESET}_fp8.json"
+  timeout 90 "${CLI[@]}" bench --synthetic "$PRESET" --device "$DEVICE" \
+    --cases libero_256x512 --batch-sizes "$FP8_BATCH" --steps "$STEPS" \
+    --compare-batch "$FP8_BATCH" --flips fp8 --no-reference --warmup 1 --repeats 2 \
+    --out "$fp8_json" >> "$OUT/log.txt" 2>&1
+  log "fp8 accuracy gates ($PRESET)"
+  mkdir -p "$RUNS" && rm -f "$RUNS/fp8_gates.json"
+  timeout 40 "$PYTHON" -m cosmos3_gym.bench.fp8_gate --preset "$PRESET" --device "$DEVICE" \
+    --batch 2 --steps "$STEPS" --fp8-bf16-steps 3 --out "$RUNS/fp8_gates.json" \
+    >> "$OUT/log.txt" 2>&1
+  "$PYTHON" - "$fp8_json" "$RUNS/fp8_gates.json" <<'PYEOF' >> "$OUT/log.txt" 2>&1
+import json, sys
+from pathlib import Path
+
+bench_path, gates_path = Path(sys.argv[1]), Path(sys.argv[2])
+bench = json.loads(bench_path.read_text()) if bench_path.exists() else {"rows": []}
+bench["fp8_gates"] = json.loads(gates_path.read_text()) if gates_path.exists() else None
+bench_path.write_text(json.dumps(bench, indent=2))
+PYEOF
 fi
 if has summary; then
   "$PYTHON" scripts/gpu_summary.py "$OUT" "$PRESET" | tee "$OUT/summary.txt"

@@ -17,6 +17,9 @@ from typing import Any
 B1_CALL_S = 0.26
 B1_GPU_BUSY = 0.90
 LOOP_OVERHEAD = 0.05
+# The FP8 issue's bars: DROID B=1 30 steps, and LIBERO B=32 FP8 against bf16 in the same run.
+FP8_DROID_S = 1.20
+FP8_LIBERO_SPEEDUP = 1.35
 
 
 def _load(path: Path) -> dict[str, Any] | None:
@@ -85,6 +88,50 @@ def _eval_lines(loop: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _fp8_flip(bench: dict[str, Any] | None, case: str,
+              b: str) -> tuple[float, float, int] | None:
+    """(fp8 call s, bf16 call s, steps) of the paired fp8 flip at batch ``b``, if measured."""
+    entry = (((bench or {}).get("flips") or {}).get(case) or {}).get(b, {}).get("fp8")
+    if not entry or entry.get("ratio") is None:
+        return None
+    on, off = ("flipped", "configured") if entry["flipped_to"] else ("configured", "flipped")
+    return entry[f"{on}_call_s"], entry[f"{off}_call_s"], entry["steps"]
+
+
+def _fp8_lines(droid: dict[str, Any] | None, fp8: dict[str, Any] | None) -> list[str]:
+    lines = ["FP8 (generation tower GEMMs in e4m3, first/last 3 steps bf16):"]
+    pair = _fp8_flip(droid, "droid_480x832", "1")
+    if pair is None:
+        lines.append("  DROID B=1: no FP8 result")
+    else:
+        lines.append(f"  DROID B=1 {pair[2]} steps: fp8 {pair[0]:.3f} s vs bf16 {pair[1]:.3f} s"
+                     f"{_mark(pair[0] <= FP8_DROID_S)} (bar <= {FP8_DROID_S} s; sglang 1.457 s)")
+    batch = str(max((r["batch_size"] for r in (fp8 or {}).get("rows", [])), default=32))
+    pair = _fp8_flip(fp8, "libero_256x512", batch)
+    if pair is None:
+        lines.append(f"  LIBERO B={batch}: no FP8 result")
+    else:
+        speedup = pair[1] / pair[0]
+        lines.append(f"  LIBERO B={batch} {pair[2]} steps: fp8 {pair[0]:.3f} s vs bf16 "
+                     f"{pair[1]:.3f} s, {speedup:.2f}x{_mark(speedup >= FP8_LIBERO_SPEEDUP)} "
+                     f"(bar >= {FP8_LIBERO_SPEEDUP}x)")
+    gates = (fp8 or {}).get("fp8_gates")
+    if not gates:
+        lines.append("  accuracy gates: no result")
+        return lines
+    sqnr = gates["sqnr"]["min_db"]
+    lines.append("  per-layer SQNR, worst layer (dB): "
+                 + ", ".join(f"{g} {v:.1f}" for g, v in sqnr.items()))
+    a = gates.get("actions")
+    if a is None:
+        lines.append("  actions vs fp32: no result (cut short)")
+        return lines
+    lines.append(f"  actions vs fp32, mean |diff|: bf16 {a['vs_fp32']['bf16']['mean']:.4g}, "
+                 f"fp8 {a['vs_fp32']['fp8']['mean']:.4g} ({a['mean_ratio']:.2f}x bf16's)"
+                 f"{_mark(a['passed'])} (bar <= {a['limit']:.0f}x)")
+    return lines
+
+
 def summary(out: Path, preset: str = "nano") -> str:
     lines = ["cosmos3-gym device session: summary"]
     gpu = out / "gpu.txt"
@@ -97,7 +144,9 @@ def summary(out: Path, preset: str = "nano") -> str:
     lines += _bench_lines(f"LIBERO bench ({preset})",
                           _load(out / f"bench_gpu_{preset}_libero.json"))
     lines += _eval_lines(_load(out / f"eval_loop_{preset}.json"))
-    lines += _bench_lines(f"DROID bench ({preset})", _load(out / f"bench_gpu_{preset}_droid.json"))
+    droid = _load(out / f"bench_gpu_{preset}_droid.json")
+    lines += _bench_lines(f"DROID bench ({preset})", droid)
+    lines += _fp8_lines(droid, _load(out / f"bench_gpu_{preset}_fp8.json"))
     return "\n".join(lines)
 
 

@@ -124,9 +124,13 @@ def test_synthetic_bench_measures_a_preset_without_a_checkpoint(tmp_path, capsys
     assert reference["diffusers_step_s"] > 0 and reference["speedup"]["1"] > 0
     flips = result["flips"]["libero_256x512"]
     assert set(flips) == {"1", "2"}
-    # the CUDA-only flips are skipped on a CPU
-    assert set(flips["1"]) == {"text_cache", "kv_buffers", "frame_encoder", "prompt_cache"}
-    assert "one step, diffusers" in capsys.readouterr().out
+    # the CUDA-only flips are skipped on a CPU; FP8 runs emulated
+    assert set(flips["1"]) == {"text_cache", "kv_buffers", "frame_encoder", "prompt_cache", "fp8"}
+    fp8 = flips["2"]["fp8"]
+    assert fp8["flipped_to"] is True and fp8["steps"] == 1
+    assert fp8["flipped_call_s"] > 0 and fp8["configured_denoise_tflops"] > 0
+    printed = capsys.readouterr().out
+    assert "one step, diffusers" in printed and "B=2: 1 steps, fp8 " in printed
 
 
 SMALL_SYNTHETIC = dict(

@@ -170,3 +170,25 @@ def test_another_precision_is_another_evaluation(tmp_path, capsys) -> None:
     capsys.readouterr()
     assert main(base) == 0
     assert "is complete" in capsys.readouterr().out
+
+
+def test_fp8_precision_runs_emulated_on_the_cpu_and_is_another_evaluation(tmp_path,
+                                                                         capsys) -> None:
+    """--precision fp8: the generation tower's GEMMs in FP8 (torch emulates them on the CPU),
+    recorded in the folder's identity and runtime; a bf16 rerun into it is refused, and a folder
+    written before the key existed resumes as bf16."""
+    out = tmp_path / "run"
+    base = ["eval", "--trials", "1", "--tasks", "red", "--num-envs", "1", "--no-progress",
+            "--num-inference-steps", "2", "--out", str(out)]
+    assert main([*base, "--precision", "fp8"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["identity"]["precision"] == "fp8"
+    throughput = json.loads((out / "throughput.json").read_text())
+    assert throughput["options"]["fp8"] is True and throughput["disabled_options"] == {}
+    err = _error(capsys, [*base, "--trials", "2"])
+    assert "holds a different evaluation" in err and "'precision'" in err
+    del config["identity"]["precision"]
+    (out / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert main(base) == 0
+    assert "is complete" in capsys.readouterr().out

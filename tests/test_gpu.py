@@ -311,3 +311,73 @@ def test_synthetic_eval_on_gpu_runs_the_fast_path(tmp_path) -> None:
     assert t["devices"] == ["cuda:0"] and t["dtypes"] == ["bfloat16"] and t["gpus"]
     assert t["options"]["cuda_graphs"] and t["options"]["triton_kernels"]
     assert t["disabled_options"] == {} and t["pipeline_s"] > 0
+
+
+@pytest.mark.parametrize("hidden_act", ["silu", "relu2"])
+def test_fp8_kernels_compiled_track_eager_fp8_at_nano_widths(hidden_act) -> None:
+    """The FP8 GEN step (e4m3 tensor cores, quantising Triton kernels compiled) against the
+    eager FP8 ops on the same GPU, and both close to bf16 (SQNR)."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 GEMMs need compute capability >= 8.9")
+    from cosmos3_gym.model.fp8 import sqnr_db
+    from cosmos3_gym.model.kernels import TorchGenOps, TritonGenOps
+    from cosmos3_gym.model.presets import random_transformer
+
+    model = random_transformer(_nano_layers(hidden_act=hidden_act), device="cuda",
+                               dtype=torch.bfloat16, seed=3).fuse_gen_projections()
+    model.quantize_gen_fp8()
+    inp = _gen_step_inputs(model, [121, 97])
+    with torch.no_grad():
+        plain = _forward(model, inp)
+        eager = _forward(model, inp, TorchGenOps(fp8=True))
+        fused = _forward(model, inp, TritonGenOps(fp8=True))
+    for p, e, f in zip(plain, eager, fused, strict=True):
+        assert torch.isfinite(f.float()).all()
+        assert sqnr_db(e.float(), f.float()) > 30, hidden_act  # one e4m3 step apart at most
+        assert sqnr_db(p.float(), f.float()) > 15, hidden_act
+
+
+def test_fp8_graph_replay_is_bit_identical_to_eager_fp8() -> None:
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 GEMMs need compute capability >= 8.9")
+    from cosmos3_gym.model.cuda_graphs import GenGraphs
+    from cosmos3_gym.model.kernels import TritonGenOps
+    from cosmos3_gym.model.presets import random_transformer
+
+    model = random_transformer(_nano_layers(), device="cuda", dtype=torch.bfloat16, seed=4)
+    model.fuse_gen_projections().quantize_gen_fp8()
+    ops = TritonGenOps(fp8=True)
+    graphs = GenGraphs(model, ops=ops)
+    inp = _gen_step_inputs(model, [110, 121])
+    with torch.no_grad():
+        expected = _forward(model, inp, ops)
+        text = model.encode_text(inp["ids"], inp["mask"])
+        layout = model.gen_layout(text, latent_shape=inp["latent"],
+                                  num_actions=inp["num_actions"], fps=20.0)
+        step = graphs.bind(text, layout, inp["vision"], inp["vision_noisy"], inp["actions"],
+                           inp["action_noisy"], inp["domains"])
+        assert step is not None
+        actual = step(inp["vision"], inp["actions"], inp["timesteps"])
+    for e, a in zip(expected, actual, strict=True):
+        assert torch.equal(e, a)
+
+
+def test_fp8_pipeline_on_gpu_runs_both_kinds_of_step_as_graphs(tmp_path) -> None:
+    """--precision fp8 on the CUDA default: bf16 and FP8 steps each replay their own graph,
+    nothing is switched off, and padded prompts give finite actions near bf16's."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 GEMMs need compute capability >= 8.9")
+    from cosmos3_gym.pipeline import InferenceOptions
+
+    path = write_tiny_checkpoint(tmp_path / "tiny")
+    images, prompts = _tiny_inputs()
+    kwargs = dict(seed=[1, 2, 3], num_inference_steps=8, progress=False)
+    fp8 = Cosmos3ActionPipeline.from_pretrained(
+        path, device="cuda", options=InferenceOptions(fp8=True, fp8_min_tokens=0))
+    bf16 = Cosmos3ActionPipeline.from_pretrained(path, device="cuda")
+    got = fp8(images, prompts, **kwargs).actions
+    assert fp8.disabled_options == {}
+    assert fp8.denoise.graphs.captures == 1 and fp8.denoise.fp8_graphs.captures == 1
+    reference = bf16(images, prompts, **kwargs).actions
+    assert np.isfinite(got).all() and not np.array_equal(got, reference)
+    assert np.abs(got - reference).max() < 0.1 * np.abs(reference).max()

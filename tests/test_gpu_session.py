@@ -34,3 +34,26 @@ def test_the_eval_stage_and_the_summary_run_at_cpu_size(tmp_path) -> None:
     assert "episodes/h" in summary and "LIBERO bench (tiny): no result" in summary
     assert sorted(p.name for p in out.iterdir()) == [
         "eval_loop_tiny.json", "log.txt", "summary.txt"]  # the eval folders stay outside OUT
+
+
+@pytest.mark.slow
+def test_the_fp8_stage_runs_at_cpu_size(tmp_path) -> None:
+    """FP8 beside bf16 in one bench run, the accuracy gates merged into the same file (OUT's
+    file count is capped), and the summary's FP8 lines."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PRESET": "tiny", "DEVICE": "cpu", "SKIP_INSTALL": "1", "STEPS": "1",
+           "FP8_BATCH": "2", "OUT": str(out), "RUNS": str(tmp_path / "runs"),
+           "PYTHON": sys.executable}
+    done = subprocess.run(["bash", "scripts/gpu_session.sh", "fp8", "summary"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "bench_gpu_tiny_fp8.json", "log.txt", "summary.txt"]
+    bench = json.loads((out / "bench_gpu_tiny_fp8.json").read_text())
+    assert [(r["batch_size"], r["steps"]) for r in bench["rows"]] == [(2, 1)]
+    flip = bench["flips"]["libero_256x512"]["2"]["fp8"]
+    assert flip["flipped_to"] is True and flip["flipped_call_s"] > 0
+    assert flip["flipped_denoise_tflops"] > 0 and flip["configured_denoise_tflops"] > 0
+    assert bench["fp8_gates"]["sqnr"]["min_db"].keys() == {"qkv", "out", "gate_up", "down"}
+    summary = (out / "summary.txt").read_text()
+    assert "LIBERO B=2 1 steps: fp8" in summary and "per-layer SQNR" in summary

@@ -27,6 +27,7 @@ from diffusers.models.embeddings import TimestepEmbedding, Timesteps
 from torch import nn
 
 from cosmos3_gym.model.config import Cosmos3Config
+from cosmos3_gym.model.fp8 import Fp8Weight, quantize_weight
 from cosmos3_gym.model.kernels import TORCH_OPS, GenOps
 from cosmos3_gym.model.rope import apply_rope, gen_position_ids, rope_tables, text_position_ids
 
@@ -95,10 +96,18 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
         self.gate_up: torch.Tensor | None = None  # set by fuse(): [gate ; up] rows
+        # Set by quantize_fp8(): [gate ; up] (or up) and down in e4m3, per-row scales.
+        self.fp8_in: Fp8Weight | None = None
+        self.fp8_down: Fp8Weight | None = None
 
     def fuse(self) -> None:
         if self.hidden_act == "silu":
             self.gate_up = fuse_linears([self.gate_proj, self.up_proj])[0]
+
+    def quantize_fp8(self) -> None:
+        inputs = [self.up_proj] if self.hidden_act == "relu2" else [self.gate_proj, self.up_proj]
+        self.fp8_in = quantize_weight(torch.cat([lin.weight for lin in inputs]))
+        self.fp8_down = quantize_weight(self.down_proj.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.hidden_act == "relu2":
@@ -164,6 +173,9 @@ class MoTAttention(nn.Module):
         self.norm_added_k = RMSNorm(d, eps, nemotron)
         self.gen_qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by fuse()
         self.gen_qk_gain: torch.Tensor | None = None  # set by fuse(): [Hq+Hkv, 1, D]
+        # Set by quantize_fp8(): the fused GEN Q/K/V and the output projection in e4m3.
+        self.fp8_qkv: Fp8Weight | None = None
+        self.fp8_out: Fp8Weight | None = None
         # GEN attention with grouped query heads folded into the query length (see
         # ``gen_attention``); False passes the K/V heads to SDPA with ``enable_gqa``.
         self.fold_query_groups = True
@@ -181,8 +193,17 @@ class MoTAttention(nn.Module):
         k_gain = self.norm_added_k.weight.detach().expand(self.num_kv_heads, -1)
         self.gen_qk_gain = torch.cat([q_gain, k_gain])[:, None, :]
 
+    def quantize_fp8(self) -> None:
+        """FP8 copies of the GEN Q/K/V (one matrix, each row its own scale) and output weights;
+        the bf16 ones stay for the steps that run in bf16."""
+        lins = (self.add_q_proj, self.add_k_proj, self.add_v_proj)
+        bias = None if lins[0].bias is None else torch.cat([lin.bias for lin in lins])
+        self.fp8_qkv = quantize_weight(torch.cat([lin.weight for lin in lins]), bias)
+        self.fp8_out = quantize_weight(self.to_add_out.weight, self.to_add_out.bias)
+
     def gen_qkv_rotated(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        qkv: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """GEN ``q`` ``[B, Hq, N, D]`` and ``k`` ``[B, Hkv, N, D]`` projected, QK-normed and
         rotated, and ``v`` ``[B, Hkv, N, D]``.
@@ -190,14 +211,16 @@ class MoTAttention(nn.Module):
         After :meth:`fuse`, one matmul gives q/k/v and the q and k heads, adjacent in its
         output, go through one RMSNorm (with the per-head gain table) and one RoPE: the same
         arithmetic per element as the separate norms (bit for bit on CPU fp32, tested).
+        ``qkv`` ``[B, N, (Hq + 2 Hkv) D]``: the fused projection's output, made elsewhere (FP8).
         """
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        if self.gen_qkv is None:  # fuse() sets it together with gen_qk_gain
+        if qkv is None and self.gen_qkv is None:  # fuse() sets it together with gen_qk_gain
             q, k, v = self.add_q_proj(h), self.add_k_proj(h), self.add_v_proj(h)
             q = apply_rope(self.norm_added_q(self._heads(q, hq)), cos, sin)
             k = apply_rope(self.norm_added_k(self._heads(k, hkv)), cos, sin)
             return q, k, self._heads(v, hkv)
-        qkv = F.linear(h, *self.gen_qkv)  # [B, N, (Hq + 2 Hkv) D]
+        if qkv is None:
+            qkv = F.linear(h, *self.gen_qkv)  # [B, N, (Hq + 2 Hkv) D]
         qk = self._heads(qkv[..., : (hq + hkv) * d], hq + hkv)
         qk = apply_rope(self.norm_added_q(qk, gain=self.gen_qk_gain), cos, sin)  # contiguous
         return qk[:, :hq], qk[:, hq:], self._heads(qkv[..., (hq + hkv) * d :], hkv)
@@ -290,6 +313,7 @@ class DecoderLayer(nn.Module):
         kv_buffers: tuple[torch.Tensor, torch.Tensor] | None,
         next_norm: RMSNorm,
         ops: GenOps,
+        last: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """GEN step over the residual stream ``x`` ``[B, N, C]`` attending to ``[text ; gen]``.
 
@@ -298,12 +322,14 @@ class DecoderLayer(nn.Module):
         norm, or the final norm), so each residual add and the norm after it are one step of
         ``ops``. ``kv_buffers`` (``[B, Hkv, L+N, D]`` each, text part already filled) receive
         this step's GEN keys/values in place, instead of a fresh ``torch.cat`` per layer.
+        ``last``: ``next_norm`` is the final norm, whose output feeds the (bf16) output heads,
+        not a GEN layer's GEMMs (FP8 ops quantise the others' outputs).
         """
         attn = self.self_attn
         q, k, v = ops.qkv(attn, h, cos, sin, text_kv, kv_buffers)
-        attended = attn.to_add_out(attn.gen_attention(q, k, v, key_mask))
-        x, h = ops.add_norm(x, attended, self.post_attention_layernorm_moe_gen)
-        return ops.add_norm(x, ops.mlp(self.mlp_moe_gen, h), next_norm)
+        attended = ops.out(attn, attn.gen_attention(q, k, v, key_mask))
+        x, h = ops.add_norm(x, attended, self.post_attention_layernorm_moe_gen, feeds_gemm=True)
+        return ops.add_norm(x, ops.mlp(self.mlp_moe_gen, h), next_norm, feeds_gemm=not last)
 
 
 @dataclass
@@ -406,6 +432,21 @@ class Cosmos3Transformer(nn.Module):
             layer.self_attn.fuse()
             layer.mlp_moe_gen.fuse()
         return self
+
+    def quantize_gen_fp8(self) -> Cosmos3Transformer:
+        """FP8 copies of each GEN layer's four GEMM groups (Q/K/V, attention output, gate/up,
+        down), one e4m3 scale per output row (:mod:`cosmos3_gym.model.fp8`), for ops built
+        with ``fp8=True``. The bf16 weights stay: bf16 steps and the state dict use them.
+        Re-run after changing the weights."""
+        for layer in self.layers:
+            layer.self_attn.quantize_fp8()
+            layer.mlp_moe_gen.quantize_fp8()
+        return self
+
+    @property
+    def fp8_ready(self) -> bool:
+        """Whether :meth:`quantize_gen_fp8` has run."""
+        return all(layer.self_attn.fp8_qkv is not None for layer in self.layers)
 
     def compile_gen_layers(self, **compile_kwargs) -> Cosmos3Transformer:
         """``torch.compile`` each layer's GEN step (regional compilation: the part that runs
@@ -587,12 +628,14 @@ class Cosmos3Transformer(nn.Module):
         buffers = layout.kv_buffers or [None] * len(self.layers)
         next_norms = [layer.input_layernorm_moe_gen for layer in self.layers[1:]]
         h = self.layers[0].input_layernorm_moe_gen(x)
-        for layer, text_kv, kv, next_norm in zip(
+        last = len(self.layers) - 1
+        for i, (layer, text_kv, kv, next_norm) in enumerate(zip(
             self.layers, zip(text.keys, text.values, strict=True), buffers,
             [*next_norms, self.norm_moe_gen], strict=True,
-        ):
+        )):
             x, h = layer.forward_gen(
-                x, h, text_kv, layout.key_mask, layout.cos, layout.sin, kv, next_norm, ops
+                x, h, text_kv, layout.key_mask, layout.cos, layout.sin, kv, next_norm, ops,
+                last=i == last,
             )
         x = h  # norm_moe_gen of the last layer's output
 

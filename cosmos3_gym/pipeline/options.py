@@ -17,6 +17,7 @@ TRANSFORMER_OPTIONS = ("fuse_projections", "fold_query_groups", "compile_gen")
 REQUIRES: dict[str, tuple[str, ...]] = {
     "triton_kernels": ("fuse_projections", "kv_buffers"),
     "cuda_graphs": ("text_cache",),
+    "fp8": ("fuse_projections",),
 }
 
 
@@ -68,6 +69,22 @@ class InferenceOptions:
     # prompts leave beyond prompt_cache_mb (a Cosmos3-Nano prompt of ~120 tokens holds ~18 MB).
     prompt_cache: bool = True
     prompt_cache_mb: int = 1024
+    # The GEN tower's four GEMM groups (Q/K/V, attention output, gate/up, down) in FP8 e4m3:
+    # per-output-channel weights quantised once, per-token activation scales made by the kernel
+    # that produces each GEMM's input (cosmos3_gym.model.fp8). NOT the same actions: the
+    # accuracy it costs is measured by scripts/fp8_gate.py (docs/benchmarks.md). Needs
+    # compute capability >= 8.9 on CUDA (switched off with one warning below that); on the CPU
+    # torch emulates the FP8 products (the tests and the closed-loop gate run that way). Off by
+    # default until a real checkpoint's closed-loop result says otherwise.
+    fp8: bool = False
+    # With fp8: the first and the last this many denoising steps stay in the model's dtype
+    # (as NVIDIA's FP8 Cosmos3 checkpoints run them); the steps between run in FP8.
+    fp8_bf16_steps: int = 3
+    # With fp8: a micro-batch of fewer GEN tokens than this (B x N; 2B x N with CFG) runs every
+    # step in the model's dtype. At LIBERO B=1 (266 tokens) the H200 measured row-scaled FP8
+    # GEMMs at 0.75-1.11x bf16, at DROID B=1 (1982) and LIBERO B=8 (2128) at 1.4-2.0x
+    # (docs/benchmarks.md, FP8 GEMM probe). 0: FP8 at every size.
+    fp8_min_tokens: int = 1024
 
     def __post_init__(self) -> None:
         if self.triton_kernels and not (self.fuse_projections and self.kv_buffers):
@@ -78,6 +95,13 @@ class InferenceOptions:
         if self.cuda_graphs and not self.text_cache:
             raise ValueError("cuda_graphs needs text_cache=True (a graph holds one request's "
                              "text K/V); found text_cache=False")
+        if self.fp8 and not self.fuse_projections:
+            raise ValueError("fp8 needs fuse_projections=True (the fused Q/K/V norm and RoPE); "
+                             "found fuse_projections=False")
+        for name in ("fp8_bf16_steps", "fp8_min_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0; found {value!r}")
         for name in ("max_cuda_graphs", "prompt_cache_mb"):
             limit = getattr(self, name)
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -123,3 +147,18 @@ class InferenceOptions:
             also = {user: False for user, needs in REQUIRES.items() if name in needs}
         also = {k: v for k, v in also.items() if getattr(self, k) != v}
         return replace(self, **{name: value}, **also), tuple(also)
+
+    def fp8_steps(self, num_steps: int, gen_tokens: int) -> range:
+        """The denoising step indices that run in FP8 for a micro-batch of ``gen_tokens`` GEN
+        tokens (none without ``fp8``, or below ``fp8_min_tokens``).
+
+        >>> from cosmos3_gym.pipeline import InferenceOptions
+        >>> InferenceOptions(fp8=True).fp8_steps(30, gen_tokens=1982)  # DROID B=1
+        range(3, 27)
+        >>> len(InferenceOptions(fp8=True).fp8_steps(30, gen_tokens=266))  # LIBERO B=1
+        0
+        """
+        if not self.fp8 or gen_tokens < self.fp8_min_tokens:
+            return range(0)
+        first = self.fp8_bf16_steps
+        return range(first, max(first, num_steps - first))

@@ -18,7 +18,8 @@ import torch
 from cosmos3_gym.checkpoint import PolicyConfig
 from cosmos3_gym.model import Cosmos3Transformer, GenLayout, TextKVCache
 from cosmos3_gym.model.cuda_graphs import GenGraphs
-from cosmos3_gym.model.kernels import TORCH_OPS, TritonGenOps
+from cosmos3_gym.model.fp8 import check_fp8_device
+from cosmos3_gym.model.kernels import TORCH_OPS, TorchGenOps, TritonGenOps
 from cosmos3_gym.model.wan_frame_encoder import WanFrameEncoder
 from cosmos3_gym.pipeline.normalization import denormalize_actions
 from cosmos3_gym.pipeline.options import InferenceOptions
@@ -32,9 +33,9 @@ from cosmos3_gym.seeding import check_noise
 
 logger = logging.getLogger(__name__)
 
-# Options that need more than torch (Triton's compiler, CUDA graph capture) and so may fail on a
-# user's device; DenoiseStage switches one off when it raises there.
-FALLIBLE_OPTIONS = ("cuda_graphs", "triton_kernels")
+# Options that need more than torch (Triton's compiler, CUDA graph capture, FP8 tensor cores) and
+# so may fail on a user's device; DenoiseStage switches one off when it raises there.
+FALLIBLE_OPTIONS = ("cuda_graphs", "triton_kernels", "fp8")
 
 
 @dataclass
@@ -270,6 +271,20 @@ class DenoiseStage(Stage):
             return
         if options.cuda_graphs:
             self.graphs = GenGraphs(self.model, max_graphs=options.max_cuda_graphs, ops=self.ops)
+        self.fp8_ops, self.fp8_graphs = None, None
+        if options.fp8:
+            try:
+                check_fp8_device(self.model.device, self.model.dtype)
+                if not self.model.fp8_ready:
+                    self.model.quantize_gen_fp8()
+                self.fp8_ops = TritonGenOps(fp8=True) if options.triton_kernels else TorchGenOps(
+                    fp8=True)
+            except Exception as error:  # noqa: BLE001 - no FP8 here: the model's dtype instead
+                self.switch_off("fp8", error)
+                return
+            if options.cuda_graphs:  # FP8 steps replay graphs of their own
+                self.fp8_graphs = GenGraphs(self.model, max_graphs=options.max_cuda_graphs,
+                                            ops=self.fp8_ops)
 
     def switch_off(self, name: str, error: BaseException) -> None:
         """Turn fallible option ``name`` off after it failed here: one warning, the error kept
@@ -294,6 +309,8 @@ class DenoiseStage(Stage):
                 raise  # the pipeline splits the batch; no option is to blame
             except Exception as error:
                 blamed = "cuda_graphs" if self._replaying else "triton_kernels"
+                if not self._replaying and not self.options.triton_kernels:
+                    blamed = "fp8"
                 if not getattr(self.options, blamed):
                     raise
                 self.switch_off(blamed, error)
@@ -330,14 +347,25 @@ class DenoiseStage(Stage):
                 fps=p.fps, action_fps=p.action_fps, preallocate_kv=preallocate_kv,
             )
 
-        graphed = None
+        # With fp8, the steps in fp8_steps run the FP8 ops (and their own graphs).
+        fp8_steps = ()
+        if self.fp8_ops is not None:
+            patch = model.config.latent_patch_size
+            tokens = t * -(-vision.shape[3] // patch) * -(-vision.shape[4] // patch)
+            gen_tokens = vision_noisy.shape[0] * (tokens + p.action_horizon)
+            fp8_steps = self.options.fp8_steps(params.num_inference_steps, gen_tokens)
+        graphed = fp8_graphed = None
         if self.graphs is not None:  # the graph owns its K/V buffers
             layout = layout_for(preallocate_kv=False)
             model_vision, model_actions = model_inputs(vision, actions)
             graphed = self.graphs.bind(text, layout, model_vision, vision_noisy, model_actions,
                                        action_noisy, domain_ids)
-            self._replaying = graphed is not None
-        if graphed is None:  # eager steps (also where a shape could not be captured)
+            if self.fp8_graphs is not None and fp8_steps:
+                fp8_graphed = self.fp8_graphs.bind(text, layout, model_vision, vision_noisy,
+                                                   model_actions, action_noisy, domain_ids)
+            self._replaying = graphed is not None or fp8_graphed is not None
+        if graphed is None or (fp8_steps and fp8_graphed is None):
+            # eager steps (also where a shape could not be captured)
             layout = layout_for(preallocate_kv=self.preallocate_kv)
         scheduler = FlowUniPCScheduler(params.num_inference_steps, params.flow_shift)
         timesteps = scheduler.timesteps.to(device=device, dtype=torch.float32)
@@ -348,12 +376,14 @@ class DenoiseStage(Stage):
             if not self.text_cache:
                 text = model.encode_text(*batch.text_inputs)
             model_vision, model_actions = model_inputs(vision, actions)
-            if graphed is not None:
-                v_vision, v_action = graphed(model_vision, model_actions, step_t)
+            fp8 = i in fp8_steps
+            step_graph = fp8_graphed if fp8 else graphed
+            if step_graph is not None:
+                v_vision, v_action = step_graph(model_vision, model_actions, step_t)
             else:
                 v_vision, v_action = model.forward_gen(
                     text, layout, model_vision, vision_noisy, model_actions, action_noisy,
-                    domain_ids, step_t, ops=self.ops,
+                    domain_ids, step_t, ops=self.fp8_ops if fp8 else self.ops,
                 )
             v_vision, v_action = v_vision.float(), v_action.float()
             if cfg:
