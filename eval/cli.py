@@ -82,7 +82,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="env family (default: the built-in color_reach)")
     p.add_argument("--suite", default=None, help="LIBERO suite, e.g. libero_10 (--env libero)")
     p.add_argument("--tasks", type=_csv, default=None,
-                   help="comma-separated tasks: colours for color_reach, task ids for LIBERO "
+                   help="comma-separated tasks: colours for color_reach, task ids for LIBERO, "
+                        "task names for metaworld (reach-v3,push-v3) "
                         "(default: all)")
     p.add_argument("--num-envs", type=_positive_int, default=4,
                    help="parallel env slots (default: 4)")
