@@ -117,6 +117,8 @@ def _benchmark(task: str, layout_seed: int) -> Any:
 
 # The envs whose renderer is open: closed at exit while EGL still works, since Meta-World's
 # (MuJoCo's) EGL context freed later, in `__del__`, prints an "Exception ignored" traceback.
+# Registered after the first render, that is after mujoco.egl's own exit handler (which
+# terminates the EGL display), so that it runs before it.
 _OPEN_SIMULATORS: weakref.WeakSet[MetaWorldEnv] = weakref.WeakSet()
 
 
@@ -229,7 +231,6 @@ class MetaWorldEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
             sim.model.cam_pos[sim.model.camera(self.camera).id] = position
         self._sim, self._sim_task = sim, self.task_name
         _OPEN_SIMULATORS.add(self)
-        _close_simulators_at_exit()
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -287,6 +288,7 @@ class MetaWorldEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
         # Meta-World's corner cameras come out rotated by 180 degrees: reversing H and W turns
         # them upright (the orientation test checks it against the hand moving up).
         self._frame = np.ascontiguousarray(self._sim.render()[::-1, ::-1])
+        _close_simulators_at_exit()  # after the first render: see _OPEN_SIMULATORS
         return {"image": self._frame.copy(),
                 "state": self.raw_observation[:_STATE_DIM].astype(np.float32)}
 
