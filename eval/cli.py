@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     ro.add_argument("--shard-steps", type=_positive_int, default=256, help="steps per .npz shard")
     ro.add_argument("--deterministic", action="store_true",
                     help="same noise for every chunk (default: fresh noise per chunk)")
+    ro.add_argument("--format", choices=("npz", "lerobot"), default="npz",
+                    help="npz shards (default), or lerobot: the shards and, in OUT/lerobot, "
+                         "their finished episodes as a LeRobot dataset (needs LeRobot)")
 
     # Listed for `cosmos3-gym -h`; `main` hands `train ...` to the trainer's own parser before
     # this one runs (argparse's REMAINDER would refuse a first argument like `--out`).
