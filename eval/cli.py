@@ -96,7 +96,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="LIBERO suite, e.g. libero_10, or several comma-separated, or libero_4 "
                         "(spatial, object, goal, 10: the published four); --env libero")
     p.add_argument("--tasks", type=_csv, default=None,
-                   help="comma-separated tasks: colours for color_reach, task ids for LIBERO "
+                   help="comma-separated tasks: colours for color_reach, task ids for LIBERO, "
+                        "task names for metaworld (reach-v3,push-v3) "
                         "(default: all)")
     p.add_argument("--num-envs", type=_positive_int, default=4,
                    help="parallel env slots (default: 4)")
@@ -164,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     ro.add_argument("--shard-steps", type=_positive_int, default=256, help="steps per .npz shard")
     ro.add_argument("--deterministic", action="store_true",
                     help="same noise for every chunk (default: fresh noise per chunk)")
+    ro.add_argument("--format", choices=("npz", "lerobot"), default="npz",
+                    help="npz shards (default), or lerobot: the shards and, in OUT/lerobot, "
+                         "their finished episodes as a LeRobot dataset (needs LeRobot)")
 
     # Listed for `cosmos3-gym -h`; `main` hands `train ...` to the trainer's own parser before
     # this one runs (argparse's REMAINDER would refuse a first argument like `--out`).

@@ -232,9 +232,15 @@ def run_rollout_command(args: Any) -> Path:
                           num_inference_steps=args.num_inference_steps)
     runtime = {"device": str(device), "dtype": str(dtype).removeprefix("torch."),
                "synthetic": args.synthetic, "options": asdict(pipeline.options)}
+    fps = float(envs.metadata.get("render_fps") or 20)
     try:
-        return collect_rollouts(policy, envs, args.steps, args.out, seed=args.seed,
-                                shard_steps=args.shard_steps, progress=not args.no_progress,
-                                meta=runtime)
+        out = collect_rollouts(policy, envs, args.steps, args.out, seed=args.seed,
+                               shard_steps=args.shard_steps, progress=not args.no_progress,
+                               meta=runtime)
     finally:
         envs.close()
+    if getattr(args, "format", "npz") == "lerobot":
+        from cosmos3_gym.integrations.lerobot_dataset import write_lerobot_dataset
+
+        write_lerobot_dataset(out, Path(out) / "lerobot", fps=fps)
+    return out

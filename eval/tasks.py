@@ -385,9 +385,79 @@ class LiberoEval(EvalEnv):
         )
 
 
+class MetaWorldEval(EvalEnv):
+    """Meta-World; a task is its name (``reach-v3``); trial ``t`` runs layout ``t % 50`` of the
+    task's 50 (``metaworld.MT1(task, seed=42)``, LeRobot's set), seen from the corner2 camera.
+    Default tasks: MT10's."""
+
+    suite = "metaworld"
+    adapter = "metaworld"
+    domain = "metaworld"
+
+    def __init__(self, tasks: list[str] | None = None, *, image_size: int = 224,
+                 max_episode_steps: int | None = None) -> None:
+        from cosmos3_gym.envs import METAWORLD_MT10, METAWORLD_TASKS
+
+        tasks = list(METAWORLD_MT10) if tasks is None else tasks
+        unknown = [t for t in tasks if t not in METAWORLD_TASKS]
+        if unknown:
+            raise ValueError(f"unknown Meta-World tasks {unknown}; expected some of "
+                             f"{list(METAWORLD_TASKS)}")
+        super().__init__(tasks)
+        self.image_size = image_size
+        self.max_episode_steps = max_episode_steps or 500
+
+    @classmethod
+    def from_cli(
+        cls, *, suite: str | None, tasks: list[str] | None, image_size: int | None,
+        max_episode_steps: int | None, step_budget: str | None = None,
+    ) -> MetaWorldEval:
+        if suite not in (None, "metaworld"):
+            raise ValueError(f"--suite {suite!r} does not apply to --env metaworld; name its "
+                             "tasks with --tasks (e.g. reach-v3,push-v3)")
+        if step_budget is not None:
+            raise ValueError(f"--step-budget {step_budget!r} applies to --env libero only; "
+                             "--env metaworld takes --max-episode-steps (at most 500)")
+        return cls(tasks, image_size=image_size or 224, max_episode_steps=max_episode_steps)
+
+    def episode_budget(self) -> dict[str, Any]:
+        return {"step_budget": None, "settle_steps": 0,
+                "max_episode_steps": {self.suite: self.max_episode_steps}}
+
+    def init_state_id(self, trial: int) -> int | None:
+        from cosmos3_gym.envs import METAWORLD_LAYOUTS_PER_TASK
+
+        return trial % METAWORLD_LAYOUTS_PER_TASK
+
+    def task_prompt(self, task_index: int) -> str:
+        from cosmos3_gym.envs import METAWORLD_TASK_DESCRIPTIONS
+
+        return METAWORLD_TASK_DESCRIPTIONS[self.tasks[task_index]]
+
+    def reset_options(self, episode: Episode) -> dict[str, Any]:
+        return {"task": episode.task, "layout_id": episode.init_state_id}
+
+    def single_action_space(self) -> Space:
+        from gymnasium.spaces import Box
+
+        return Box(-1.0, 1.0, (4,), np.float32)
+
+    def make(
+        self, num_envs: int, async_: bool, autoreset_mode: AutoresetMode = AutoresetMode.DISABLED
+    ) -> VectorEnv:
+        from cosmos3_gym.envs import make_metaworld_vector_env
+
+        return make_metaworld_vector_env(
+            self.tasks, num_envs, async_=async_, image_size=self.image_size,
+            max_episode_steps=self.max_episode_steps, autoreset_mode=autoreset_mode,
+        )
+
+
 # Every env the command line and the benchmark know, by --env name: a new env is one entry here
 # (an EvalEnv subclass with its adapter, reset options and vector-env factory).
-EVAL_ENVS: dict[str, type[EvalEnv]] = {"color_reach": ColorReachEval, "libero": LiberoEval}
+EVAL_ENVS: dict[str, type[EvalEnv]] = {
+    "color_reach": ColorReachEval, "libero": LiberoEval, "metaworld": MetaWorldEval,
+}
 ENV_NAMES = tuple(EVAL_ENVS)
 
 

@@ -283,13 +283,14 @@ def demo(venv: Environment, args: list[str]) -> int:
 
 
 def test(venv: Environment, args: list[str]) -> int:
-    set_up(venv, {"test", "libero"})
+    set_up(venv, {"test", "libero", "metaworld"})
     env = dict(os.environ)
     for name, value in LIBERO_ENV.items():
         env.setdefault(name, value)
     # The LIBERO extra was just installed: a LIBERO that cannot be imported is a failure, not a
     # reason to skip its tests (tests/conftest.py).
     env.setdefault("COSMOS3_GYM_REQUIRE_LIBERO", "1")
+    env.setdefault("COSMOS3_GYM_REQUIRE_METAWORLD", "1")
     say("==> ruff check .")
     code = venv.run("-m", "ruff", "check", ".", env=env)
     if code != 0:

@@ -35,6 +35,25 @@ def libero_required() -> bool:
     return os.environ.get(REQUIRE_LIBERO, "") not in ("", "0")
 
 
+REQUIRE_METAWORLD = "COSMOS3_GYM_REQUIRE_METAWORLD"
+
+
+@pytest.fixture(autouse=True)
+def _metaworld_or_skip(request: pytest.FixtureRequest) -> None:
+    """Tests marked ``metaworld``: skipped without the extra, failed where CI requires it."""
+    if request.node.get_closest_marker("metaworld") is None:
+        return
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+    try:
+        import metaworld  # noqa: F401
+    except ImportError as err:
+        if os.environ.get(REQUIRE_METAWORLD, "") not in ("", "0"):
+            pytest.fail(f"{REQUIRE_METAWORLD} is set but Meta-World cannot be imported: {err!r}",
+                        pytrace=False)
+        pytest.skip(f"needs the metaworld extra: {err!r}")
+
+
 @pytest.fixture(autouse=True)
 def _libero_or_skip(request: pytest.FixtureRequest) -> None:
     if request.node.get_closest_marker("libero") is None:

@@ -15,7 +15,7 @@ def test_the_cli_offers_exactly_the_registered_envs() -> None:
         assert parser.parse_args(["eval", "--out", "x", "--env", name]).env == name
     with pytest.raises(SystemExit):
         parser.parse_args(["eval", "--out", "x", "--env", "mujoco"])
-    assert tasks.ENV_NAMES == tuple(EVAL_ENVS) == ("color_reach", "libero")
+    assert tasks.ENV_NAMES == tuple(EVAL_ENVS) == ("color_reach", "libero", "metaworld")
 
 
 def test_a_new_env_is_one_table_entry(monkeypatch) -> None:
@@ -35,6 +35,24 @@ def test_unknown_envs_and_misplaced_suites_are_refused() -> None:
         make_eval_env("color_reach", suite="libero_10")
     with pytest.raises(ValueError, match="--env libero needs --suite"):
         make_eval_env("libero")
+
+
+def test_metaworld_tasks_are_names_and_trials_pick_layouts() -> None:
+    env = make_eval_env("metaworld", tasks=["reach-v3", "push-v3"], image_size=64)
+    assert env.adapter == "metaworld" and env.max_episode_steps == 500
+    episodes = env.episodes(trials=2, global_seed=0)
+    assert [(e.task, e.trial, e.init_state_id) for e in episodes] == [
+        ("reach-v3", 0, 0), ("reach-v3", 1, 1), ("push-v3", 0, 0), ("push-v3", 1, 1)]
+    assert env.reset_options(episodes[1]) == {"task": "reach-v3", "layout_id": 1}
+    assert env.task_prompt(1) == "push the puck to the goal"
+    assert env.single_action_space().shape == (4,)
+    assert make_eval_env("metaworld").tasks[:2] == ["reach-v3", "push-v3"]  # MT10's
+    with pytest.raises(ValueError, match="unknown Meta-World tasks"):
+        make_eval_env("metaworld", tasks=["reach"])
+    with pytest.raises(ValueError, match="does not apply to --env metaworld"):
+        make_eval_env("metaworld", suite="libero_10")
+    with pytest.raises(ValueError, match="applies to --env libero only"):
+        make_eval_env("metaworld", step_budget="openpi")
 
 
 def test_the_step_budget_option_is_libero_only_and_excludes_an_explicit_length() -> None:

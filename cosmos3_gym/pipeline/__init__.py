@@ -5,6 +5,10 @@ decode, assembled and timed by ``Cosmos3ActionPipeline``; ``InferenceOptions`` f
 computes when it is built.
 """
 
+# First, before diffusers or Triton load: Triton's library must keep its own LLVM.
+from cosmos3_gym import native_libs  # noqa: F401  (see cosmos3_gym/native_libs.py)
+
+# isort: split
 from cosmos3_gym.pipeline.options import InferenceOptions
 from cosmos3_gym.pipeline.output import ActionOutput
 from cosmos3_gym.pipeline.pipeline import Cosmos3ActionPipeline

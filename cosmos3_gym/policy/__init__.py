@@ -10,6 +10,7 @@ from cosmos3_gym.policy.adapters import (
     Adapter,
     GenericAdapter,
     LiberoAdapter,
+    MetaWorldAdapter,
     check_action_fit,
     get_adapter,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "ChunkRecord",
     "GenericAdapter",
     "LiberoAdapter",
+    "MetaWorldAdapter",
     "PolicyFeed",
     "SeedRule",
     "VectorPolicy",

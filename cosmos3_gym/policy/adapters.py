@@ -254,7 +254,60 @@ class LiberoAdapter(Adapter):
         return out.astype(np.float32)
 
 
-ADAPTERS: dict[str, type[Adapter]] = {"generic": GenericAdapter, "libero": LiberoAdapter}
+class MetaWorldAdapter(Adapter):
+    """Meta-World conventions: one upright camera, the task as the prompt, 4-D actions.
+
+    - Images: ``obs["image"]`` as the env gives it (:class:`~cosmos3_gym.envs.MetaWorldEnv`
+      turns Meta-World's upside-down corner cameras upright already).
+    - Actions: raw ``[dpos(3), gripper(1)]`` (4-D), or LIBERO's 10-D
+      ``[dpos(3), rot6d(6), gripper(1)]`` (Meta-World has no hand rotation: rot6d is dropped),
+      to Meta-World's ``[dxyz, effort]``. The gripper follows the convention of the Cosmos3
+      action data, ``[0, 1]`` with 1 = open (as :class:`LiberoAdapter` reads it), while
+      Meta-World's effort closes at +1: ``effort = -clip(2g - 1, -1, 1)``.
+      :meth:`raw_actions` is the inverse (what the expert tests drive the env through).
+
+    >>> adapter = MetaWorldAdapter()
+    >>> adapter.actions(np.array([[[0.5, 0.0, -0.2, 0.0]]], np.float32)).tolist()
+    [[[0.5, 0.0, -0.20000000298023224, 1.0]]]
+    """
+
+    name = "metaworld"
+    domain = "metaworld"
+    _raw_widths = (4, 10)
+
+    def __init__(self, image_key: str = "image") -> None:
+        self.image_key = image_key
+
+    def images(self, obs: Any) -> np.ndarray:
+        if not isinstance(obs, Mapping) or self.image_key not in obs:
+            raise ValueError(
+                f"metaworld adapter: expected a dict observation with {self.image_key!r}; "
+                f"found {describe(obs)}"
+            )
+        return _check_image_batch(obs[self.image_key], f"observation[{self.image_key!r}]")
+
+    def actions(self, raw: np.ndarray) -> np.ndarray:
+        raw = np.asarray(raw)
+        if raw.ndim != 3 or raw.shape[-1] not in self._raw_widths:
+            raise ValueError(
+                "metaworld adapter: expected raw actions [B, H, 4] (dpos, gripper) or "
+                f"[B, H, 10] (dpos, rot6d, gripper); found {list(raw.shape)}"
+            )
+        effort = -np.clip(2.0 * raw[..., -1:] - 1.0, -1.0, 1.0)
+        return np.concatenate([raw[..., 0:3], effort], axis=-1).astype(np.float32)
+
+    @staticmethod
+    def raw_actions(env_actions: np.ndarray) -> np.ndarray:
+        """The inverse of :meth:`actions` for 4-D raw actions: Meta-World ``[..., 4]`` actions
+        (effort in ``[-1, 1]``) -> raw ``[..., 4]`` with the gripper in ``[0, 1]``."""
+        env_actions = np.asarray(env_actions, dtype=np.float32)
+        gripper = (1.0 - np.clip(env_actions[..., 3:4], -1.0, 1.0)) / 2.0
+        return np.concatenate([env_actions[..., 0:3], gripper], axis=-1)
+
+
+ADAPTERS: dict[str, type[Adapter]] = {
+    "generic": GenericAdapter, "libero": LiberoAdapter, "metaworld": MetaWorldAdapter,
+}
 
 
 def check_action_fit(

@@ -1,0 +1,56 @@
+"""A simulator that renders first, then the model stack: both orders work in one process, and a
+rendering run exits without a word on stderr (see cosmos3_gym/native_libs.py).
+
+Each case runs in a fresh interpreter: this suite's own conftest imports the model stack first,
+the order that always worked.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+RENDER_FIRST = {
+    "libero": """
+        from cosmos3_gym.envs import LiberoEnv
+        env = LiberoEnv("libero_spatial", 0, image_size=64)
+        obs, _ = env.reset(seed=0)
+    """,
+    "metaworld": """
+        from cosmos3_gym.envs import MetaWorldEnv
+        env = MetaWorldEnv("reach-v3", image_size=64)
+        obs, _ = env.reset(seed=0)
+    """,
+}
+THEN_MODEL = """
+    import numpy as np
+    assert obs[next(k for k in obs if k != "state")].any(), "the env rendered a blank frame"
+    from cosmos3_gym import Cosmos3ActionPipeline
+    import triton
+    print("pipeline", Cosmos3ActionPipeline.__name__, "triton", triton.__version__)
+"""
+
+
+def _run(script: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl"}
+    env.pop("TRITON_INTERPRET", None)  # as a user's process has it
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sim", [
+    pytest.param("libero", marks=pytest.mark.libero),
+    pytest.param("metaworld", marks=pytest.mark.metaworld),
+])
+def test_model_stack_loads_after_a_simulator_rendered(sim: str) -> None:
+    pytest.importorskip("triton")  # the crash was Triton's import; without it nothing to check
+    result = _run(textwrap.dedent(RENDER_FIRST[sim]) + textwrap.dedent(THEN_MODEL))
+    assert result.returncode == 0, (
+        f"render-first process ended with {result.returncode} (-11: segfault)\n{result.stderr}")
+    assert "pipeline Cosmos3ActionPipeline" in result.stdout
+    assert result.stderr == "", f"stderr at exit:\n{result.stderr}"
