@@ -144,7 +144,7 @@ def roll_episodes(
     for slot in range(num_envs):
         obs = start(slot)
     bar = progress_bar(enabled=progress, total=num_steps, desc=desc, unit="step")
-    for step in range(num_steps):
+    for step in range(num_steps):  # noqa: B007 (start() reads it: the episode's first step)
         actions = policy.select_action(obs)
         record = policy.last_chunk_record
         if record is not None:
