@@ -134,17 +134,17 @@ def roll_episodes(
                             ("seed", episode.seed),
                             ("init_state_id", -1 if episode.init_state_id is None
                              else episode.init_state_id),
-                            ("start_step", step), ("length", 0), ("ret", 0.0),
+                            ("start_step", first_step), ("length", 0), ("ret", 0.0),
                             ("success", False), ("finished", False)):
             getattr(log, name).append(value)
         return new_obs
 
-    step = 0
+    first_step = 0  # the step at which an episode started now takes its first action
     feed.reset(seed=[0] * num_envs)  # every sub-env valid before the masked starts
     for slot in range(num_envs):
         obs = start(slot)
     bar = progress_bar(enabled=progress, total=num_steps, desc=desc, unit="step")
-    for step in range(num_steps):  # noqa: B007 (start() reads it: the episode's first step)
+    for step in range(num_steps):
         actions = policy.select_action(obs)
         record = policy.last_chunk_record
         if record is not None:
@@ -168,6 +168,7 @@ def roll_episodes(
         row.update(rewards=rewards, terminations=np.asarray(terminations, bool),
                    truncations=np.asarray(truncations, bool))
         on_step(row)
+        first_step = step + 1
         for env in range(num_envs):
             e = current[env]
             log.length[e] += 1
@@ -188,6 +189,7 @@ def roll_episodes(
         "episode_trial": np.asarray(log.trial, np.int64),
         "episode_seed": np.asarray(log.seed, np.int64),
         "episode_init_state": np.asarray(log.init_state_id, np.int64),
+        # The step of an episode's first action (num_steps for episodes started at the end).
         "episode_start_step": np.asarray(log.start_step, np.int64),
         "episode_length": np.asarray(log.length, np.int64),
         "episode_return": np.asarray(log.ret, np.float32),
