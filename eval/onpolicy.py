@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
@@ -93,15 +94,17 @@ class _EpisodeLog:
 def roll_episodes(
     policy: Any, envs: VectorEnv, num_steps: int, schedule: EpisodeSchedule, *,
     on_step: Callable[[dict[str, Any]], None], progress: bool = False,
-    desc: str = "rollout",
-) -> tuple[dict[str, np.ndarray], list[ChunkRecord], Any]:
+    desc: str = "rollout", first_episode: int = 0,
+) -> tuple[dict[str, np.ndarray], Any]:
     """The stepping loop of the collectors: ``num_steps`` vector steps of ``policy`` in
     ``envs`` (autoreset DISABLED), each finished slot restarted at once with its next scheduled
-    episode. ``on_step`` gets one dict per step (``obs``, ``prompts``, ``actions``,
-    ``raw_actions``, ``chunk_ids``, ``episode_ids``, ``rewards``, ``terminations``,
-    ``truncations``). Returns the episode table (``episode_*`` arrays, and
-    ``chunk_episode_id``: each chunk row's episode), the chunk records in planning order (chunk
-    id = row in their concatenation) and the observation after the last step."""
+    episode. ``on_step`` gets one dict per step: ``obs`` (the observation the action was chosen
+    from), ``prompts``, ``actions``, ``raw_actions``, ``chunk_ids`` (run-wide chunk row of each
+    action), ``episode_ids`` (run-wide episode id, from ``first_episode``), ``rewards``,
+    ``terminations``, ``truncations``, and ``record`` (the :class:`ChunkRecord` planned at this
+    step or None), ``record_first_id`` (its row 0's chunk id) and ``record_episodes`` (each of
+    its rows' episode id). Returns the episode table (``episode_*`` arrays, row k = episode
+    ``first_episode + k``) and the observation after the last step."""
     from cosmos3_gym.progress import progress_bar
 
     if num_steps < 1:
@@ -115,10 +118,10 @@ def roll_episodes(
     feed = policy.attach(envs)
     log = _EpisodeLog()
     current = np.full(num_envs, -1, np.int64)  # episode id per slot
-    records: list[ChunkRecord] = []
-    first_id: dict[int, int] = {}  # id(record) -> chunk id of its row 0
+    # Run-wide chunk id of each live record's row 0; a record leaves once no queue holds it.
+    first_id: WeakKeyDictionary[ChunkRecord, int] = WeakKeyDictionary()
     chunk_count = 0
-    chunk_episodes: list[int] = []  # episode id of every chunk row
+    raw_dim = 0
     obs = None
 
     def start(slot: int) -> Any:
@@ -128,7 +131,7 @@ def roll_episodes(
         seeds = [episode.seed if j == slot else None for j in range(num_envs)]
         options = {"reset_mask": mask, **schedule.eval_env.reset_options(episode)}
         new_obs, _ = feed.reset(seed=seeds, options=options)
-        current[slot] = len(log.env)
+        current[slot] = first_episode + len(log.env)
         for name, value in (("env", slot), ("group", group), ("task", episode.task),
                             ("task_index", episode.task_index), ("trial", episode.trial),
                             ("seed", episode.seed),
@@ -147,21 +150,22 @@ def roll_episodes(
     for step in range(num_steps):
         actions = policy.select_action(obs)
         record = policy.last_chunk_record
+        record_first = chunk_count
         if record is not None:
-            first_id[id(record)] = chunk_count
-            records.append(record)
+            first_id[record] = chunk_count
             chunk_count += len(record)
-            chunk_episodes.extend(current[record.env_indices].tolist())
-        raw_dim = records[-1].raw_actions.shape[-1]
+            raw_dim = record.raw_actions.shape[-1]
         raw = np.zeros((num_envs, raw_dim), np.float32)
         ids = np.full(num_envs, -1, np.int64)
         for env, source in enumerate(policy.last_action_sources):
             if source is not None:
                 raw[env] = source.raw_action
-                ids[env] = first_id[id(source.record)] + source.row
+                ids[env] = first_id[source.record] + source.row
         row = {"obs": obs, "prompts": np.asarray(feed.tasks, dtype=str),
                "actions": np.asarray(actions, np.float32), "raw_actions": raw,
-               "chunk_ids": ids, "episode_ids": current.copy()}
+               "chunk_ids": ids, "episode_ids": current.copy(), "record": record,
+               "record_first_id": record_first,
+               "record_episodes": None if record is None else current[record.env_indices].copy()}
         obs, rewards, terminations, truncations, infos = feed.step(actions)
         rewards = np.asarray(rewards, np.float32)
         done = np.logical_or(terminations, truncations)
@@ -170,11 +174,11 @@ def roll_episodes(
         on_step(row)
         first_step = step + 1
         for env in range(num_envs):
-            e = current[env]
+            e = current[env] - first_episode
             log.length[e] += 1
             log.ret[e] += float(rewards[env])
         for env in np.flatnonzero(done):
-            e = current[env]
+            e = current[env] - first_episode
             log.finished[e] = True
             log.success[e] = bool(_flag(infos, "is_success", env)
                                   if "is_success" in infos else terminations[env])
@@ -195,9 +199,8 @@ def roll_episodes(
         "episode_return": np.asarray(log.ret, np.float32),
         "episode_success": np.asarray(log.success, bool),
         "episode_finished": np.asarray(log.finished, bool),
-        "chunk_episode_id": np.asarray(chunk_episodes, np.int64),
     }
-    return episodes, records, obs
+    return episodes, obs
 
 
 def _flag(info: dict[str, Any], key: str, i: int) -> bool:
@@ -254,10 +257,18 @@ def collect_on_policy(
     import torch
 
     steps: list[dict[str, Any]] = []
+    records: list[ChunkRecord] = []
+    chunk_episodes: list[np.ndarray] = []
+
+    def keep(row: dict[str, Any]) -> None:
+        steps.append(row)
+        if row["record"] is not None:
+            records.append(row["record"])
+            chunk_episodes.append(row["record_episodes"])
+
     schedule = EpisodeSchedule(eval_env, seed, envs.num_envs, group_size)
-    episodes, records, last_obs = roll_episodes(
-        policy, envs, num_steps, schedule, on_step=steps.append, progress=progress,
-        desc="collect",
+    episodes, last_obs = roll_episodes(
+        policy, envs, num_steps, schedule, on_step=keep, progress=progress, desc="collect",
     )
     out: dict[str, Any] = {}
     obs = [s["obs"] for s in steps]
@@ -281,9 +292,9 @@ def collect_on_policy(
     for key, value in chunks.items():
         out[key] = value.tolist() if key == "chunk_prompts" else torch.from_numpy(value)
     out["chunk_rewards"] = chunk_rewards
+    out["chunk_episode"] = torch.from_numpy(np.concatenate(chunk_episodes))  # run-wide ids
     for key, value in episodes.items():
         out[key] = value.tolist() if key == "episode_task" else torch.from_numpy(value)
-    out["chunk_episode"] = out.pop("chunk_episode_id")  # the run's episode ids, not per env
     sde = records[0].sde if records else None
     out["sde_settings"] = None if sde is None else dict(sde.settings)
     out["weights"] = None if sde is None else sde.weights
