@@ -56,6 +56,30 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
                         "without statistics the actions stay in the model's normalised space")
 
 
+def _sde_steps(text: str) -> str | tuple[int, ...]:
+    if text in ("random", "all"):
+        return text
+    try:
+        return tuple(int(t) for t in _csv(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 'random', 'all' or comma-separated step indices; found {text!r}"
+        ) from None
+
+
+def add_sampler_arguments(p: argparse.ArgumentParser) -> None:
+    """``--sampler``, ``--noise-level``, ``--sde-steps``: stochastic action steps for RL."""
+    p.add_argument("--sampler", default="flow_unipc", choices=("flow_unipc", "flow_sde",
+                                                                "flow_cps"),
+                   help="flow_unipc: the deterministic sampler (default); flow_sde / flow_cps: "
+                        "Gaussian action steps whose log-probability every chunk records")
+    p.add_argument("--noise-level", type=float, default=0.5,
+                   help="noise level of the stochastic steps (default: 0.5)")
+    p.add_argument("--sde-steps", type=_sde_steps, default="random",
+                   help="which denoising steps are stochastic: random (one per chunk, default), "
+                        "all, or indices such as 2,3")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     add_checkpoint_arguments(p)
     p.add_argument("--env", default="color_reach", choices=ENV_NAMES,
@@ -122,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     ro.add_argument("--shard-steps", type=_positive_int, default=256, help="steps per .npz shard")
     ro.add_argument("--deterministic", action="store_true",
                     help="same noise for every chunk (default: fresh noise per chunk)")
+    add_sampler_arguments(ro)
 
     # Listed for `cosmos3-gym -h`; `main` hands `train ...` to the trainer's own parser before
     # this one runs (argparse's REMAINDER would refuse a first argument like `--out`).
@@ -188,8 +213,8 @@ def _interrupted(command: str | None, argv: list[str]) -> str:
         return (f"{out} holds {finished} finished episode{'' if finished == 1 else 's'}; rerun "
                 "the same command to resume (finished episodes are not run again)")
     if command == "rollout":
-        return (f"the shards in {out} have no meta.json and rollouts do not resume; rerun with "
-                "a new --out")
+        return (f"the shards saved in {out} are kept; rerun the same command to collect the "
+                "remaining steps")
     return f"nothing written ({out} is written at the end)"
 
 

@@ -50,7 +50,10 @@ class EpisodeSchedule:
     ('red', 2)
     """
 
-    def __init__(self, eval_env: EvalEnv, seed: int, num_envs: int, group_size: int = 1) -> None:
+    def __init__(
+        self, eval_env: EvalEnv, seed: int, num_envs: int, group_size: int = 1,
+        first_group: int = 0,
+    ) -> None:
         if group_size < 1 or num_envs % group_size:
             raise ValueError(
                 f"group_size must be >= 1 and divide num_envs ({num_envs}); found {group_size}"
@@ -58,12 +61,13 @@ class EpisodeSchedule:
         self.eval_env, self.seed, self.group_size = eval_env, int(seed), group_size
         self._rounds = [0] * num_envs
         self._groups: dict[tuple[int, int], int] = {}
+        self.first_group = first_group  # a resumed run goes on where the saved part stopped
 
     def start(self, slot: int) -> tuple[Episode, int]:
         """The next episode of ``slot`` and its group id (in order of first start)."""
         key = (slot // self.group_size, self._rounds[slot])
         self._rounds[slot] += 1
-        group = self._groups.setdefault(key, len(self._groups))
+        group = self._groups.setdefault(key, self.first_group + len(self._groups))
         n = len(self.eval_env.tasks)
         task_index, trial = group % n, group // n
         task = self.eval_env.tasks[task_index]
