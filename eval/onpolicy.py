@@ -46,8 +46,8 @@ class EpisodeSchedule:
     ...                            group_size=2)
     >>> [(e.task, e.trial, g) for e, g in (schedule.start(s) for s in range(4))]
     [('red', 0, 0), ('red', 0, 0), ('blue', 0, 1), ('blue', 0, 1)]
-    >>> schedule.start(3)[0].task, schedule.start(3)[1]   # slot 3's second and third episodes
-    ('red', 2)
+    >>> [(e.task, e.trial, g) for e, g in (schedule.start(3), schedule.start(3))]  # slot 3 next
+    [('red', 1, 2), ('blue', 1, 3)]
     """
 
     def __init__(

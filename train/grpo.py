@@ -119,9 +119,10 @@ def run_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     # Unfused projections: the sampling transformer is the trained one (fused weights are
-    # plain tensors autograd does not reach); the causal VAE encode, as the checkpoint trained.
+    # plain tensors autograd does not reach). The single-frame encoder (default) gives the
+    # causal VAE encode's latents to ~1e-5 at a third of its time.
     pipe = Cosmos3ActionPipeline.from_pretrained(
-        cfg.init, options=InferenceOptions(fuse_projections=False, frame_encoder=False))
+        cfg.init, options=InferenceOptions(fuse_projections=False))
     model = pipe.transformer.train().requires_grad_(True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     eval_env = ColorReachEval()
@@ -218,8 +219,8 @@ def _update(model, pipe, optimizer, batch, cfg, generator, stochastic_record, ch
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
-            losses.append(float(loss))
-            clipped.append(float(((ratio - 1).abs() > cfg.clip).float().mean()))
+            losses.append(float(loss.detach()))
+            clipped.append(float(((ratio.detach() - 1).abs() > cfg.clip).float().mean()))
     stats.update(loss=float(np.mean(losses)), clip_frac=float(np.mean(clipped)))
     return stats
 

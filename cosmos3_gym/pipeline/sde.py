@@ -180,7 +180,7 @@ def step_coefficients(
 
     >>> s = [0.999, 0.5, 0.0]
     >>> [round(c, 4) for c in step_coefficients(StochasticSampling(noise_level=0.5), s, 1)]
-    [1.0, -0.25, 0.5]
+    [1.0, -0.125, 0.3536]
     """
     sigma, nxt = float(sigmas[i]), float(sigmas[i + 1])
     delta = sigma - nxt
