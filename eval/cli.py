@@ -83,6 +83,30 @@ def add_device_arguments(p: argparse.ArgumentParser) -> None:
                         "accuracy gates in docs/benchmarks.md")
 
 
+def _sde_steps(text: str) -> str | tuple[int, ...]:
+    if text in ("random", "all"):
+        return text
+    try:
+        return tuple(int(t) for t in _csv(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 'random', 'all' or comma-separated step indices; found {text!r}"
+        ) from None
+
+
+def add_sampler_arguments(p: argparse.ArgumentParser) -> None:
+    """``--sampler``, ``--noise-level``, ``--sde-steps``: stochastic action steps for RL."""
+    p.add_argument("--sampler", default="flow_unipc", choices=("flow_unipc", "flow_sde",
+                                                                "flow_cps"),
+                   help="flow_unipc: the deterministic sampler (default); flow_sde / flow_cps: "
+                        "Gaussian action steps whose log-probability every chunk records")
+    p.add_argument("--noise-level", type=float, default=0.5,
+                   help="noise level of the stochastic steps (default: 0.5)")
+    p.add_argument("--sde-steps", type=_sde_steps, default="random",
+                   help="which denoising steps are stochastic: random (one per chunk, default), "
+                        "all, or indices such as 2,3")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     add_checkpoint_arguments(p)
     add_device_arguments(p)
@@ -168,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     ro.add_argument("--format", choices=("npz", "lerobot"), default="npz",
                     help="npz shards (default), or lerobot: the shards and, in OUT/lerobot, "
                          "their finished episodes as a LeRobot dataset (needs LeRobot)")
+    add_sampler_arguments(ro)
 
     # Listed for `cosmos3-gym -h`; `main` hands `train ...` to the trainer's own parser before
     # this one runs (argparse's REMAINDER would refuse a first argument like `--out`).
@@ -234,8 +259,8 @@ def _interrupted(command: str | None, argv: list[str]) -> str:
         return (f"{out} holds {finished} finished episode{'' if finished == 1 else 's'}; rerun "
                 "the same command to resume (finished episodes are not run again)")
     if command == "rollout":
-        return (f"the shards in {out} have no meta.json and rollouts do not resume; rerun with "
-                "a new --out")
+        return (f"the shards saved in {out} are kept; rerun the same command to collect the "
+                "remaining steps")
     return f"nothing written ({out} is written at the end)"
 
 

@@ -229,7 +229,8 @@ class ColorReachEval(EvalEnv):
     domain = "color_reach"
 
     def __init__(
-        self, tasks: list[str] | None = None, *, image_size: int = 128, max_episode_steps: int = 40
+        self, tasks: list[str] | None = None, *, image_size: int = 128, max_episode_steps: int = 40,
+        max_speed: float | None = None,
     ) -> None:
         tasks = list(COLORS) if tasks is None else tasks
         unknown = [t for t in tasks if t not in COLORS]
@@ -240,6 +241,8 @@ class ColorReachEval(EvalEnv):
         super().__init__(tasks)
         self.image_size = image_size
         self.max_episode_steps = max_episode_steps
+        # Arena units per step at full action; None: the env's own (a harder setting: faster).
+        self.max_speed = max_speed
 
     @classmethod
     def from_cli(
@@ -274,6 +277,7 @@ class ColorReachEval(EvalEnv):
             autoreset_mode=autoreset_mode,
             image_size=self.image_size,
             max_episode_steps=self.max_episode_steps,
+            **({} if self.max_speed is None else {"max_speed": self.max_speed}),
         )
 
 

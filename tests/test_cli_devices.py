@@ -151,8 +151,9 @@ def test_synthetic_rollout_records_where_its_model_ran(tmp_path) -> None:
     assert main(["rollout", "--synthetic", "tiny", "--steps", "3", "--num-envs", "2",
                  "--num-inference-steps", "1", "--no-progress", "--out", str(out)]) == 0
     meta = json.loads((out / "meta.json").read_text())
-    assert (meta["device"], meta["dtype"], meta["synthetic"]) == ("cpu", "float32", "tiny")
-    assert meta["options"]["cuda_graphs"] is False and meta["num_steps"] == 3
+    runtime = meta["provenance"]["runtime"]
+    assert (runtime["device"], runtime["dtype"], runtime["synthetic"]) == ("cpu", "float32", "tiny")
+    assert runtime["options"]["cuda_graphs"] is False and meta["num_steps"] == 3
 
 
 def test_another_precision_is_another_evaluation(tmp_path, capsys) -> None:

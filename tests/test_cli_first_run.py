@@ -216,7 +216,7 @@ def test_the_interrupted_line_of_every_command_says_how_to_go_on(tmp_path) -> No
     assert _interrupted("bench", ["bench", "--out", str(out)]) == (
         f"nothing written ({out} is written at the end)"
     )
-    assert "do not resume; rerun with a new --out" in _interrupted(
+    assert "are kept; rerun the same command to collect the remaining steps" in _interrupted(
         "rollout", ["rollout", "--steps", "8", "--out", str(tmp_path / "r")]
     )
     assert "holds 0 finished episodes; rerun the same command to resume" in _interrupted(

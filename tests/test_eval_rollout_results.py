@@ -89,3 +89,79 @@ def test_libero_rollout_command_saves_dict_observations_and_both_tasks(tmp_path)
     assert data["obs.agentview_image"].dtype == np.uint8
     assert data["actions"].shape == (3, 2, 7) and data["raw_actions"].shape == (3, 2, 10)
     assert data["prompts"][0, 0] != data["prompts"][0, 1]  # two tasks, one prompt each
+
+
+def _rollout(out: Path, checkpoint: Path, *extra: str) -> int:
+    from cosmos3_gym.eval.cli import main
+
+    return main(["rollout", "--checkpoint", str(checkpoint), "--steps", "9", "--shard-steps",
+                 "3", "--num-envs", "2", "--image-size", "32", "--max-episode-steps", "2",
+                 "--num-inference-steps", "2", "--no-progress", "--out", str(out), *extra])
+
+
+def test_rollout_command_rotates_tasks_and_records_provenance(checkpoint: Path,
+                                                              tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    assert _rollout(out, checkpoint, "--sampler", "flow_sde", "--n-action-steps", "1") == 0
+    data = load_rollouts(out)
+    meta = data["meta"]
+    assert meta["schema_version"] == 2 and len(meta["shards"]) == 3
+    prov = meta["provenance"]
+    assert prov["checkpoint"] == str(checkpoint) and len(prov["weights_sha256_16"]) == 16
+    assert prov["policy"]["sampler"] == "flow_sde" and prov["raw_action_dim"] == 2
+    assert prov["env"]["tasks"] == ["red", "green", "blue", "yellow"]
+    assert prov["packages"]["torch"] and prov["seed"] == 0
+    # Episodes of 2 steps on 2 slots for 9 steps: the 4 tasks in turn, each recorded.
+    tasks = data["episode_task"].tolist()
+    assert tasks[:8] == ["red", "green", "blue", "yellow"] * 2
+    for e, task in enumerate(tasks):
+        steps = np.argwhere(data["episode_ids"] == e)
+        assert all(data["prompts"][t, env] == f"reach the {task} target" for t, env in steps)
+    # Every action's chunk carries its log-probability and its episode.
+    ids = data["chunk_ids"]
+    assert (ids >= 0).all() and data["chunk_log_prob"].shape == data["chunk_env"].shape
+    np.testing.assert_array_equal(data["chunk_episode"][ids], data["episode_ids"])
+    np.testing.assert_array_equal(data["chunk_actions"][ids, 0], data["actions"])
+    # A shard read alone points at run-wide chunks.
+    from cosmos3_gym.eval.rollout import iter_rollout_shards
+
+    shard = list(iter_rollout_shards(out))[1]
+    assert shard["chunk_ids"].min() == int(shard["chunk_first"])
+
+
+def test_interrupted_rollout_resumes_and_a_complete_one_runs_nothing(
+    checkpoint: Path, tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "r"
+    assert _rollout(out, checkpoint) == 0
+    whole = load_rollouts(out)
+    (out / "meta.json").unlink()  # cut while writing the last shard
+    (out / "shard-00002.npz").unlink()
+    assert _rollout(out, checkpoint) == 0
+    resumed = load_rollouts(out)
+    assert len(resumed["actions"]) == 9 and [p["steps"] for p in resumed["meta"]["parts"]] == [
+        9, 3]
+    np.testing.assert_array_equal(resumed["obs"][:6], whole["obs"][:6])  # kept as saved
+    assert resumed["episode_ids"][6:].min() >= whole["episode_ids"][:6].max() + 1  # new ones
+    before = (out / "meta.json").read_text()
+    assert _rollout(out, checkpoint) == 0  # complete: nothing runs
+    assert (out / "meta.json").read_text() == before
+    with pytest.raises(SystemExit):
+        _rollout(out, checkpoint, "--seed", "3")
+    assert "holds rollouts of another command" in capsys.readouterr().err
+
+
+def test_schema_1_rollouts_still_load(tmp_path: Path) -> None:
+    """A folder in the first format (shard-local chunk ids) loads, ids made run-wide."""
+    out = tmp_path / "v1"
+    out.mkdir()
+    for k, ids in enumerate(([[0, 1], [0, -1]], [[0, 1], [1, 1]])):
+        np.savez_compressed(out / f"shard-{k:05d}.npz", obs=np.zeros((2, 2, 4), np.uint8),
+                            chunk_ids=np.array(ids), chunk_env=np.array([0, 1]),
+                            actions=np.zeros((2, 2, 2), np.float32))
+    (out / "meta.json").write_text(json.dumps({
+        "schema_version": 1, "num_envs": 2, "autoreset_mode": "NextStep", "num_steps": 4,
+        "shards": ["shard-00000.npz", "shard-00001.npz"]}))
+    data = load_rollouts(out)
+    np.testing.assert_array_equal(data["chunk_ids"], [[0, 1], [0, -1], [2, 3], [3, 3]])
+    assert data["meta"]["schema_version"] == 1

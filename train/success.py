@@ -10,7 +10,7 @@ import numpy as np
 def evaluate_success(
     pipe: Any, *, episodes: int = 40, num_envs: int = 8, seed: int = 10_000,
     prompts: str = "right", n_action_steps: int | None = None, image_size: int = 128,
-    **policy_kwargs: Any,
+    env_kwargs: dict[str, Any] | None = None, **policy_kwargs: Any,
 ) -> dict[str, Any]:
     """Success rate of ``pipe`` on a fixed set of ColorReach episodes.
 
@@ -19,6 +19,7 @@ def evaluate_success(
     episode of the round counts. ``prompts="right"`` gives every env its own task;
     ``"shuffled"`` gives env ``i`` the task of env ``(i + 1) % num_envs`` (another env's target,
     which names the same colour about a quarter of the time, so chance is ~0.25).
+    ``env_kwargs`` go to every ``ColorReachEnv`` (a harder setting, e.g. ``max_speed``).
     """
     from cosmos3_gym.envs import make_color_reach_vector_env
     from cosmos3_gym.policy import VectorPolicy
@@ -27,7 +28,7 @@ def evaluate_success(
         raise ValueError(f"prompts must be 'right' or 'shuffled', got {prompts!r}")
     if episodes % num_envs:
         raise ValueError(f"episodes ({episodes}) must be a multiple of num_envs ({num_envs})")
-    envs = make_color_reach_vector_env(num_envs, image_size=image_size)
+    envs = make_color_reach_vector_env(num_envs, image_size=image_size, **(env_kwargs or {}))
     policy = VectorPolicy(
         pipe, adapter="generic", n_action_steps=n_action_steps, seed=seed, **policy_kwargs
     )

@@ -241,6 +241,13 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--rl" or a.startswith("--rl=") for a in argv):  # RL fine-tuning: train/grpo.py
+        from cosmos3_gym.train.grpo import main as grpo_main
+
+        return grpo_main(argv)
     args = build_parser().parse_args(argv)
     cfg = _config(args)
     log = train(cfg, progress=not args.no_progress)

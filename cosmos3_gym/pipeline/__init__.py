@@ -12,5 +12,7 @@ from cosmos3_gym import native_libs  # noqa: F401  (see cosmos3_gym/native_libs.
 from cosmos3_gym.pipeline.options import InferenceOptions
 from cosmos3_gym.pipeline.output import ActionOutput
 from cosmos3_gym.pipeline.pipeline import Cosmos3ActionPipeline
+from cosmos3_gym.pipeline.sde import StochasticRecord, StochasticSampling, chunk_log_prob
 
-__all__ = ["ActionOutput", "Cosmos3ActionPipeline", "InferenceOptions"]
+__all__ = ["ActionOutput", "Cosmos3ActionPipeline", "InferenceOptions", "StochasticRecord",
+           "StochasticSampling", "chunk_log_prob"]

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from cosmos3_gym.pipeline.sde import StochasticRecord
 
 
 @dataclass
@@ -24,6 +28,8 @@ class ActionOutput:
             (``"<stage>_peak_bytes"``) and ``"total_s"``.
         video: the decoded future video per item when asked for (``None`` for the items
             not asked, when ``return_video`` named items), else ``None``.
+        stochastic: with a stochastic ``sampler``, the stochastic steps of every item and their
+            log-probabilities (:class:`~cosmos3_gym.pipeline.sde.StochasticRecord`), else None.
     """
 
     actions: np.ndarray
@@ -35,6 +41,7 @@ class ActionOutput:
     # is the decoded observation, frame k the one after action k; content region, padding
     # cropped away), or None for an item not asked.
     video: list[np.ndarray | None] | None = None
+    stochastic: StochasticRecord | None = None
 
     def __len__(self) -> int:
         return int(self.actions.shape[0])

@@ -20,6 +20,12 @@ from cosmos3_gym.pipeline.options import InferenceOptions
 from cosmos3_gym.pipeline.output import ActionOutput
 from cosmos3_gym.pipeline.preprocess import plan_canvas
 from cosmos3_gym.pipeline.prompt_cache import PromptCache
+from cosmos3_gym.pipeline.sde import (
+    DEFAULT_SAMPLER,
+    StochasticRecord,
+    stochastic_sampling,
+    weights_digest,
+)
 from cosmos3_gym.pipeline.stages import (
     DecodeStage,
     DenoiseStage,
@@ -233,6 +239,10 @@ class Cosmos3ActionPipeline:
         video_noise: torch.Tensor | np.ndarray | None = None,
         progress: bool = True,
         return_video: bool | Sequence[bool] = False,
+        sampler: str = DEFAULT_SAMPLER,
+        noise_level: float = 0.5,
+        sde_steps: str | Sequence[int] = "random",
+        executed_actions: int | None = None,
     ) -> ActionOutput:
         """Predict one action chunk per image.
 
@@ -250,6 +260,14 @@ class Cosmos3ActionPipeline:
                 every item, or one bool per item (e.g. only the envs that record a video; the
                 others get ``None``). Policy serving never needs them, so the VAE decoder runs
                 only for the items asked; the actions are the same either way.
+            sampler: ``"flow_unipc"`` (default, deterministic given the noise), or for RL
+                ``"flow_sde"`` / ``"flow_cps"``: Gaussian action steps with a log-probability
+                (:mod:`cosmos3_gym.pipeline.sde`; ``out.stochastic`` records them).
+            noise_level / sde_steps: the stochastic steps' noise level and which steps are
+                stochastic (``"random"``: one per chunk, from the item's seed; ``"all"``; or
+                step indices).
+            executed_actions: how many leading actions of a chunk the env executes: the rows
+                the log-probability sums over (default: all H).
         """
         timer = StageTimer(self.device)
         with timer.stage("admission"):
@@ -270,7 +288,10 @@ class Cosmos3ActionPipeline:
                 ),
                 flow_shift=float(self.policy.flow_shift if flow_shift is None else flow_shift),
                 progress=progress,
+                stochastic=stochastic_sampling(sampler, noise_level, sde_steps, executed_actions),
             )
+            if params.stochastic is not None:  # refuse step indices outside the schedule now
+                params.stochastic.steps_for(0, params.num_inference_steps)
             video_rows = _video_rows(return_video, count)
             batches = self._micro_batches(admitted.images, admitted.prompts, seeds)
             for mb in batches:
@@ -301,6 +322,14 @@ class Cosmos3ActionPipeline:
             timings=timer.as_dict(),
             # Clips stay a list: micro-batches of other canvases give other frame sizes.
             video=_in_caller_order(results, "video", count) if any(video_rows) else None,
+            stochastic=None if params.stochastic is None else StochasticRecord(
+                **{k: gather("sde_" + k) for k in StochasticRecord.ARRAYS},
+                settings={**params.stochastic.as_dict(),
+                          "num_inference_steps": params.num_inference_steps,
+                          "flow_shift": params.flow_shift,
+                          "guidance_scale": params.guidance_scale},
+                weights=weights_digest(self.transformer),
+            ),
         )
 
     def _run(

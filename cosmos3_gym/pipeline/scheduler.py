@@ -159,26 +159,38 @@ class FlowUniPCScheduler:
         True
     """
 
-    def __init__(self, num_inference_steps: int, shift: float) -> None:
+    def __init__(self, num_inference_steps: int, shift: float, first_step: int = 0) -> None:
         sigmas, timesteps = flow_unipc_sigmas(num_inference_steps, shift)
+        n = num_inference_steps
+        if isinstance(first_step, bool) or not isinstance(first_step, int) or not (
+            0 <= first_step < n
+        ):
+            raise ValueError(f"first_step: expected an int in 0..{n - 1}, got {first_step!r}")
         self.num_inference_steps = num_inference_steps
         self.shift = float(shift)
+        # The step this run starts at, from a sample at sigmas[first_step] with no history (a
+        # stochastic step handed the sample over: cosmos3_gym.pipeline.sde). Steps before it
+        # are not this run's; 0 is the whole schedule.
+        self.first_step = first_step
         self.sigmas = torch.from_numpy(sigmas)  # [N+1] float32, last = 0
         self.timesteps = torch.from_numpy(timesteps)  # [N] int64, what the model is fed
         self._sigmas = [float(s) for s in sigmas]
-        n = num_inference_steps
-        # lower_order_final: the last step is first order; warm-up: step i has ≤ i previous x0s.
-        self._orders = [min(2, n - i, i + 1) for i in range(n)]
-        self._predictors = [_predictor(sigmas, i, self._orders[i]) for i in range(n)]
+        k = first_step
+        # lower_order_final: the last step is first order; warm-up: step i has ≤ i − k
+        # previous x0s.
+        self._orders = [min(2, n - i, i - k + 1) if i >= k else 0 for i in range(n)]
+        self._predictors = [
+            _predictor(sigmas, i, self._orders[i]) if i >= k else None for i in range(n)
+        ]
         # The corrector at step i reuses the order of the predictor that produced its sample.
-        self._correctors: list[_Corrector | None] = [None] + [
-            _corrector(sigmas, i, self._orders[i - 1]) for i in range(1, n)
+        self._correctors: list[_Corrector | None] = [
+            _corrector(sigmas, i, self._orders[i - 1]) if i > k else None for i in range(n)
         ]
         self.reset()
 
     def reset(self) -> None:
         """Forget the history so the instance can run a new trajectory."""
-        self._next_index = 0
+        self._next_index = self.first_step
         self._num_tensors: int | None = None
         self._x0_history: list[list[torch.Tensor]] = []  # per tensor: [m_{i-2}?, m_{i-1}]
         self._last_samples: list[torch.Tensor] = []
@@ -210,7 +222,8 @@ class FlowUniPCScheduler:
         samples = (sample,) if single else tuple(sample)
         self._check_step(velocities, step_index, samples)
 
-        if step_index == 0:
+        first = step_index == self.first_step
+        if first:
             self._num_tensors = len(samples)
         sigma = self._sigmas[step_index]
         predictor = self._predictors[step_index]
@@ -218,7 +231,7 @@ class FlowUniPCScheduler:
         outputs = []
         for k, (v, x) in enumerate(zip(velocities, samples, strict=True)):
             x0 = torch.add(x, v, alpha=-sigma)  # flow_prediction: x0 = x − σ·v at σ_i
-            if step_index == 0:
+            if first:
                 self._x0_history.append([x0])
             else:
                 history = self._x0_history[k]
@@ -227,7 +240,7 @@ class FlowUniPCScheduler:
                 history.append(x0)
                 if len(history) > 2:
                     history.pop(0)
-            if step_index == 0:
+            if first:
                 self._last_samples.append(x)
             else:
                 self._last_samples[k] = x
@@ -280,7 +293,7 @@ class FlowUniPCScheduler:
             )
         if self._num_tensors is not None and len(samples) != self._num_tensors:
             raise ValueError(
-                f"expected {self._num_tensors} tensor(s) per step (as in step 0), "
+                f"expected {self._num_tensors} tensor(s) per step (as in the first step), "
                 f"got {len(samples)}"
             )
         for k, (v, x) in enumerate(zip(velocities, samples, strict=True)):
@@ -288,7 +301,7 @@ class FlowUniPCScheduler:
                 raise ValueError(
                     f"tensor {k}: velocity shape {tuple(v.shape)} != sample shape {tuple(x.shape)}"
                 )
-            if step_index > 0 and x.shape != self._last_samples[k].shape:
+            if step_index > self.first_step and x.shape != self._last_samples[k].shape:
                 raise ValueError(
                     f"tensor {k}: expected shape {tuple(self._last_samples[k].shape)} "
                     f"(as in step 0), got {tuple(x.shape)}"

@@ -27,6 +27,7 @@ from cosmos3_gym.pipeline.preprocess import CanvasPlan, crop_latent_to_content, 
 from cosmos3_gym.pipeline.prompt import build_action_caption, tokenize_captions
 from cosmos3_gym.pipeline.prompt_cache import PromptCache
 from cosmos3_gym.pipeline.scheduler import FlowUniPCScheduler
+from cosmos3_gym.pipeline.sde import StochasticActionSampler, StochasticSampling
 from cosmos3_gym.pipeline.vae import decode_latents, encode_conditioning_frames
 from cosmos3_gym.progress import progress
 from cosmos3_gym.seeding import check_noise
@@ -44,6 +45,8 @@ class SamplingParams:
     guidance_scale: float
     flow_shift: float
     progress: bool
+    # Stochastic action steps (RL, pipeline/sde.py); None: FlowUniPC throughout.
+    stochastic: StochasticSampling | None = None
 
 
 @dataclass
@@ -68,6 +71,7 @@ class MicroBatch:
     vision: torch.Tensor | None = None  # [b, 48, T, h, w] float32 sampler state
     actions: torch.Tensor | None = None  # [b, H, 64] float32 sampler state
     initial_action_noise: torch.Tensor | None = None
+    stochastic: dict[str, np.ndarray] | None = None  # sde_* arrays of the stochastic steps
     result: dict[str, Any] = field(default_factory=dict)  # arrays; "video" a list of clips
 
     @property
@@ -368,6 +372,11 @@ class DenoiseStage(Stage):
             # eager steps (also where a shape could not be captured)
             layout = layout_for(preallocate_kv=self.preallocate_kv)
         scheduler = FlowUniPCScheduler(params.num_inference_steps, params.flow_shift)
+        if params.stochastic is not None:  # the action tokens' Gaussian steps (pipeline/sde.py)
+            scheduler = StochasticActionSampler(
+                scheduler, params.stochastic, batch.seeds, horizon=p.action_horizon,
+                action_dim=actions.shape[-1], raw_action_dim=p.raw_action_dim,
+            )
         timesteps = scheduler.timesteps.to(device=device, dtype=torch.float32)
         raw = p.raw_action_dim
         for i in progress(range(params.num_inference_steps), enabled=params.progress,
@@ -395,6 +404,8 @@ class DenoiseStage(Stage):
             vision[:, :, :1] = cond
             actions[..., raw:] = 0.0
         batch.vision, batch.actions = vision, actions
+        if params.stochastic is not None:
+            batch.stochastic = scheduler.record([image.shape[:2] for image in batch.images])
         return batch
 
 
@@ -418,6 +429,7 @@ class DecodeStage(Stage):
             "actions": np.asarray(actions, dtype=np.float32),
             "normalized_actions": normalized.astype(np.float32),
             "action_noise": batch.initial_action_noise.cpu().numpy().astype(np.float32),
+            **(batch.stochastic or {}),
         }
         if batch.video_rows:  # the call asked for video: one clip or None per row
             rows = [k for k, wanted in enumerate(batch.video_rows) if wanted]

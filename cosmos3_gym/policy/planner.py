@@ -31,6 +31,11 @@ from cosmos3_gym.seeding import check_seed
 
 if TYPE_CHECKING:
     from cosmos3_gym.pipeline.output import ActionOutput
+    from cosmos3_gym.pipeline.sde import StochasticRecord
+
+# The pipeline's deterministic sampler (cosmos3_gym.pipeline.sde.DEFAULT_SAMPLER); any other
+# sampler is forwarded to the pipeline call with its settings.
+DETERMINISTIC_SAMPLER = "flow_unipc"
 
 
 def chunk_seed(seed: int, env_index: int, episode_index: int, chunk_index: int) -> int:
@@ -113,6 +118,9 @@ class ChunkRecord:
         video: per row, the pipeline's decoded future clip (uint8 ``[H + 1, h, w, 3]``; frame 0
             is the observation as decoded, frame k follows action k) where the plan asked for
             it, else None; None when no row asked.
+        sde: with a stochastic sampler (``flow_sde`` / ``flow_cps``), the rows' stochastic
+            steps and log-probabilities
+            (:class:`~cosmos3_gym.pipeline.sde.StochasticRecord`), else None.
     """
 
     env_indices: np.ndarray
@@ -127,6 +135,7 @@ class ChunkRecord:
     actions: np.ndarray
     stochastic: bool
     video: list[np.ndarray | None] | None = None
+    sde: StochasticRecord | None = None
 
     def __len__(self) -> int:
         return int(self.env_indices.shape[0])
@@ -151,6 +160,20 @@ class ChunkPlanner:
     guidance_scale: float | None = None
     flow_shift: float | None = None
     progress: bool = False
+    # RL: "flow_sde" / "flow_cps" sample the action tokens with Gaussian steps and record their
+    # log-probability over the first `executed_actions` actions (None: all H).
+    sampler: str = DETERMINISTIC_SAMPLER
+    noise_level: float = 0.5
+    sde_steps: str | tuple[int, ...] = "random"
+    executed_actions: int | None = None
+
+    def sampler_kwargs(self) -> dict[str, Any]:
+        """The stochastic sampler's pipeline arguments; none for the deterministic sampler, so
+        a pipeline callable without them plans as before."""
+        if self.sampler == DETERMINISTIC_SAMPLER:
+            return {}
+        return {"sampler": self.sampler, "noise_level": self.noise_level,
+                "sde_steps": self.sde_steps, "executed_actions": self.executed_actions}
 
     def plan(
         self,
@@ -220,6 +243,7 @@ class ChunkPlanner:
             video_noise=None,
             progress=self.progress,
             **video_kwargs,
+            **self.sampler_kwargs(),
         )
         raw, noise, normalized = self._checked_output(out, n, horizon)
         clips = self._checked_video(out, video_rows, raw.shape[1]) if video_kwargs else None
@@ -237,6 +261,7 @@ class ChunkPlanner:
             actions=actions,
             stochastic=self.seed_rule.stochastic and action_noise is None and not explicit,
             video=clips,
+            sde=self._checked_sde(out, n),
         )
 
     def images(self, obs: Observation, n: int) -> np.ndarray:
@@ -273,6 +298,18 @@ class ChunkPlanner:
                 f"{list(raw.shape)}"
             )
         return raw, noise, normalized
+
+    def _checked_sde(self, out: Any, n: int) -> StochasticRecord | None:
+        if self.sampler == DETERMINISTIC_SAMPLER:
+            return None
+        record = getattr(out, "stochastic", None)
+        if record is None or len(record) != n:
+            found = "none" if record is None else f"{len(record)} rows"
+            raise ValueError(
+                f"pipeline returned stochastic records of {found} for sampler {self.sampler!r}; "
+                f"expected {n} rows (one per item)"
+            )
+        return record
 
     @staticmethod
     def _checked_video(

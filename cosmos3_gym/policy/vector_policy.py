@@ -40,7 +40,13 @@ from cosmos3_gym.policy.adapters import (
     get_adapter,
 )
 from cosmos3_gym.policy.observations import Observation, batch_size, shapes, take_envs
-from cosmos3_gym.policy.planner import ChunkPlanner, ChunkRecord, SeedRule, pipeline_action_head
+from cosmos3_gym.policy.planner import (
+    DETERMINISTIC_SAMPLER,
+    ChunkPlanner,
+    ChunkRecord,
+    SeedRule,
+    pipeline_action_head,
+)
 from cosmos3_gym.policy.queues import ActionQueues, ActionSource
 from cosmos3_gym.seeding import check_noise, check_seed
 from cosmos3_gym.vector_env import ForwardingVectorWrapper, autoreset_mode
@@ -65,12 +71,24 @@ class VectorPolicyConfig:
     flow_shift: float | None = None
     # A progress bar per pipeline call is noise inside a step loop.
     progress: bool = False
+    # RL: "flow_sde" / "flow_cps" sample the action tokens with Gaussian steps whose
+    # log-probability (over the n_action_steps executed actions) each ChunkRecord carries
+    # (record.sde); "flow_unipc", the default, is the deterministic sampler.
+    sampler: str = DETERMINISTIC_SAMPLER
+    # The stochastic steps' noise level (RLinf's default 0.5) and which steps are stochastic:
+    # "random" (one per chunk, from its seed), "all", or step indices.
+    noise_level: float = 0.5
+    sde_steps: str | tuple[int, ...] = "random"
 
     def __post_init__(self) -> None:
         n = self.n_action_steps
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"n_action_steps must be a positive int or None; found {n!r}")
         check_seed(self.seed)
+        if self.sampler != DETERMINISTIC_SAMPLER:  # the pipeline's own check, before any call
+            from cosmos3_gym.pipeline.sde import stochastic_sampling
+
+            stochastic_sampling(self.sampler, self.noise_level, self.sde_steps, n)
 
 
 class VectorPolicy:
@@ -138,6 +156,9 @@ class VectorPolicy:
         guidance_scale: float | None = None,
         flow_shift: float | None = None,
         progress: bool = False,
+        sampler: str = DETERMINISTIC_SAMPLER,
+        noise_level: float = 0.5,
+        sde_steps: str | Sequence[int] = "random",
     ) -> None:
         if not callable(pipeline):
             raise TypeError(
@@ -153,6 +174,9 @@ class VectorPolicy:
             guidance_scale=guidance_scale,
             flow_shift=flow_shift,
             progress=progress,
+            sampler=sampler,
+            noise_level=noise_level,
+            sde_steps=sde_steps if isinstance(sde_steps, str) else tuple(sde_steps),
         )
         horizon = getattr(pipeline, "action_horizon", None)
         self._horizon: int | None = int(horizon) if isinstance(horizon, (int, np.integer)) else None
@@ -194,6 +218,8 @@ class VectorPolicy:
         return ChunkPlanner(
             self.pipeline, self.adapter, rule, num_inference_steps=cfg.num_inference_steps,
             guidance_scale=cfg.guidance_scale, flow_shift=cfg.flow_shift, progress=cfg.progress,
+            sampler=cfg.sampler, noise_level=cfg.noise_level, sde_steps=cfg.sde_steps,
+            executed_actions=cfg.n_action_steps,
         )
 
     @property
