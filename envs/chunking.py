@@ -11,6 +11,7 @@ vector env's ``autoreset_mode``.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -24,6 +25,20 @@ from cosmos3_gym.vector_env import ForwardingVectorWrapper, autoreset_mode
 # Info keys through which EpisodeEndHold reports the true episode end while it is armed.
 _TERMINATED_KEY = "episode_terminated"
 _TRUNCATED_KEY = "episode_truncated"
+
+
+def make_held_env(
+    make: Callable[..., gym.Env], wrappers: tuple[Callable[[gym.Env], gym.Env], ...] = (),
+    **kwargs: Any,
+) -> gym.Env:
+    """``make(**kwargs)`` with ``wrappers`` applied in order, then :class:`EpisodeEndHold`
+    outermost: one sub-env of a chunk-stepping vector env. A module-level function, so that
+    spawn / forkserver workers can unpickle ``functools.partial(make_held_env, EnvClass, ...)``.
+    """
+    env = make(**kwargs)
+    for wrapper in wrappers:
+        env = wrapper(env)
+    return EpisodeEndHold(env)
 
 
 class EpisodeEndHold(gym.Wrapper):

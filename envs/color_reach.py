@@ -9,6 +9,7 @@ reads another env's prompt) goes to the wrong target and fails.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from .chunking import EpisodeEndHold
+from .chunking import make_held_env
 from .limits import OwnTimeLimit
 
 COLORS: dict[str, tuple[int, int, int]] = {
@@ -266,12 +267,7 @@ def make_color_reach_vector_env(
         >>> envs.close()
     """
 
-    def make() -> gym.Env:
-        env: gym.Env = ColorReachEnv(**env_kwargs)
-        for wrapper in wrappers:
-            env = wrapper(env)
-        return EpisodeEndHold(env)
-
+    make = functools.partial(make_held_env, ColorReachEnv, tuple(wrappers), **env_kwargs)
     fns = [make] * num_envs
     if async_:
         return gym.vector.AsyncVectorEnv(fns, autoreset_mode=autoreset_mode)

@@ -26,7 +26,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from .chunking import EpisodeEndHold
+from .chunking import make_held_env
 from .limits import OwnTimeLimit
 
 # The evaluation clients' per-suite `max_steps` (the longest demos are 193/254/270/505/373).
@@ -550,7 +550,7 @@ def make_libero_vector_env(
     schedules = _init_state_schedules(tasks, init_state_ids)
     env_fns = [
         functools.partial(
-            _make_held_libero_env,
+            make_held_env, LiberoEnv,
             wrappers=tuple(wrappers),
             suite=suite,
             task_id=task_id,
@@ -567,13 +567,3 @@ def make_libero_vector_env(
     if async_:
         return gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=autoreset_mode, context=context)
     return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=autoreset_mode)
-
-
-def _make_held_libero_env(
-    wrappers: tuple[Callable[[gym.Env], gym.Env], ...], **kwargs: Any
-) -> gym.Env:
-    # A module-level function, so that spawn / forkserver workers can unpickle it.
-    env: gym.Env = LiberoEnv(**kwargs)
-    for wrapper in wrappers:
-        env = wrapper(env)
-    return EpisodeEndHold(env)

@@ -24,7 +24,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from .chunking import EpisodeEndHold
+from .chunking import make_held_env
 from .limits import OwnTimeLimit
 
 METAWORLD_MAX_EPISODE_STEPS = 500  # Meta-World's max_path_length; a step past it raises
@@ -360,19 +360,10 @@ def make_metaworld_vector_env(
         sharing = [j for j, other in enumerate(assigned) if other == task]
         rank, stride = sharing.index(i), len(sharing)
         env_fns.append(functools.partial(
-            _make_held_metaworld_env, wrappers=tuple(wrappers), task=task,
+            make_held_env, MetaWorldEnv, wrappers=tuple(wrappers), task=task,
             layout_ids=pool[rank % len(pool)::stride], layout_seed=layout_seed, camera=camera,
             image_size=image_size, max_episode_steps=max_episode_steps,
         ))
     if async_:
         return gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=autoreset_mode, context=context)
     return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=autoreset_mode)
-
-
-def _make_held_metaworld_env(
-    wrappers: tuple[Callable[[gym.Env], gym.Env], ...], **kwargs: Any
-) -> gym.Env:
-    env: gym.Env = MetaWorldEnv(**kwargs)
-    for wrapper in wrappers:
-        env = wrapper(env)
-    return EpisodeEndHold(env)

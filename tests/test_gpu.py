@@ -133,6 +133,17 @@ def _gen_step_inputs(model, lengths, batch_tokens=(3, 10, 20), actions=16, seed=
     )
 
 
+def _replayed(model, graphs, inp):
+    """One GEN step of ``inp`` bound to ``graphs`` (captured on first use) and replayed."""
+    text = model.encode_text(inp["ids"], inp["mask"])
+    layout = model.gen_layout(text, latent_shape=inp["latent"], num_actions=inp["num_actions"],
+                              fps=20.0)
+    step = graphs.bind(text, layout, inp["vision"], inp["vision_noisy"], inp["actions"],
+                       inp["action_noisy"], inp["domains"])
+    assert step is not None
+    return step(inp["vision"], inp["actions"], inp["timesteps"])
+
+
 def _forward(model, inp, ops=None):
     from cosmos3_gym.model.kernels import TORCH_OPS
 
@@ -171,13 +182,7 @@ def test_cuda_graph_replay_is_bit_identical_to_eager() -> None:
         inp = _gen_step_inputs(model, lengths, seed=seed)
         with torch.no_grad():
             expected = _forward(model, inp)
-            text = model.encode_text(inp["ids"], inp["mask"])
-            layout = model.gen_layout(text, latent_shape=inp["latent"],
-                                      num_actions=inp["num_actions"], fps=20.0)
-            step = graphs.bind(text, layout, inp["vision"], inp["vision_noisy"], inp["actions"],
-                               inp["action_noisy"], inp["domains"])
-            assert step is not None
-            actual = step(inp["vision"], inp["actions"], inp["timesteps"])
+            actual = _replayed(model, graphs, inp)
         for e, a in zip(expected, actual, strict=True):
             assert torch.equal(e, a), lengths
     assert graphs.captures == 3
@@ -351,13 +356,7 @@ def test_fp8_graph_replay_is_bit_identical_to_eager_fp8() -> None:
     inp = _gen_step_inputs(model, [110, 121])
     with torch.no_grad():
         expected = _forward(model, inp, ops)
-        text = model.encode_text(inp["ids"], inp["mask"])
-        layout = model.gen_layout(text, latent_shape=inp["latent"],
-                                  num_actions=inp["num_actions"], fps=20.0)
-        step = graphs.bind(text, layout, inp["vision"], inp["vision_noisy"], inp["actions"],
-                           inp["action_noisy"], inp["domains"])
-        assert step is not None
-        actual = step(inp["vision"], inp["actions"], inp["timesteps"])
+        actual = _replayed(model, graphs, inp)
     for e, a in zip(expected, actual, strict=True):
         assert torch.equal(e, a)
 
