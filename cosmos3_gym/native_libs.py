@@ -17,6 +17,11 @@ after no longer matter (later opens of the same file return the loaded library, 
 Importing this module calls it; the model stack imports it before its
 first import of diffusers or Triton (``cosmos3_gym.model``, ``cosmos3_gym.pipeline``,
 ``cosmos3_gym.tiny``). ``envs/`` does not, so env workers never load Triton.
+
+Where NVIDIA's driver is loaded (``/proc/driver/nvidia/version``), Triton is left to load as
+usual: there EGL renders through the driver, not through Mesa's LLVM, and Triton compiles the
+GPU kernels exactly as it did in the measured device runs. ``COSMOS3_GYM_TRITON_DEEPBIND=1``
+or ``=0`` forces the isolation on or off.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import os
 import sys
 from pathlib import Path
 
+NVIDIA_DRIVER = "/proc/driver/nvidia/version"
 _done = False
 _handle: ctypes.CDLL | None = None  # kept, so the library stays loaded
 
@@ -45,6 +51,9 @@ def isolate_triton_llvm() -> bool:
     _done = True
     deepbind = getattr(os, "RTLD_DEEPBIND", None)
     if deepbind is None or not sys.platform.startswith("linux") or "triton" in sys.modules:
+        return False
+    forced = os.environ.get("COSMOS3_GYM_TRITON_DEEPBIND")
+    if forced == "0" or (forced != "1" and Path(NVIDIA_DRIVER).exists()):
         return False
     spec = importlib.util.find_spec("triton")
     if spec is None or spec.origin is None:

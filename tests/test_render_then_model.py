@@ -54,3 +54,24 @@ def test_model_stack_loads_after_a_simulator_rendered(sim: str) -> None:
         f"render-first process ended with {result.returncode} (-11: segfault)\n{result.stderr}")
     assert "pipeline Cosmos3ActionPipeline" in result.stdout
     assert result.stderr == "", f"stderr at exit:\n{result.stderr}"
+
+
+def test_the_isolation_is_left_off_where_the_nvidia_driver_renders(monkeypatch) -> None:
+    """With NVIDIA's driver loaded (or the switch at 0) Triton loads as usual, as in the
+    measured device runs; the switch at 1 forces the isolation."""
+    from cosmos3_gym import native_libs
+
+    calls = []
+    monkeypatch.setattr(native_libs.ctypes, "CDLL", lambda *a, **k: calls.append(a) or object())
+    monkeypatch.delitem(sys.modules, "triton", raising=False)
+    for forced, driver, isolated in (("0", False, False), (None, True, False),
+                                     ("1", True, True), (None, False, True)):
+        monkeypatch.setattr(native_libs, "_done", False)
+        monkeypatch.setattr(native_libs, "NVIDIA_DRIVER",
+                            "/" if driver else "/nonexistent/nvidia/version")
+        if forced is None:
+            monkeypatch.delenv("COSMOS3_GYM_TRITON_DEEPBIND", raising=False)
+        else:
+            monkeypatch.setenv("COSMOS3_GYM_TRITON_DEEPBIND", forced)
+        assert native_libs.isolate_triton_llvm() is isolated, (forced, driver)
+    assert len(calls) == 2
