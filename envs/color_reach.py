@@ -176,6 +176,18 @@ class ColorReachEnv(OwnTimeLimit, gym.Env[np.ndarray, np.ndarray]):
     def render(self) -> np.ndarray | None:
         return self._render_frame() if self.render_mode == "rgb_array" else None
 
+    def preview(self, actions: np.ndarray) -> np.ndarray:
+        """uint8 ``[len(actions), S, S, 3]``: the frames :meth:`step` would render for each of
+        ``actions`` in turn from the current state, which it leaves as it was (the env is
+        deterministic, so these are exactly the frames the chunk would produce)."""
+        agent, elapsed = self._agent.copy(), self._elapsed
+        try:
+            frames = [self.step(action)[0] for action in actions]
+            return np.stack(frames) if frames else np.empty((0, *self.observation_space.shape),
+                                                            np.uint8)
+        finally:
+            self._agent, self._elapsed = agent, elapsed
+
     def state_dict(self) -> ColorReachState:
         """A copy of the current state (for experts, data collection and tests)."""
         return ColorReachState(

@@ -88,6 +88,7 @@ from cosmos3_gym.eval.tasks import (
 from cosmos3_gym.eval.videos import (
     ImaginedChunk,
     episode_video_stem,
+    imagined_errors,
     imagined_frames,
     mp4_available,
     unused_path,
@@ -930,6 +931,8 @@ class Evaluator:
             "env_slot": index,
             "rank": self.rank.rank,
             "video": self._save_video(slot, ep, success) if slot.records_video else None,
+            # Predicted frames against the env's (eval/videos.py imagined_errors).
+            "imagined": imagined_errors(slot.imagined, slot.frames) if slot.imagined else None,
         }
         results_io.append_jsonl(self.episode_log, record)
         self.finished += 1

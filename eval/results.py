@@ -189,7 +189,8 @@ def summarize(
     ``{success_rate, successes, episodes, interval}`` (tasks in the run's order);
     ``invalid_action_episodes`` (episodes failed for a non-finite action);
     ``out_of_range_episodes`` (episodes with at least one action outside the action space);
-    ``restarted_episodes``; ``incidents`` (list); ``throughput`` (or null);
+    ``restarted_episodes``; ``incidents`` (list); ``throughput`` (or null); ``imagined``
+    (:func:`imagined_summary`, or null without imagined videos);
     ``episode_budget`` (the env's step-budget convention: ``step_budget``, ``settle_steps``,
     ``max_episode_steps`` per suite; or null); ``config``.
     """
@@ -212,10 +213,61 @@ def summarize(
         "restarted_episodes": sum(r["restarts"] > 0 for r in records),
         "incidents": list(incidents),
         "throughput": throughput,
+        "imagined": imagined_summary(records),
         "episode_budget": episode_budget,
         "protocol": protocol,
         "config": config,
     }
+
+
+def imagined_summary(records: Sequence[EpisodeRecord]) -> dict[str, Any] | None:
+    """The imagined videos' predicted frames against the env's, over every episode that has
+    them (``imagined`` in its record): PSNR in dB (peak 255) of the mean squared error over all
+    compared frames, per comparison of :func:`cosmos3_gym.eval.videos.imagined_errors`."""
+    parts = [r["imagined"] for r in records if r.get("imagined")]
+    if not parts:
+        return None
+
+    def pooled(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+        n = sum(b["frames"] for b in blocks)
+        names = blocks[0]["mse"].keys() if blocks else ()
+        return {"frames": n, "psnr_db": {
+            name: _psnr(sum(b["mse"][name] * b["frames"] for b in blocks if b["frames"]) / n)
+            if n else None for name in names
+        }}
+
+    shifts = sorted({p["shift"] for p in parts})
+    if len(shifts) != 1:
+        raise ValueError(f"imagined records compare frames at different shifts: {shifts}")
+    summary = {"episodes": len(parts), "shift": shifts[0], **pooled(parts)}
+    for name in ("earlier", "later"):
+        summary[name] = pooled([p[name] for p in parts])
+    return summary
+
+
+def _psnr(mse: float) -> float:
+    return math.inf if mse <= 0 else 10.0 * math.log10(255.0**2 / mse)
+
+
+def format_imagined(summary: dict[str, Any]) -> list[str]:
+    """Two lines on the imagined frames (:func:`imagined_summary`)."""
+    db, shift = summary["psnr_db"], summary["shift"]
+    earlier, later = summary["earlier"], summary["later"]
+
+    def off(block: dict[str, Any]) -> str:
+        return "-" if not block["frames"] else (
+            f"{block['psnr_db']['shifted']:.1f} dB (the predicted frame against its own step's "
+            f"env frame there: {block['psnr_db']['predicted']:.1f})"
+        )
+
+    return [
+        f"imagined frames: {summary['frames']} predicted frames over {summary['episodes']} "
+        f"episodes against the env's frame at their step: PSNR {db['predicted']:.1f} dB; the "
+        f"observed frame copied {db['copy_observed']:.1f} dB, the model's reconstruction of it "
+        f"copied {db['copy_reconstruction']:.1f} dB",
+        f"imagined frames against the env's frame {shift} steps earlier: {off(earlier)}; "
+        f"{shift} steps later: {off(later)}",
+    ]
 
 
 def format_table(results: dict[str, Any]) -> str:
@@ -256,6 +308,8 @@ def format_table(results: dict[str, Any]) -> str:
             f"{t['chunks_per_s']:.2f} chunks/s over {t['wall_s']:.1f} s"
         )
         lines += format_runtime(t)
+    if results.get("imagined"):
+        lines += format_imagined(results["imagined"])
     n = results["episodes"]
     if results["out_of_range_episodes"]:
         lines.append(f"out-of-range actions: {results['out_of_range_episodes']} of {n} episodes "

@@ -26,6 +26,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -181,6 +182,65 @@ def imagined_frames(
             for index, pixels in enumerate(panels):
                 layout.panel(frame, index)[...] = pixels
             yield frame
+
+
+# Steps between the env frames the imagined-frame check compares a prediction with: one latent
+# frame of the Wan2.2 VAE (4x temporal compression), the size of an off-by-one-latent error.
+ALIGNMENT_SHIFT = 4
+
+
+def imagined_errors(
+    chunks: Sequence[ImaginedChunk], env_frames: Sequence[np.ndarray],
+    shift: int = ALIGNMENT_SHIFT,
+) -> dict[str, Any] | None:
+    """How close one episode's predicted frames are to what the env rendered, and to frames
+    ``shift`` steps off: mean squared errors over uint8 pixels, with their frame counts.
+
+    Every executed step ``s + k`` (``k >= 1``) of a chunk planned at step ``s`` counts once: its
+    predicted frame ``k`` against the env's frame ``s + k`` (``predicted``); the baselines
+    against that same env frame: the observed frame ``s`` copied (``copy_observed``) and the
+    model's own frame 0, its reconstruction of that observation, copied
+    (``copy_reconstruction``). ``earlier`` / ``later`` compare predicted frame ``k`` with the
+    env's frame ``s + k - shift`` / ``s + k + shift`` (``shifted``) and, on those same steps,
+    with frame ``s + k`` (``predicted``), where the episode has such a frame. A misaligned clip
+    (frame ``k`` drawn for step ``s + k - shift``, say) is nearer the shifted frames.
+
+    Returns None when the predicted frames and the env's frames differ in size (a canvas with a
+    resize, as LIBERO's): the check compares pixels, never resampled ones.
+    """
+    spans = _chunk_spans(chunks, len(env_frames))
+    if any(c.predicted.shape[1:] != env_frames[c.start].shape for c in chunks):
+        return None
+    frames = [np.asarray(f, dtype=np.float64) for f in env_frames]
+    sums = {"predicted": [], "copy_observed": [], "copy_reconstruction": []}
+    shifted: dict[str, dict[str, list[float]]] = {
+        "earlier": {"predicted": [], "shifted": []}, "later": {"predicted": [], "shifted": []}
+    }
+
+    def mse(a: np.ndarray, b: np.ndarray) -> float:
+        return float(np.mean(np.square(np.asarray(a, np.float64) - b)))
+
+    for chunk, end in spans:
+        for k in range(1, end - chunk.start + 1):
+            step, guess = chunk.start + k, chunk.predicted[k]
+            truth = frames[step]
+            sums["predicted"].append(mse(guess, truth))
+            sums["copy_observed"].append(mse(frames[chunk.start], truth))
+            sums["copy_reconstruction"].append(mse(chunk.predicted[0], truth))
+            for name, other in (("earlier", step - shift), ("later", step + shift)):
+                if 0 <= other < len(frames):
+                    shifted[name]["predicted"].append(sums["predicted"][-1])
+                    shifted[name]["shifted"].append(mse(guess, frames[other]))
+    if not sums["predicted"]:
+        return None
+    result: dict[str, Any] = {
+        "frames": len(sums["predicted"]), "shift": shift,
+        "mse": {k: float(np.mean(v)) for k, v in sums.items()},
+    }
+    for name, parts in shifted.items():
+        result[name] = {"frames": len(parts["predicted"]),
+                        "mse": {k: float(np.mean(v)) if v else None for k, v in parts.items()}}
+    return result
 
 
 def _chunk_spans(

@@ -223,3 +223,18 @@ def test_statistics_wrappers_inside_the_hold_count_env_steps_under_chunk_steppin
     assert truncated.all() and infos["steps_executed"].tolist() == [1, 1]
     assert infos["episode"]["l"].tolist() == [5, 5]
     envs.close()
+
+
+def test_preview_renders_the_chunk_frames_and_leaves_the_env_as_it_was() -> None:
+    env = ColorReachEnv()
+    env.reset(seed=5)
+    chunk = ColorReachExpert().chunk(env.state_dict(), horizon=4)
+    before = env.state_dict()
+    frames = env.preview(chunk)
+    after = env.state_dict()
+    np.testing.assert_array_equal(after.agent, before.agent)
+    assert frames.shape == (4, 128, 128, 3) and frames.dtype == np.uint8
+    stepped = [env.step(action)[0] for action in chunk]
+    np.testing.assert_array_equal(frames, np.stack(stepped))
+    assert not np.array_equal(frames[0], frames[-1])  # the agent moved
+    assert env.preview(chunk[:0]).shape == (0, 128, 128, 3)

@@ -184,3 +184,64 @@ def test_imagined_frames_refuse_a_chunk_longer_than_its_prediction() -> None:
         list(imagined_frames(chunks, env_frames, "x"))
     with pytest.raises(ValueError, match="at least one planned chunk"):
         list(imagined_frames([], env_frames, "x"))
+
+
+def _moving_square(steps: int) -> list[np.ndarray]:
+    """Env frames of a white square moving 3 px right per step on a dark background."""
+    frames = []
+    for s in range(steps + 1):
+        frame = np.full((16, 64, 3), 16, np.uint8)
+        frame[4:10, 2 + 3 * s : 8 + 3 * s] = 255
+        frames.append(frame)
+    return frames
+
+
+def test_imagined_errors_tell_an_aligned_prediction_from_a_shifted_one() -> None:
+    env_frames = _moving_square(12)
+    starts = (0, 4, 8)
+
+    def clip(start: int, offset: int) -> np.ndarray:  # frame k drawn from env step start+k+offset
+        return np.stack([env_frames[min(max(start + k + offset, 0), 12)] for k in range(5)])
+
+    aligned = videos.imagined_errors([ImaginedChunk(s, "go", clip(s, 0)) for s in starts],
+                                     env_frames)
+    assert aligned["frames"] == 12 and aligned["shift"] == videos.ALIGNMENT_SHIFT
+    assert aligned["mse"]["predicted"] == 0.0
+    assert aligned["mse"]["copy_observed"] > 0 and aligned["mse"]["copy_reconstruction"] > 0
+    assert aligned["earlier"]["frames"] == 9 and aligned["later"]["frames"] == 8  # steps 4-12, 1-8
+    assert aligned["earlier"]["mse"]["shifted"] > 0 and aligned["later"]["mse"]["shifted"] > 0
+    # A clip one latent frame late (frame k shows step start+k-4) matches the earlier frames.
+    late = videos.imagined_errors([ImaginedChunk(s, "go", clip(s, -4)) for s in starts],
+                                  env_frames)
+    assert late["earlier"]["mse"]["shifted"] == 0.0 < late["earlier"]["mse"]["predicted"]
+    assert late["mse"]["predicted"] > late["mse"]["copy_observed"]
+    # A clip off by one step is nearer its own step than 4 steps off, but not exact.
+    off_by_one = videos.imagined_errors(
+        [ImaginedChunk(s, "go", clip(s, 1)) for s in starts], env_frames
+    )
+    assert 0 < off_by_one["mse"]["predicted"] < off_by_one["later"]["mse"]["shifted"]
+    # Frames of another size than the env's (a resized canvas) are not compared.
+    small = [ImaginedChunk(0, "go", clip(0, 0)[:, :8])]
+    assert videos.imagined_errors(small, env_frames[:5]) is None
+
+
+def test_results_pool_the_imagined_errors_over_episodes() -> None:
+    from cosmos3_gym.eval.results import format_imagined, imagined_summary
+
+    def block(frames: int, predicted: float, copy: float) -> dict:
+        shifted = {"frames": frames, "mse": {"predicted": predicted, "shifted": 4 * copy}}
+        return {"frames": frames, "shift": 4, "earlier": shifted, "later": shifted,
+                "mse": {"predicted": predicted, "copy_observed": copy,
+                        "copy_reconstruction": copy}}
+
+    records = [{"imagined": block(10, 1.0, 10.0)}, {"imagined": None},
+               {"imagined": block(30, 5.0, 10.0)}]
+    summary = imagined_summary(records)
+    assert summary["episodes"] == 2 and summary["frames"] == 40
+    # pooled over frames: (10 * 1 + 30 * 5) / 40 = 4.0
+    assert summary["psnr_db"]["predicted"] == pytest.approx(10 * np.log10(255**2 / 4.0))
+    assert summary["psnr_db"]["copy_observed"] == pytest.approx(10 * np.log10(255**2 / 10.0))
+    assert summary["earlier"]["psnr_db"]["shifted"] == pytest.approx(10 * np.log10(255**2 / 40))
+    lines = format_imagined(summary)
+    assert "40 predicted frames over 2 episodes" in lines[0] and "4 steps earlier" in lines[1]
+    assert imagined_summary([{"imagined": None}]) is None
