@@ -239,7 +239,10 @@ def imagined_summary(records: Sequence[EpisodeRecord]) -> dict[str, Any] | None:
     shifts = sorted({p["shift"] for p in parts})
     if len(shifts) != 1:
         raise ValueError(f"imagined records compare frames at different shifts: {shifts}")
-    summary = {"episodes": len(parts), "shift": shifts[0], **pooled(parts)}
+    chunks = sum(p["chunks"] for p in parts)
+    summary = {"episodes": len(parts), "shift": shifts[0], **pooled(parts), "chunks": chunks,
+               "reconstruction_psnr_db": _psnr(
+                   sum(p["reconstruction_mse"] * p["chunks"] for p in parts) / chunks)}
     for name in ("earlier", "later"):
         summary[name] = pooled([p[name] for p in parts])
     return summary
@@ -250,7 +253,7 @@ def _psnr(mse: float) -> float:
 
 
 def format_imagined(summary: dict[str, Any]) -> list[str]:
-    """Two lines on the imagined frames (:func:`imagined_summary`)."""
+    """Three lines on the imagined frames (:func:`imagined_summary`)."""
     db, shift = summary["psnr_db"], summary["shift"]
     earlier, later = summary["earlier"], summary["later"]
 
@@ -261,6 +264,8 @@ def format_imagined(summary: dict[str, Any]) -> list[str]:
         )
 
     return [
+        f"imagined frames: the model's frame 0 against the observation it decodes: PSNR "
+        f"{summary['reconstruction_psnr_db']:.1f} dB over {summary['chunks']} chunks",
         f"imagined frames: {summary['frames']} predicted frames over {summary['episodes']} "
         f"episodes against the env's frame at their step: PSNR {db['predicted']:.1f} dB; the "
         f"observed frame copied {db['copy_observed']:.1f} dB, the model's reconstruction of it "

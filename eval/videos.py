@@ -200,9 +200,11 @@ def imagined_errors(
     predicted frame ``k`` against the env's frame ``s + k`` (``predicted``); the baselines
     against that same env frame: the observed frame ``s`` copied (``copy_observed``) and the
     model's own frame 0, its reconstruction of that observation, copied
-    (``copy_reconstruction``). ``earlier`` / ``later`` compare predicted frame ``k`` with the
-    env's frame ``s + k - shift`` / ``s + k + shift`` (``shifted``) and, on those same steps,
-    with frame ``s + k`` (``predicted``), where the episode has such a frame. A misaligned clip
+    (``copy_reconstruction``). ``reconstruction`` (with ``chunks``, its count) is each chunk's
+    frame 0 against the observation it decodes: the VAE's own error. ``earlier`` / ``later``
+    compare predicted frame ``k`` with the env's frame ``s + k - shift`` / ``s + k + shift``
+    (``shifted``) and, on those same steps, with frame ``s + k`` (``predicted``), where the
+    episode has such a frame. A misaligned clip
     (frame ``k`` drawn for step ``s + k - shift``, say) is nearer the shifted frames.
 
     Returns None when the predicted frames and the env's frames differ in size (a canvas with a
@@ -220,6 +222,7 @@ def imagined_errors(
     def mse(a: np.ndarray, b: np.ndarray) -> float:
         return float(np.mean(np.square(np.asarray(a, np.float64) - b)))
 
+    reconstruction = [mse(c.predicted[0], frames[c.start]) for c, _ in spans]
     for chunk, end in spans:
         for k in range(1, end - chunk.start + 1):
             step, guess = chunk.start + k, chunk.predicted[k]
@@ -236,6 +239,7 @@ def imagined_errors(
     result: dict[str, Any] = {
         "frames": len(sums["predicted"]), "shift": shift,
         "mse": {k: float(np.mean(v)) for k, v in sums.items()},
+        "chunks": len(reconstruction), "reconstruction_mse": float(np.mean(reconstruction)),
     }
     for name, parts in shifted.items():
         result[name] = {"frames": len(parts["predicted"]),

@@ -206,7 +206,8 @@ def test_imagined_errors_tell_an_aligned_prediction_from_a_shifted_one() -> None
     aligned = videos.imagined_errors([ImaginedChunk(s, "go", clip(s, 0)) for s in starts],
                                      env_frames)
     assert aligned["frames"] == 12 and aligned["shift"] == videos.ALIGNMENT_SHIFT
-    assert aligned["mse"]["predicted"] == 0.0
+    assert aligned["mse"]["predicted"] == 0.0 and aligned["reconstruction_mse"] == 0.0
+    assert aligned["chunks"] == 3
     assert aligned["mse"]["copy_observed"] > 0 and aligned["mse"]["copy_reconstruction"] > 0
     assert aligned["earlier"]["frames"] == 9 and aligned["later"]["frames"] == 8  # steps 4-12, 1-8
     assert aligned["earlier"]["mse"]["shifted"] > 0 and aligned["later"]["mse"]["shifted"] > 0
@@ -231,6 +232,7 @@ def test_results_pool_the_imagined_errors_over_episodes() -> None:
     def block(frames: int, predicted: float, copy: float) -> dict:
         shifted = {"frames": frames, "mse": {"predicted": predicted, "shifted": 4 * copy}}
         return {"frames": frames, "shift": 4, "earlier": shifted, "later": shifted,
+                "chunks": frames // 4, "reconstruction_mse": predicted,
                 "mse": {"predicted": predicted, "copy_observed": copy,
                         "copy_reconstruction": copy}}
 
@@ -242,6 +244,9 @@ def test_results_pool_the_imagined_errors_over_episodes() -> None:
     assert summary["psnr_db"]["predicted"] == pytest.approx(10 * np.log10(255**2 / 4.0))
     assert summary["psnr_db"]["copy_observed"] == pytest.approx(10 * np.log10(255**2 / 10.0))
     assert summary["earlier"]["psnr_db"]["shifted"] == pytest.approx(10 * np.log10(255**2 / 40))
+    assert summary["chunks"] == 9  # 2 + 7 chunks: (2 * 1 + 7 * 5) / 9
+    assert summary["reconstruction_psnr_db"] == pytest.approx(10 * np.log10(255**2 * 9 / 37))
     lines = format_imagined(summary)
-    assert "40 predicted frames over 2 episodes" in lines[0] and "4 steps earlier" in lines[1]
+    assert "over 9 chunks" in lines[0]
+    assert "40 predicted frames over 2 episodes" in lines[1] and "4 steps earlier" in lines[2]
     assert imagined_summary([{"imagined": None}]) is None

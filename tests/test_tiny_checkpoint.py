@@ -3,15 +3,19 @@ right, and the training entry point that produced it is reproducible."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from cosmos3_gym.checkpoint import resolve_checkpoint
 from cosmos3_gym.eval.cli import main as cli_main
+from cosmos3_gym.eval.results import read_jsonl
 from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 from cosmos3_gym.tiny import build_tiny_transformer
 from cosmos3_gym.train import (
@@ -20,6 +24,10 @@ from cosmos3_gym.train import (
     train,
     transformer_overrides,
 )
+from cosmos3_gym.train.demos import collect_demos, demo_canvas
+from cosmos3_gym.train.vae import reconstruction_psnr
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # A fixed episode set, disjoint from the training seeds (0..episodes-1).
 EVAL_SEED = 50_000
@@ -57,23 +65,80 @@ def test_tiny_checkpoint_reaches_the_named_target(tiny_pipe: Cosmos3ActionPipeli
     assert shuffled["success_rate"] <= 0.4, shuffled
 
 
+# The shipped VAE on clips of episodes no training run used (training seed 0 took episodes
+# 0..1439; these are seed 7's). Measured when the checkpoint was trained: see training.json.
+# The bar: frames the agent has moved in differ from the observed one by about 20 dB (two
+# agent squares of error), so a reconstruction must be well above that for the agent's
+# position in a decoded frame to mean anything.
+VAE_PSNR_FLOOR_DB = 23.0
+
+
+def test_tiny_vae_reconstructs_held_out_clips(tiny_pipe: Cosmos3ActionPipeline) -> None:
+    demos = collect_demos(TrainConfig(seed=7), episodes=range(12))[:24]
+    psnr = reconstruction_psnr(tiny_pipe.vae, demos.clips, demo_canvas(tiny_pipe, demos))
+    assert psnr["clips"] == 24
+    assert min(psnr["per_frame"]) >= VAE_PSNR_FLOOR_DB, psnr
+
+
+def _dev_script():
+    spec = importlib.util.spec_from_file_location("dev", ROOT / "scripts" / "dev.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_demo_imagined_frames_show_the_scene(tmp_path: Path) -> None:
+    """``make demo``'s imagined run: the frames the model draws are the scene it was shown (its
+    frame 0 against the observation, over every planned chunk), and the summary measures its
+    predicted frames against the env's. The shipped checkpoint predicts a still future
+    (train/trainer.py, ``video_target``): its predicted frames are no nearer their own step's
+    env frame than the frames 4 steps off, which a policy trained on the real future must beat."""
+    argv = list(_dev_script().DEMO_IMAGINED)
+    argv[argv.index("--out") + 1] = str(tmp_path / "imagined")
+    assert cli_main([*argv, "--no-progress"]) == 0
+    results = json.loads((tmp_path / "imagined" / "results.json").read_text())
+    imagined = results["imagined"]
+    assert imagined["episodes"] == results["episodes"] == 4 and imagined["frames"] >= 40
+    assert imagined["reconstruction_psnr_db"] >= VAE_PSNR_FLOOR_DB, imagined
+    assert imagined["chunks"] == sum(r["chunks"] for r in read_jsonl(
+        tmp_path / "imagined" / "episodes.jsonl"))
+    assert all(math.isfinite(v) for v in imagined["psnr_db"].values()), imagined
+
+
 def _small_run(out: Path) -> TrainConfig:
     return TrainConfig(
         out=str(out), seed=3, episodes=2, keep_prob=0.5, hidden_size=64, head_dim=16,
         intermediate_size=64, steps=4, batch_size=4, warmup_steps=2, log_every=1,
+        vae_steps=2, vae_batch_size=2, vae_warmup_steps=1, vae_holdout_episodes=1,
     )
 
 
 def test_training_is_bit_reproducible(tmp_path: Path) -> None:
     logs, weights = [], []
+    vaes = []
     for name in ("first", "second"):
         cfg = _small_run(tmp_path / name)
         logs.append(train(cfg))
         folder = Path(cfg.out) / "transformer"
         weights.append(load_file(str(folder / "diffusion_pytorch_model.safetensors")))
+        vaes.append(Path(cfg.out) / "vae")
     assert [p["loss"] for p in logs[0]["loss_curve"]] == [p["loss"] for p in logs[1]["loss_curve"]]
+    assert logs[0]["vae"] == logs[1]["vae"]
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    # The VAE's decoder trained too, to the same bits; its encoder is the initial one.
+    vae_weights = [load_file(str(v / "diffusion_pytorch_model.safetensors")) for v in vaes]
+    assert all(torch.equal(vae_weights[0][k], vae_weights[1][k]) for k in vae_weights[0])
+    assert (vaes[0] / "config.json").read_text() == (vaes[1] / "config.json").read_text()
+    from cosmos3_gym.tiny import build_tiny_vae
+
+    initial_vae = build_tiny_vae(seed=3).state_dict()
+    decoder = [k for k in initial_vae if k.startswith(("decoder.", "post_quant_conv."))]
+    encoder = [k for k in initial_vae if k.startswith(("encoder.", "quant_conv."))]
+    assert len(decoder) > 10 and len(encoder) > 10
+    assert [k for k in decoder if torch.equal(initial_vae[k], vae_weights[0][k])] == []
+    assert all(torch.equal(initial_vae[k], vae_weights[0][k]) for k in encoder)
     # Training moved every trainable weight away from the random initialisation, the GEN
     # projections included (the pipeline fuses those for inference; training must not).
     cfg = _small_run(tmp_path / "first")
@@ -100,7 +165,7 @@ def test_training_progress_shows_its_loss_and_changes_nothing(tmp_path: Path, ca
     assert weights_on.keys() == weights_off.keys()
     assert all(torch.equal(weights_on[k], weights_off[k]) for k in weights_on)
     # One bar per phase; the training bar carries the last logged loss.
-    assert "demos:" in bars_on and "encode:" in bars_on
+    assert "demos:" in bars_on and "vae:" in bars_on and "encode:" in bars_on
     assert f"loss={curve_on[-1]:.4f}" in bars_on and "4/4" in bars_on
     assert bars_off == ""
 
@@ -109,7 +174,8 @@ def test_train_command_writes_a_loadable_checkpoint(tmp_path: Path, capsys) -> N
     out = tmp_path / "ckpt"
     argv = ["--out", str(out), "--seed", "1", "--episodes", "1", "--steps", "2",
             "--batch-size", "2", "--hidden-size", "64", "--head-dim", "16",
-            "--intermediate-size", "64", "--warmup-steps", "1", "--log-every", "1"]
+            "--intermediate-size", "64", "--warmup-steps", "1", "--log-every", "1",
+            "--vae-steps", "1", "--vae-batch-size", "2", "--vae-holdout-episodes", "1"]
     # As the README runs it: `cosmos3-gym train --out DIR ...`.
     assert cli_main(["train", *argv]) == 0
     assert "wrote" in capsys.readouterr().out
@@ -138,3 +204,32 @@ def test_inference_only_attention_fold_leaves_training_numerics_alone(tmp_path, 
         monkeypatch.undo()
         curves.append([p["loss"] for p in log["loss_curve"]])
     assert curves[0] == curves[1]
+
+
+def test_training_latents_are_the_pipeline_encode_of_the_observation_and_its_future(
+    tiny_pipe: Cosmos3ActionPipeline,
+) -> None:
+    """Latent frame 0 of a training clip is what the encode stage gives the sampler at
+    inference (causal encoder); frame 1 codes the chunk's rendered frames, so it moves with them."""
+    from cosmos3_gym.pipeline.stages import MicroBatch, SamplingParams
+    from cosmos3_gym.train.demos import encode_raw_latents
+
+    demos = collect_demos(TrainConfig(seed=7), episodes=range(2))[:3]
+    plan = demo_canvas(tiny_pipe, demos)
+    raw = encode_raw_latents(tiny_pipe.vae, demos, plan, batch_size=3)
+    assert raw.shape[:3] == (3, 48, tiny_pipe.noise.num_latent_frames)
+    from cosmos3_gym.pipeline.vae import latent_normalization
+
+    mean, inv_std = latent_normalization(tiny_pipe.vae)
+    training = (raw - mean.view(1, -1, 1, 1, 1)) * inv_std.view(1, -1, 1, 1, 1)
+    batch = MicroBatch(indices=[0, 1, 2], images=list(demos.images), prompts=[], seeds=[],
+                       plan=plan)
+    params = SamplingParams(num_inference_steps=1, guidance_scale=1.0, flow_shift=1.0,
+                            progress=False)
+    for stage in (tiny_pipe.preprocess, tiny_pipe.encode):
+        batch = stage(batch, params)
+    torch.testing.assert_close(training[:, :, :1], batch.cond_latent, atol=2e-4, rtol=1e-4)
+    still = demos[:3]
+    still.futures = np.repeat(still.images[:, None], 4, axis=1)  # the agent never moves
+    frozen = encode_raw_latents(tiny_pipe.vae, still, plan, batch_size=3)
+    assert not torch.allclose(frozen[:, :, 1:], raw[:, :, 1:], atol=1e-3)

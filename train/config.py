@@ -50,10 +50,27 @@ class TrainConfig:
     video_loss_weight: float = _knob(
         0.1, "weight of the future-frame velocity loss beside the action loss"
     )
-    log_every: int = _knob(25, "steps per point of the loss curve (train_log.json)")
+    video_target: str = _knob(
+        "still", "future latent frames trained towards: 'still' (the observation's latent) or "
+        "'future' (the frames the expert's chunk renders; see train/trainer.py)"
+    )
+    log_every: int = _knob(25, "steps per point of the loss curves (train_log.json)")
     encode_batch_size: int = _knob(32, "demo images per VAE encode call")
     stats_samples: int = _knob(
         64, "demos whose latents set the VAE's per-channel normalisation statistics"
+    )
+    # The VAE's decoder, trained after the statistics are set (train/vae.py); the encoder stays.
+    vae_clips: int = _knob(1024, "demo clips the VAE decoder learns to draw (the first ones)")
+    vae_steps: int = _knob(1800, "VAE decoder optimiser steps (0: keep it random)")
+    vae_batch_size: int = _knob(8, "clips per VAE decoder step")
+    vae_still_rows: int = _knob(
+        2, "clips per VAE step shown as the still future (with the 'still' video target)"
+    )
+    vae_crop: int = _knob(64, "side of the window each VAE training clip is cut to (px)")
+    vae_lr: float = _knob(3e-3, "peak learning rate of the VAE decoder (AdamW)")
+    vae_warmup_steps: int = _knob(50, "VAE linear warmup steps before the cosine decay")
+    vae_holdout_episodes: int = _knob(
+        40, "expert episodes after the training ones whose clips measure the VAE's PSNR"
     )
     # One intra-op thread: the result does not depend on how busy a shared machine is, and
     # two threads on two shared cores are slower than one.

@@ -1,8 +1,10 @@
 """Demos: ColorReach expert rollouts, and the tensors the transformer trains on.
 
-Every sample goes through the pipeline's own stages, so training sees exactly what inference
-sees: preprocess + encode (the 128x128 image on the 256 canvas, the VAE latent of its content:
-8x8 latents, one 2x2 patch per arena cell) and the prompt stage's caption tokens.
+Every sample goes through the pipeline's own functions, so training sees exactly what inference
+sees: the preprocess stage's canvas (the 128x128 image on the 256 canvas), the VAE latent of its
+content (8x8 latents, one 2x2 patch per arena cell; the clip of the observation and the frames its
+chunk renders, encoded causally, so latent frame 0 is the encode stage's conditioning latent) and
+the prompt stage's caption tokens.
 """
 
 from __future__ import annotations
@@ -15,43 +17,63 @@ import torch
 
 from cosmos3_gym.envs import ColorReachEnv, ColorReachExpert
 from cosmos3_gym.envs.color_reach import prompt_for
-from cosmos3_gym.pipeline.preprocess import plan_canvas
+from cosmos3_gym.pipeline.preprocess import CanvasPlan, plan_canvas
 from cosmos3_gym.pipeline.stages import MicroBatch, SamplingParams
 from cosmos3_gym.progress import progress_bar
 from cosmos3_gym.train.config import TrainConfig
+from cosmos3_gym.train.vae import encode_clips
 
 
 @dataclass
 class Demos:
     """Expert-labelled samples: ``images`` uint8 ``[N, S, S, 3]``, ``colors`` int ``[N]``
-    (index into ``COLOR_ORDER``), ``chunks`` float32 ``[N, H, 2]``."""
+    (index into ``COLOR_ORDER``), ``chunks`` float32 ``[N, H, 2]`` and ``futures`` uint8
+    ``[N, H, S, S, 3]``: the frames the env renders after each action of the chunk, so
+    ``futures[n, k]`` is the frame ``k + 1`` steps after ``images[n]``."""
 
     images: np.ndarray
     colors: np.ndarray
     chunks: np.ndarray
+    futures: np.ndarray
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
+
+    def __getitem__(self, index: slice | np.ndarray) -> Demos:
+        return Demos(self.images[index], self.colors[index], self.chunks[index],
+                     self.futures[index])
+
+    @property
+    def clips(self) -> np.ndarray:
+        """uint8 ``[N, H + 1, S, S, 3]``: each sample's observation and its chunk's frames."""
+        return np.concatenate([self.images[:, None], self.futures], axis=1)
 
 
 COLOR_ORDER = ("red", "green", "blue", "yellow")
 
 
-def collect_demos(cfg: TrainConfig, progress: bool = False) -> Demos:
-    """Roll the expert (with random detours) from fixed seeds; label states with expert chunks."""
+def collect_demos(
+    cfg: TrainConfig, progress: bool = False, *, episodes: range | None = None
+) -> Demos:
+    """Roll the expert (with random detours) from fixed seeds; label states with expert chunks
+    and the frames those chunks render. ``episodes`` (default ``range(cfg.episodes)``) picks
+    the episode indices (the VAE's held-out clips come from indices past the training ones)."""
     expert = ColorReachExpert()
-    images, colors, chunks = [], [], []
-    episodes = progress_bar(enabled=progress, total=cfg.episodes, desc="demos", unit="ep")
-    for episode in range(cfg.episodes):
+    images, colors, chunks, futures = [], [], [], []
+    episodes = range(cfg.episodes) if episodes is None else episodes
+    bar = progress_bar(enabled=progress, total=len(episodes), desc="demos", unit="ep")
+    for episode in episodes:
         env = ColorReachEnv(image_size=cfg.image_size, colors=COLOR_ORDER)
         rng = np.random.default_rng([cfg.seed, episode])
         obs, _ = env.reset(seed=cfg.seed * 1_000_003 + episode)
         for _ in range(env.max_episode_steps):
             state = env.state_dict()
             if rng.random() < cfg.keep_prob:
+                chunk = expert.chunk(state, cfg.action_horizon)
                 images.append(obs)
                 colors.append(COLOR_ORDER.index(state.goal))
-                chunks.append(expert.chunk(state, cfg.action_horizon))
+                chunks.append(chunk)
+                futures.append(env.preview(chunk))
             if rng.random() < cfg.detour_prob:
                 action = rng.uniform(-1.0, 1.0, size=2).astype(np.float32)
             else:
@@ -59,9 +81,10 @@ def collect_demos(cfg: TrainConfig, progress: bool = False) -> Demos:
             obs, _, terminated, truncated, _ = env.step(action)
             if terminated or truncated:
                 break
-        episodes.update(1)
-    episodes.close()
-    return Demos(np.stack(images), np.asarray(colors, np.int64), np.stack(chunks))
+        bar.update(1)
+    bar.close()
+    return Demos(np.stack(images), np.asarray(colors, np.int64), np.stack(chunks),
+                 np.stack(futures))
 
 
 # ---------------------------------------------------------------------- pipeline inputs
@@ -71,19 +94,25 @@ def collect_demos(cfg: TrainConfig, progress: bool = False) -> Demos:
 class EncodedDemos:
     """What the transformer sees: clean latents, caption tokens per colour, action targets."""
 
-    latents: torch.Tensor  # [N, 48, 1, h, w] normalised conditioning latents
+    latents: torch.Tensor  # [N, 48, T, h, w] normalised: frame 0 the observation (T = 1: only
+    # it, the "still" target), frames 1.. the real future (the "future" target)
     colors: torch.Tensor  # [N] index into the caption batch
     actions: torch.Tensor  # [N, H, 64] float32, channels >= raw_action_dim zero
     input_ids: torch.Tensor  # [4, L] one JSON caption per colour
     text_mask: torch.Tensor  # [4, L]
 
 
-def encode_demos(pipe: Any, demos: Demos, batch_size: int, progress: bool = False) -> EncodedDemos:
+def encode_demos(
+    pipe: Any, demos: Demos, batch_size: int, progress: bool = False,
+    future_latents: torch.Tensor | None = None,
+) -> EncodedDemos:
     """Turn demos into the pipeline's exact tensors through its own stages: preprocess and
     encode (the image on the tier canvas, the VAE latent of its content) and the prompt stage's
-    tokens (the JSON caption of each colour)."""
+    tokens (the JSON caption of each colour). ``future_latents`` (raw ``[N, 48, T, h, w]`` clip
+    latents from :func:`encode_raw_latents`) append the real future's latent frames 1..,
+    normalised with the checkpoint VAE's statistics."""
     policy = pipe.policy
-    plan = plan_canvas(demos.images.shape[1], demos.images.shape[2], policy.resolution_tier)
+    plan = demo_canvas(pipe, demos)
     params = SamplingParams(
         num_inference_steps=policy.num_inference_steps, guidance_scale=1.0,
         flow_shift=policy.flow_shift, progress=False,
@@ -100,6 +129,14 @@ def encode_demos(pipe: Any, demos: Demos, batch_size: int, progress: bool = Fals
         latents.append(batch.cond_latent)  # [b, 48, 1, h, w] normalised content latents
         bar.update(len(images))
     bar.close()
+    latent = torch.cat(latents)
+    if future_latents is not None:
+        from cosmos3_gym.pipeline.vae import latent_normalization
+
+        mean, inv_std = latent_normalization(pipe.vae)
+        future = (future_latents[:, :, 1:] - mean.view(1, -1, 1, 1, 1)) * inv_std.view(
+            1, -1, 1, 1, 1)
+        latent = torch.cat([latent, future], dim=2)
     captions = MicroBatch(
         indices=list(range(len(COLOR_ORDER))), images=[],
         prompts=[prompt_for(color) for color in COLOR_ORDER], seeds=[], plan=plan,
@@ -108,9 +145,31 @@ def encode_demos(pipe: Any, demos: Demos, batch_size: int, progress: bool = Fals
     actions = torch.zeros(len(demos), policy.action_horizon, pipe.noise.action_dim)
     actions[..., : policy.raw_action_dim] = torch.from_numpy(demos.chunks)
     return EncodedDemos(
-        latents=torch.cat(latents), colors=torch.from_numpy(demos.colors), actions=actions,
+        latents=latent, colors=torch.from_numpy(demos.colors), actions=actions,
         input_ids=input_ids, text_mask=text_mask,
     )
+
+
+def encode_raw_latents(
+    vae: Any, demos: Demos, plan: CanvasPlan, batch_size: int, progress: bool = False
+) -> torch.Tensor:
+    """The VAE posterior mode of every demo clip, ``[N, 48, T, h, w]`` (not normalised): each
+    frame on the model's canvas (the preprocess stage's function), the clip encoded causally,
+    the latent cropped to the content as the encode stage crops it. Latent frame 0 is the
+    encode stage's conditioning latent (the causal encoder codes frame 0 alone); frame ``j``
+    codes the chunk's frames ``4(j - 1) + 1 .. 4j``."""
+    latents = []
+    bar = progress_bar(enabled=progress, total=len(demos), desc="encode clips", unit="clip")
+    for start in range(0, len(demos), batch_size):
+        latents.append(encode_clips(vae, demos[start : start + batch_size].clips, plan))
+        bar.update(min(batch_size, len(demos) - start))
+    bar.close()
+    return torch.cat(latents)
+
+
+def demo_canvas(pipe: Any, demos: Demos) -> CanvasPlan:
+    """The canvas the pipeline puts the demos' images on (the policy head's resolution tier)."""
+    return plan_canvas(demos.images.shape[1], demos.images.shape[2], pipe.policy.resolution_tier)
 
 
 def latent_statistics(
@@ -119,8 +178,7 @@ def latent_statistics(
     """Per-channel mean and std of the VAE posterior mode over the first ``samples`` demos."""
     from cosmos3_gym.pipeline.vae import latent_normalization
 
-    subset = Demos(demos.images[:samples], demos.colors[:samples], demos.chunks[:samples])
-    normalized = encode_demos(pipe, subset, batch_size).latents  # [n, 48, 1, h, w]
+    normalized = encode_demos(pipe, demos[:samples], batch_size).latents  # [n, 48, 1, h, w]
     mean, inv_std = latent_normalization(pipe.vae)
     raw = normalized / inv_std.view(1, -1, 1, 1, 1) + mean.view(1, -1, 1, 1, 1)
     channels = raw.transpose(0, 1).reshape(raw.shape[1], -1)  # [48, n*h*w]
