@@ -277,16 +277,6 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
     return log
 
 
-def _yes_no(text: str) -> bool:
-    """A boolean option's value: ``true``/``false`` (also ``yes``/``no``, ``1``/``0``)."""
-    value = text.strip().lower()
-    if value in ("true", "yes", "1"):
-        return True
-    if value in ("false", "no", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """``cosmos3-gym train``'s options: one per :class:`TrainConfig` field, and the bars."""
     parser = argparse.ArgumentParser(
@@ -294,9 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a tiny Cosmos3 policy on ColorReach expert demos (CPU, deterministic).",
     )
     for knob in fields(TrainConfig):
-        kind = _yes_no if isinstance(knob.default, bool) else type(knob.default)
         parser.add_argument(
-            "--" + knob.name.replace("_", "-"), type=kind, default=knob.default,
+            "--" + knob.name.replace("_", "-"), type=type(knob.default), default=knob.default,
             dest=knob.name, help=f"{knob.metadata['help']} (default: {knob.default})",
         )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
