@@ -26,8 +26,10 @@ def reference_forward(
     domain: int,
     fps: float,
     num_cond_frames: int = 1,
+    action_timestep: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Velocities for one sample: ``input_ids [L]``, ``vision [1,48,T,h,w]``, ``actions [H,64]``."""
+    """Velocities for one sample: ``input_ids [L]``, ``vision [1,48,T,h,w]``, ``actions [H,64]``;
+    ``action_timestep`` (default ``timestep``) is the action tokens' own noise level."""
     cfg = ref.config
     length = input_ids.shape[0]
     _, _, t, h, w = vision.shape
@@ -57,7 +59,9 @@ def reference_forward(
         vision_noisy_frame_indexes=[noisy_frames.to(dev)],
         action_tokens=[actions], action_token_shapes=[(n_act, 1, 1)],
         action_sequence_indexes=act_idx.to(dev), action_mse_loss_indexes=act_idx.to(dev),
-        action_timesteps=torch.full((n_act,), float(timestep), device=dev),
+        action_timesteps=torch.full(
+            (n_act,), float(timestep if action_timestep is None else action_timestep), device=dev
+        ),
         action_noisy_frame_indexes=[torch.arange(n_act, device=dev)],
         action_domain_ids=[torch.tensor(domain, device=dev)],
     )

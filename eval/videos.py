@@ -206,6 +206,10 @@ def imagined_errors(
     (``shifted``) and, on those same steps, with frame ``s + k`` (``predicted``), where the
     episode has such a frame. A misaligned clip
     (frame ``k`` drawn for step ``s + k - shift``, say) is nearer the shifted frames.
+    ``changed`` looks only at the pixels where the env's frame ``s + k`` differs from the
+    observed frame ``s`` (what moved): predicted frame ``k`` against frame ``s + k`` there
+    (``future``) and against frame ``s`` (``present``), pooled over ``pixels`` such pixels of
+    ``frames`` frames (None where nothing moved). A still prediction is nearer the present.
 
     Returns None when the predicted frames and the env's frames differ in size (a canvas with a
     resize, as LIBERO's): the check compares pixels, never resampled ones.
@@ -223,10 +227,18 @@ def imagined_errors(
         return float(np.mean(np.square(np.asarray(a, np.float64) - b)))
 
     reconstruction = [mse(c.predicted[0], frames[c.start]) for c, _ in spans]
+    changed = {"frames": 0, "pixels": 0, "future": 0.0, "present": 0.0}  # squared-error sums
     for chunk, end in spans:
         for k in range(1, end - chunk.start + 1):
             step, guess = chunk.start + k, chunk.predicted[k]
             truth = frames[step]
+            moved = np.any(truth != frames[chunk.start], axis=-1)  # [h, w]
+            if moved.any():
+                pixels = np.asarray(guess, np.float64)[moved]  # [n, 3]
+                changed["frames"] += 1
+                changed["pixels"] += int(moved.sum())
+                changed["future"] += float(np.square(pixels - truth[moved]).sum())
+                changed["present"] += float(np.square(pixels - frames[chunk.start][moved]).sum())
             sums["predicted"].append(mse(guess, truth))
             sums["copy_observed"].append(mse(frames[chunk.start], truth))
             sums["copy_reconstruction"].append(mse(chunk.predicted[0], truth))
@@ -240,6 +252,10 @@ def imagined_errors(
         "frames": len(sums["predicted"]), "shift": shift,
         "mse": {k: float(np.mean(v)) for k, v in sums.items()},
         "chunks": len(reconstruction), "reconstruction_mse": float(np.mean(reconstruction)),
+        "changed": {"frames": changed["frames"], "pixels": changed["pixels"], "mse": {
+            name: changed[name] / (3 * changed["pixels"]) if changed["pixels"] else None
+            for name in ("future", "present")
+        }},
     }
     for name, parts in shifted.items():
         result[name] = {"frames": len(parts["predicted"]),

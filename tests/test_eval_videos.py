@@ -221,6 +221,21 @@ def test_imagined_errors_tell_an_aligned_prediction_from_a_shifted_one() -> None
         [ImaginedChunk(s, "go", clip(s, 1)) for s in starts], env_frames
     )
     assert 0 < off_by_one["mse"]["predicted"] < off_by_one["later"]["mse"]["shifted"]
+    # On the pixels that moved, an aligned clip is the future itself; a still one (every
+    # frame the observation) is the present, and as far from the future as the scene moved.
+    assert aligned["changed"]["frames"] == 12 and aligned["changed"]["pixels"] > 12
+    assert aligned["changed"]["mse"]["future"] == 0.0 < aligned["changed"]["mse"]["present"]
+    still = videos.imagined_errors(
+        [ImaginedChunk(s, "go", np.stack([env_frames[s]] * 5)) for s in starts], env_frames
+    )
+    assert still["changed"]["pixels"] == aligned["changed"]["pixels"]
+    assert still["changed"]["mse"]["present"] == 0.0 < still["changed"]["mse"]["future"]
+    assert still["changed"]["mse"]["future"] == aligned["changed"]["mse"]["present"]
+    nothing_moves = videos.imagined_errors(
+        [ImaginedChunk(0, "go", np.stack([env_frames[0]] * 5))], [env_frames[0]] * 5
+    )
+    assert nothing_moves["changed"] == {"frames": 0, "pixels": 0,
+                                        "mse": {"future": None, "present": None}}
     # Frames of another size than the env's (a resized canvas) are not compared.
     small = [ImaginedChunk(0, "go", clip(0, 0)[:, :8])]
     assert videos.imagined_errors(small, env_frames[:5]) is None

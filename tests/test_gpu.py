@@ -29,8 +29,10 @@ CONFIG = dict(
 )
 
 
-def test_bf16_generator_tracks_diffusers_bf16() -> None:
-    """Both in bf16 on the GPU, compared with the fp32 reference as the yardstick."""
+@pytest.mark.parametrize("action_t", [None, 120.0])
+def test_bf16_generator_tracks_diffusers_bf16(action_t: float | None) -> None:
+    """Both in bf16 on the GPU, compared with the fp32 reference as the yardstick; also with
+    the action tokens at their own noise level (``action_timesteps``, as training runs it)."""
     torch.manual_seed(0)
     ref = Cosmos3OmniTransformer(**CONFIG).eval()
     ours = Cosmos3Transformer(Cosmos3Config.from_dict(dict(ref.config))).eval()
@@ -42,11 +44,12 @@ def test_bf16_generator_tracks_diffusers_bf16() -> None:
     vision = torch.randn(1, 48, 3, 6, 10, generator=gen)
     actions = torch.randn(16, 64, generator=gen)
     with torch.no_grad():
-        exact, exact_act = reference_forward(ref, ids, vision, actions, 604.0, domain=5, fps=20.0)
+        exact, exact_act = reference_forward(ref, ids, vision, actions, 604.0, domain=5, fps=20.0,
+                                             action_timestep=action_t)
         ref_bf16 = ref.to("cuda", torch.bfloat16)
         ref_vis, ref_act = reference_forward(
             ref_bf16, ids.cuda(), vision.cuda().bfloat16(), actions.cuda().bfloat16(), 604.0,
-            domain=5, fps=20.0,
+            domain=5, fps=20.0, action_timestep=action_t,
         )
         ours = ours.to("cuda", torch.bfloat16).fuse_gen_projections()
         ours.time_embedder.float()
@@ -55,6 +58,7 @@ def test_bf16_generator_tracks_diffusers_bf16() -> None:
             vision.cuda(), (torch.arange(3, device="cuda") > 0)[None], actions[None].cuda(),
             torch.ones(1, 16, dtype=torch.bool, device="cuda"), torch.tensor([5], device="cuda"),
             torch.tensor([604.0], device="cuda"), fps=20.0,
+            action_timesteps=None if action_t is None else torch.tensor([action_t], device="cuda"),
         )
     ref_err = (ref_vis.float().cpu() - exact).abs().max()
     our_err = (our_vis.float().cpu() - exact).abs().max()

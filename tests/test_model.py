@@ -56,13 +56,15 @@ def _reference_forward(ref, input_ids, vision, actions, timestep, num_cond_frame
     )
 
 
-def _ours_forward(model, input_ids, vision, actions, timestep, num_cond_frames=1):
+def _ours_forward(model, input_ids, vision, actions, timestep, num_cond_frames=1,
+                  action_timestep=None):
     t = vision.shape[2]
     vision_noisy = (torch.arange(t) >= num_cond_frames)[None]
     return model(
         input_ids[None], torch.ones(1, input_ids.shape[0], dtype=torch.bool), vision, vision_noisy,
         actions[None], torch.ones(1, actions.shape[0], dtype=torch.bool),
         torch.tensor([DOMAIN]), torch.tensor([float(timestep)]), fps=FPS,
+        action_timesteps=None if action_timestep is None else torch.tensor([action_timestep]),
     )
 
 
@@ -86,6 +88,45 @@ def test_velocities_match_diffusers_reference(kind: str, timestep: float) -> Non
     assert ref_vis.abs().max() > 0.1 and ref_act.abs().max() > 0.1  # not trivially zero
     torch.testing.assert_close(our_vis, ref_vis, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(our_act[0], ref_act, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+@pytest.mark.parametrize(("video_t", "action_t"), [(1000.0, 31.0), (150.0, 870.0)])
+def test_separate_video_and_action_timesteps_match_diffusers(
+    kind: str, video_t: float, action_t: float
+) -> None:
+    """Video and action tokens at their own noise levels (training draws them independently)
+    equal diffusers' forward given per-modality timesteps; swapping the two is detected."""
+    ref, ours = _pair(kind)
+    input_ids, vision, actions = _sample(4)
+    with torch.no_grad():
+        ref_vis, ref_act = reference_forward(
+            ref, input_ids, vision, actions, video_t, domain=DOMAIN, fps=FPS,
+            action_timestep=action_t,
+        )
+        our_vis, our_act = _ours_forward(ours, input_ids, vision, actions, video_t,
+                                         action_timestep=action_t)
+        swapped_vis, swapped_act = _ours_forward(ours, input_ids, vision, actions, action_t,
+                                                 action_timestep=video_t)
+    torch.testing.assert_close(our_vis, ref_vis, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(our_act[0], ref_act, rtol=1e-5, atol=1e-5)
+    assert (swapped_vis - ref_vis).abs().max() > 1e-3
+    assert (swapped_act[0] - ref_act).abs().max() > 1e-3
+
+
+def test_an_action_timestep_equal_to_the_shared_one_changes_no_bit() -> None:
+    """The shared-timestep forward (what the sampler runs) is the same computation whether the
+    action tokens' timestep is left out or given equal."""
+    _, model = _pair("swiglu")
+    ids, mask, vis, vis_noisy, act, act_noisy, dom, ts = _batch_inputs([5, 9, 7])
+    with torch.no_grad():
+        shared = model(ids, mask, vis, vis_noisy, act, act_noisy, dom, ts, fps=FPS)
+        given = model(ids, mask, vis, vis_noisy, act, act_noisy, dom, ts, fps=FPS,
+                      action_timesteps=ts.clone())
+        other = model(ids, mask, vis, vis_noisy, act, act_noisy, dom, ts, fps=FPS,
+                      action_timesteps=ts * 0.5)
+    assert torch.equal(shared[0], given[0]) and torch.equal(shared[1], given[1])
+    assert (other[1] - shared[1]).abs().max() > 1e-4
 
 
 def test_odd_latent_grid_is_padded_like_diffusers() -> None:

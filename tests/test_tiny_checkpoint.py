@@ -88,12 +88,17 @@ def _dev_script():
     return module
 
 
-def test_the_demo_imagined_frames_show_the_scene(tmp_path: Path) -> None:
+# How much nearer its own step's env frame a predicted frame must be than each baseline.
+IMAGINED_MARGIN_DB = 1.0
+
+
+def test_the_demo_imagined_frames_show_the_scene_and_its_future(tmp_path: Path) -> None:
     """``make demo``'s imagined run: the frames the model draws are the scene it was shown (its
-    frame 0 against the observation, over every planned chunk), and the summary measures its
-    predicted frames against the env's. The shipped checkpoint predicts a still future
-    (train/trainer.py, ``video_target``): its predicted frames are no nearer their own step's
-    env frame than the frames 4 steps off, which a policy trained on the real future must beat."""
+    frame 0 against the observation, over every planned chunk), and its predicted frames are the
+    future it acts in (train/trainer.py: the real future as the video target, at its own noise
+    level): nearer the env's frame at their own step, by 1 dB, than the observed frame copied
+    and than the env's frames 4 steps (one latent frame) earlier and later, and on the pixels
+    that moved nearer the future than the present. A still future fails every one of these."""
     argv = list(_dev_script().DEMO_IMAGINED)
     argv[argv.index("--out") + 1] = str(tmp_path / "imagined")
     assert cli_main([*argv, "--no-progress"]) == 0
@@ -106,6 +111,19 @@ def test_the_demo_imagined_frames_show_the_scene(tmp_path: Path) -> None:
     assert imagined["chunks"] == sum(r["chunks"] for r in records)
     assert imagined["reconstruction_psnr_db"] >= VAE_PSNR_FLOOR_DB, imagined
     assert all(math.isfinite(v) for v in imagined["psnr_db"].values()), imagined
+    db = imagined["psnr_db"]
+    assert db["predicted"] >= db["copy_observed"] + IMAGINED_MARGIN_DB, imagined
+    for name in ("earlier", "later"):
+        shifted = imagined[name]
+        assert shifted["frames"] > 0, imagined
+        assert shifted["psnr_db"]["predicted"] >= (
+            shifted["psnr_db"]["shifted"] + IMAGINED_MARGIN_DB), (name, imagined)
+    changed = [r["imagined"]["changed"] for r in records]
+    pixels = sum(c["pixels"] for c in changed)
+    assert pixels > 0
+    future, present = (sum(c["mse"][name] * c["pixels"] for c in changed if c["pixels"]) / pixels
+                       for name in ("future", "present"))
+    assert future < present, (future, present)
 
 
 def _small_run(out: Path) -> TrainConfig:

@@ -54,6 +54,17 @@ class TrainConfig:
         "still", "future latent frames trained towards: 'still' (the observation's latent) or "
         "'future' (the frames the expert's chunk renders; see train/trainer.py)"
     )
+    video_noise: str = _knob(
+        "shared", "noise levels of the future video and the action tokens: 'shared' (one per "
+        "sample) or 'independent' (each its own; see train/trainer.py)"
+    )
+    pure_noise_video: float = _knob(
+        0.0, "share of samples whose future video is pure noise (with 'independent')"
+    )
+    video_motion_weight: float = _knob(
+        0.0, "extra weight of the video loss on latent cells the chunk changes, per share of "
+        "their pixels that move"
+    )
     log_every: int = _knob(25, "steps per point of the loss curves (train_log.json)")
     encode_batch_size: int = _knob(32, "demo images per VAE encode call")
     stats_samples: int = _knob(

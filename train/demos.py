@@ -150,6 +150,17 @@ def encode_demos(
     )
 
 
+def motion_cells(demos: Demos, cell: int) -> torch.Tensor:
+    """float32 ``[N, S / cell, S / cell]``: the share of each latent cell's pixels that the chunk
+    changes (any of its rendered frames differs from the observation there, in any channel)."""
+    moved = np.any(demos.futures != demos.images[:, None], axis=(1, 4))  # [N, S, S]
+    n, h, w = moved.shape
+    if h % cell or w % cell:
+        raise ValueError(f"motion cells: {h}x{w} px images do not tile into {cell} px cells")
+    share = moved.reshape(n, h // cell, cell, w // cell, cell).mean(axis=(2, 4))
+    return torch.from_numpy(share.astype(np.float32))
+
+
 def encode_raw_latents(
     vae: Any, demos: Demos, plan: CanvasPlan, batch_size: int, progress: bool = False
 ) -> torch.Tensor:

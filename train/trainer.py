@@ -84,16 +84,35 @@ def sample_sigmas(batch: int, generator: torch.Generator) -> torch.Tensor:
     return torch.where(pick, uniform, logit_normal).clamp(1e-3, 1.0 - 1e-3)
 
 
+def sample_noise_levels(
+    batch: int, generator: torch.Generator, *, video_noise: str, pure_noise_video: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """σ of the action tokens and σ of the future video tokens, ``[batch]`` each.
+
+    ``"shared"``: one σ for both (the sampler's joint state). ``"independent"``: the video's σ
+    drawn apart from the actions' (same distribution), and for a share ``pure_noise_video`` of
+    the samples exactly 1 (the video pure noise), so the action head learns to act beside any
+    state of the future: pure noise (the sampler's first step), half denoised, or clean."""
+    sigma_actions = sample_sigmas(batch, generator)
+    if video_noise == "shared":
+        return sigma_actions, sigma_actions
+    sigma_video = sample_sigmas(batch, generator)
+    pure = torch.rand(batch, generator=generator) < pure_noise_video
+    return sigma_actions, torch.where(pure, torch.ones(()), sigma_video)
+
+
 def flow_matching_loss(
     model: Any, data: EncodedDemos, index: torch.Tensor, generator: torch.Generator, *,
     raw_action_dim: int, domain_id: int, fps: float, num_latent_frames: int,
-    video_loss_weight: float,
+    video_loss_weight: float, video_noise: str = "shared", pure_noise_video: float = 0.0,
+    motion: torch.Tensor | None = None, motion_weight: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Velocity MSE on the action tokens (+ weighted on the future latent frames).
 
     With one latent frame per sample (``video_target="still"``) every future latent frame is
     trained towards the conditioning one; with the clip's latent frames (``"future"``) towards
-    the latents of the frames the expert's chunk renders."""
+    the latents of the frames the expert's chunk renders. ``video_noise`` and
+    ``pure_noise_video``: the two groups' noise levels (:func:`sample_noise_levels`)."""
     b = index.shape[0]
     latents = data.latents[index]  # [b, 48, 1 or T, h, w]
     cond = latents[:, :, :1]
@@ -107,12 +126,14 @@ def flow_matching_loss(
     x0_actions = data.actions[index]  # [b, H, 64]
     horizon = x0_actions.shape[1]
 
-    sigma = sample_sigmas(b, generator)
+    sigma, sigma_video = sample_noise_levels(
+        b, generator, video_noise=video_noise, pure_noise_video=pure_noise_video
+    )
     eps_actions = torch.randn(x0_actions.shape, generator=generator)
     eps_actions[..., raw_action_dim:] = 0.0  # the sampler's padding channels are zero
     eps_vision = torch.randn(x0_vision.shape, generator=generator)
     s_a = sigma[:, None, None]
-    s_v = sigma[:, None, None, None, None]
+    s_v = sigma_video[:, None, None, None, None]
     noisy_actions = (1.0 - s_a) * x0_actions + s_a * eps_actions
     noisy_vision = (1.0 - s_v) * x0_vision + s_v * eps_vision
     noisy_vision[:, :, :1] = cond  # latent frame 0 is the clean observation
@@ -126,12 +147,18 @@ def flow_matching_loss(
     domain_ids = torch.full((b,), domain_id, dtype=torch.long)
     v_vision, v_action = model.forward_gen(
         text, layout, noisy_vision, vision_noisy, noisy_actions, action_noisy, domain_ids,
-        sigma * 1000.0,
+        sigma_video * 1000.0,
+        action_timesteps=None if video_noise == "shared" else sigma * 1000.0,
     )
     action_target = (eps_actions - x0_actions)[..., :raw_action_dim]
     action_loss = (v_action[..., :raw_action_dim] - action_target).square().mean()
     video_target = (eps_vision - x0_vision)[:, :, 1:]
-    video_loss = (v_vision[:, :, 1:] - video_target).square().mean()
+    video_error = (v_vision[:, :, 1:] - video_target).square()  # [b, 48, T - 1, h, w]
+    if motion_weight:
+        weight = 1.0 + motion_weight * motion[index][:, None, None]  # [b, 1, 1, h, w]
+        video_loss = (video_error * weight).mean() / weight.mean()
+    else:
+        video_loss = video_error.mean()
     loss = action_loss + video_loss_weight * video_loss
     return loss, {"action": action_loss.item(), "video": video_loss.item()}
 
@@ -146,6 +173,7 @@ def _lr_factor(step: int, warmup: int, total: int) -> float:
 def train_transformer(
     model: torch.nn.Module, data: EncodedDemos, cfg: TrainConfig, *, raw_action_dim: int,
     domain_id: int, fps: float, num_latent_frames: int, progress: bool = True,
+    motion: torch.Tensor | None = None,
 ) -> list[dict[str, float]]:
     """Fixed-step AdamW on the flow-matching loss; returns the logged loss curve (a progress
     bar shows the last logged losses)."""
@@ -170,6 +198,8 @@ def train_transformer(
         loss, parts = flow_matching_loss(
             model, data, index, generator, raw_action_dim=raw_action_dim, domain_id=domain_id,
             fps=fps, num_latent_frames=num_latent_frames, video_loss_weight=cfg.video_loss_weight,
+            video_noise=cfg.video_noise, pure_noise_video=cfg.pure_noise_video,
+            motion=motion, motion_weight=cfg.video_motion_weight,
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

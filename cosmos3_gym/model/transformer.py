@@ -593,6 +593,7 @@ class Cosmos3Transformer(nn.Module):
         domain_ids: torch.Tensor,
         timesteps: torch.Tensor,
         ops: GenOps = TORCH_OPS,
+        action_timesteps: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One denoising forward of the GEN pathway.
 
@@ -602,6 +603,9 @@ class Cosmos3Transformer(nn.Module):
             actions: ``[B, H, action_dim]``; action_noisy: ``[B, H]`` bool.
             domain_ids: ``[B]`` embodiment ids selecting the action heads.
             timesteps: ``[B]`` flow timesteps (0..1000) of the noisy tokens.
+            action_timesteps: ``[B]`` timesteps of the noisy action tokens where they are at
+                another noise level than the video's (training draws the two independently,
+                train/trainer.py); None: ``timesteps``, as the sampler runs them.
             ops: how the step's elementwise work runs (:mod:`cosmos3_gym.model.kernels`):
                 eager by default; fused kernels need K/V buffers and no autograd.
 
@@ -613,12 +617,14 @@ class Cosmos3Transformer(nn.Module):
         b = vision.shape[0]
         t, hp, wp = layout.grid
         t_emb = self.timestep_embedding(timesteps).to(dtype)[:, None, :]  # [B, 1, C]
+        a_emb = t_emb if action_timesteps is None else (
+            self.timestep_embedding(action_timesteps).to(dtype)[:, None, :])  # [B, 1, C]
 
         vis = self.proj_in(self._patchify(vision.to(dtype), layout.grid))  # [B, T*Hp*Wp, C]
         vis_noisy = vision_noisy[:, :, None].expand(b, t, hp * wp).reshape(b, -1, 1)
         vis = vis + t_emb * vis_noisy.to(dtype)
         act = self.action_proj_in(actions.to(dtype), domain_ids) + self.action_modality_embed
-        act = act + t_emb * action_noisy[:, :, None].to(dtype)
+        act = act + a_emb * action_noisy[:, :, None].to(dtype)
         x = torch.cat([vis, act], dim=1)  # [B, N, C]
 
         if torch.is_grad_enabled() and (layout.kv_buffers is not None or ops is not TORCH_OPS):
@@ -659,6 +665,7 @@ class Cosmos3Transformer(nn.Module):
         *,
         fps: float,
         action_fps: float | None = None,
+        action_timesteps: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Uncached forward (text pathway recomputed): training, and the reference for the cache."""
         text = self.encode_text(input_ids, text_mask)
@@ -667,5 +674,6 @@ class Cosmos3Transformer(nn.Module):
             action_fps=action_fps,
         )
         return self.forward_gen(
-            text, layout, vision, vision_noisy, actions, action_noisy, domain_ids, timesteps
+            text, layout, vision, vision_noisy, actions, action_noisy, domain_ids, timesteps,
+            action_timesteps=action_timesteps,
         )
