@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from cosmos3_gym.jsonio import read_json_object
 
 TRANSFORMER = "transformer"
 VAE = "vae"
@@ -138,6 +142,10 @@ class PolicyConfig:
             raise ValueError(
                 f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}"
             )
+        if self.stats is not None:  # finite vectors of one length, checked once, here
+            from cosmos3_gym.pipeline.normalization import ActionStats
+
+            ActionStats.from_dict(self.stats, source="stats")
 
     @property
     def num_frames(self) -> int:
@@ -185,18 +193,70 @@ class PolicyConfig:
 
     @classmethod
     def from_json_file(cls, path: str | Path) -> PolicyConfig:
-        with open(path) as f:
-            raw = json.load(f)
+        raw = read_json_object(path, what="action policy file (action_policy.json)")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ValueError(f"{path}: unknown policy keys {unknown}; known keys: {sorted(known)}")
-        return cls(**raw)
+        check_types(cls, raw, str(path))
+        try:
+            return cls(**raw)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2))
         return path
+
+
+def check_types(cls: type, raw: dict[str, Any], source: str) -> None:
+    """Refuse values of a config file whose JSON type does not fit the dataclass field: a
+    ``"two"`` where a number belongs is named here, not met later as a shape mismatch."""
+    hints = typing.get_type_hints(cls)
+    for key, value in raw.items():
+        hint = hints.get(key)
+        if hint is None or _fits(value, hint):
+            continue
+        raise ValueError(f"{source}: {key} is {value!r} ({type(value).__name__}); expected "
+                         f"{_type_name(hint)}")
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (list, tuple):
+        args = typing.get_args(hint)
+        return isinstance(value, list) and (not args or all(_fits(v, args[0]) for v in value))
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+             type(None): "null"}
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint))
+    if origin in (list, tuple):
+        return "a list"
+    if origin is dict or hint is dict:
+        return "an object"
+    return names.get(hint, str(hint))
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -207,9 +267,14 @@ def resolve_checkpoint(path: str | Path) -> Path:
     shipped = Path(__file__).parent / "checkpoints" / str(path)
     if shipped.is_dir():
         return shipped
+    hint = ""
+    if str(path) == "tiny":
+        hint = ("; the tiny checkpoint is not shipped with this install (expected "
+                "cosmos3_gym/checkpoints/tiny/): pass a checkpoint folder, e.g. one written by "
+                "cosmos3_gym.tiny.write_tiny_checkpoint")
     raise FileNotFoundError(
         f"no checkpoint folder at {str(path)!r} (and no shipped checkpoint of that name); "
-        "expected a diffusers-layout folder with transformer/, vae/ and text_tokenizer/"
+        f"expected a diffusers-layout folder with transformer/, vae/ and text_tokenizer/{hint}"
     )
 
 
@@ -243,14 +308,57 @@ def resolve_policy(
 
 def read_action_stats(path: str | Path) -> dict[str, Any]:
     """An action statistics JSON as cosmos-framework writes it (``global`` and, for
-    ``quantile_rot``, ``global_raw`` blocks of mean/std/min/max/q01/q99)."""
+    ``quantile_rot``, ``global_raw`` blocks of mean/std/min/max/q01/q99), checked: every
+    vector finite and of one length."""
+    from cosmos3_gym.pipeline.normalization import ActionStats
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
             f"no action statistics file at {str(path)!r}; expected a JSON file with a 'global' "
             "block (and 'global_raw' for quantile_rot) of mean, std, min, max, q01 and q99"
         )
-    return json.loads(path.read_text())
+    stats = read_json_object(path, what="action statistics JSON")
+    ActionStats.from_dict(stats, source=str(path))
+    return stats
+
+
+def check_action_stats(stats: dict[str, Any], policy: PolicyConfig, source: str) -> None:
+    """Refuse statistics that the policy head cannot use: the block its normalisation reads
+    (``global_raw`` for ``quantile_rot``, else ``global``) must exist, be finite and be as wide
+    as its raw actions."""
+    from cosmos3_gym.pipeline.normalization import ActionStats
+
+    if policy.normalization == "none":
+        return
+    parsed = ActionStats.from_dict(stats, source=source)
+    try:
+        parsed.block_for(policy.normalization)
+    except ValueError as err:
+        raise ValueError(f"{source}: {err} (the checkpoint's {policy.domain_name!r} head)") \
+            from None
+    if parsed.raw_action_dim != policy.raw_action_dim:
+        raise ValueError(
+            f"{source} holds {parsed.raw_action_dim}-D statistics; the checkpoint's "
+            f"{policy.domain_name!r} head makes {policy.raw_action_dim}-D actions"
+        )
+
+
+def checkpoint_policy(checkpoint: str | Path, domain: str | None = None,
+                      action_stats: str | Path | None = None) -> PolicyConfig | None:
+    """A checkpoint's :class:`PolicyConfig` as a run would use it (``domain`` where given, else
+    its ``action_policy.json``; ``action_stats`` replacing its statistics, checked against the
+    head), read without loading any weights; ``None`` where neither says, or the folder is not
+    found (loading reports that)."""
+    try:
+        policy = resolve_policy(resolve_checkpoint(checkpoint), domain=domain)
+    except FileNotFoundError:
+        return None
+    if action_stats is not None:
+        stats = read_action_stats(action_stats)
+        check_action_stats(stats, policy, f"action statistics {action_stats}")
+        policy = dataclasses.replace(policy, stats=stats)
+    return policy
 
 
 def check_layout(root: Path) -> None:
@@ -258,3 +366,19 @@ def check_layout(root: Path) -> None:
     missing = [name for name in (TRANSFORMER, VAE, TEXT_TOKENIZER) if not (root / name).is_dir()]
     if missing:
         raise FileNotFoundError(f"checkpoint {root} lacks {missing} (diffusers layout expected)")
+
+
+def check_files(root: Path) -> None:
+    """Everything about a checkpoint folder that can be known without loading it, each fault
+    one error naming its file: the layout, the transformer's ``config.json`` (types, the keys
+    that fix its shape), the VAE's ``config.json``, and every weight file complete and in
+    safetensors (shards an index names inside the folder). A command calls it before it
+    writes anything, so a broken download fails in a second, not after a run folder is made."""
+    from cosmos3_gym.model.config import Cosmos3Config
+    from cosmos3_gym.model.weights import safetensors_files
+
+    check_layout(root)
+    Cosmos3Config.from_json_file(root / TRANSFORMER / "config.json")
+    read_json_object(root / VAE / "config.json", what="VAE config.json")
+    for part in (TRANSFORMER, VAE):
+        safetensors_files(root / part)

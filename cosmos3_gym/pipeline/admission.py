@@ -76,6 +76,13 @@ def admit_images(images: Any) -> list[np.ndarray]:
             _to_rgb_uint8(_load_one(item, f"image {i}"), f"image {i}")
             for i, item in enumerate(images)
         ]
+    if isinstance(images, np.ndarray) and images.ndim == 3 and images.shape[2] not in (1, 3, 4):
+        # [B, H, W] or one image with an impossible channel count: say which shapes are taken.
+        raise ValueError(
+            f"image 0: expected 1, 3 or 4 channels, got {images.shape[2]} (a 3-D array is one "
+            f"[H, W, C] image; found shape {list(images.shape)}: a batch of B grayscale images "
+            "is [B, H, W, 1])"
+        )
     return [_to_rgb_uint8(_load_one(images, "image 0"), "image 0")]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +146,9 @@ class Cosmos3ActionPipeline:
         *,
         policy: PolicyConfig | None = None,
         domain: str | None = None,
+        action_stats: str | Path | dict[str, Any] | None = None,
         options: InferenceOptions | None = None,
+        trainable: bool = False,
     ) -> Cosmos3ActionPipeline:
         """Load a diffusers-layout checkpoint folder (or the name of a shipped checkpoint).
 
@@ -156,29 +159,53 @@ class Cosmos3ActionPipeline:
         :data:`~cosmos3_gym.checkpoint.DOMAINS` (``"droid_lerobot"``, ...; ``"libero"`` is the
         official LIBERO recipe), for folders that have no ``action_policy.json``, like the ones
         diffusers' ``Cosmos3OmniPipeline.save_pretrained`` writes; the folder's
-        ``action_policy.json``. Without action statistics the actions stay normalised (one
-        warning). ``options`` (:class:`InferenceOptions`, default: as shipped) says how to
-        compute: the transformer is fused, folded and compiled here as they ask, the stages get
-        the rest.
+        ``action_policy.json``. ``action_stats`` (a statistics JSON file, or its parsed dict)
+        replaces the head's statistics, checked against it; without statistics the actions stay
+        normalised (one warning). ``options`` (:class:`InferenceOptions`, default: as shipped)
+        says how to compute: the transformer is fused, folded and compiled here as they ask,
+        the stages get the rest.
+
+        ``trainable=True`` gives a pipeline to fine-tune with: the transformer's projections
+        stay unfused (autograd reaches every weight; fused copies are plain tensors), it is in
+        train mode with ``requires_grad=True`` on every parameter, and sampling and
+        :func:`~cosmos3_gym.pipeline.chunk_log_prob` run on those same weights.
         """
         from diffusers import AutoencoderKLWan
         from transformers import AutoTokenizer
 
         from cosmos3_gym.devices import resolve_device, resolve_dtype
+        from cosmos3_gym.model.weights import safetensors_files
 
         root = layout.resolve_checkpoint(path)
         layout.check_layout(root)
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
-        options = (options or InferenceOptions()).resolve(device.type)
+        options = options or InferenceOptions()
+        if trainable:
+            # Fused (and FP8) weights are copies autograd does not reach.
+            options = replace(options, fuse_projections=False, fp8=False)
+        options = options.resolve(device.type)
         policy = layout.resolve_policy(root, policy, domain)
+        if action_stats is not None:
+            source = "action statistics"
+            if not isinstance(action_stats, dict):
+                source = f"action statistics {action_stats}"
+                action_stats = layout.read_action_stats(action_stats)
+            layout.check_action_stats(action_stats, policy, source)
+            policy = replace(policy, stats=action_stats)
+        # Safetensors only, checked whole, before anything is built (never diffusers' pickled
+        # .bin fallback: pickle can run code).
+        safetensors_files(root / layout.VAE)
         transformer = Cosmos3Transformer.from_pretrained(
             root / layout.TRANSFORMER, device=device, dtype=dtype
         )
         _prepare_transformer(transformer, options)
+        if trainable:
+            transformer.train().requires_grad_(True)
         # The VAE encodes one frame per request; fp32 keeps the conditioning latent exact.
         vae = AutoencoderKLWan.from_pretrained(
-            root / layout.VAE, torch_dtype=torch.float32, low_cpu_mem_usage=False
+            root / layout.VAE, torch_dtype=torch.float32, low_cpu_mem_usage=False,
+            use_safetensors=True,
         )
         vae = vae.to(device).eval().requires_grad_(False)
         tokenizer = AutoTokenizer.from_pretrained(root / layout.TEXT_TOKENIZER)

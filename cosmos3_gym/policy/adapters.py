@@ -104,8 +104,11 @@ def _check_image_batch(value: Any, what: str) -> np.ndarray:
             f"{describe(value)} (convert float images with (x * 255).round().astype(np.uint8))"
         )
     if value.ndim != 4:
+        hint = ("; a batch of grayscale images [B, H, W] takes a channel axis: [B, H, W, 1]"
+                if value.ndim == 3 else "")
         raise ValueError(
             f"{what}: expected rank 4 [B, H, W, C]; found rank {value.ndim} {list(value.shape)}"
+            f"{hint}"
         )
     return value
 
