@@ -203,7 +203,7 @@ def run_benchmark(
     compare_batch: int = 8,
     overlap_env: str | None = None,
     overlap_envs: int = 4,
-    overlap_rounds: int = 4,
+    overlap_trials: int = 2,
     domain: str | None = None,
     action_stats: str | None = None,
     fp8: bool = False,
@@ -211,18 +211,18 @@ def run_benchmark(
     """Run the benchmark and return its JSON-ready result (see the module docstring).
 
     ``domain`` and ``action_stats`` say how a checkpoint without ``action_policy.json`` is used
-    (:func:`~cosmos3_gym.eval.evaluate.load_pipeline`)."""
+    (:meth:`~cosmos3_gym.pipeline.Cosmos3ActionPipeline.from_pretrained`)."""
     import torch
 
     from cosmos3_gym import Cosmos3ActionPipeline
     from cosmos3_gym.devices import resolve_device, resolve_dtype
-    from cosmos3_gym.eval.evaluate import load_pipeline
     from cosmos3_gym.pipeline.options import TRANSFORMER_OPTIONS, InferenceOptions
 
     dev = resolve_device(device)
     precision = resolve_dtype(dtype, dev)
-    pipe = load_pipeline(checkpoint, domain, action_stats, device=dev, dtype=precision,
-                         options=InferenceOptions(fp8=fp8))
+    pipe = Cosmos3ActionPipeline.from_pretrained(
+        checkpoint, domain=domain, action_stats=action_stats, device=dev, dtype=precision,
+        options=InferenceOptions(fp8=fp8))
     horizon = pipe.action_horizon
     rng = np.random.default_rng(0)
     max_b = max(*batch_sizes, compare_batch)
@@ -306,7 +306,7 @@ def run_benchmark(
         from cosmos3_gym.bench.overlap import measure_overlap
 
         env_overlap = measure_overlap(
-            pipe, env=overlap_env, num_envs=overlap_envs, num_rounds=overlap_rounds,
+            pipe, env=overlap_env, num_envs=overlap_envs, trials=overlap_trials,
             num_inference_steps=num_inference_steps,
         )
     return {
@@ -380,7 +380,8 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(
             f"env overlap ({overlap['env']}, {overlap['num_envs']} envs in 2 groups): "
             f"{overlap['sequential_steps_per_s']:.1f} -> {overlap['overlapped_steps_per_s']:.1f} "
-            f"env steps/s ({overlap['overlap_speedup']:.2f}x)"
+            f"env steps/s ({overlap['overlap_speedup']:.2f}x; the same episodes: "
+            f"{overlap['identical_episodes']})"
         )
     if unstable:
         lines.append(
@@ -393,8 +394,8 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from cosmos3_gym.envs import ENV_NAMES
     from cosmos3_gym.eval.cli import add_checkpoint_arguments, add_device_arguments
-    from cosmos3_gym.eval.tasks import ENV_NAMES
 
     add_checkpoint_arguments(parser)
     parser.add_argument("--out", required=True, help="JSON file to write")
@@ -416,8 +417,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also measure env throughput with/without inference-env overlap")
     parser.add_argument("--overlap-envs", type=int, default=4,
                         help="envs for the overlap measurement, split in 2 groups (default 4)")
-    parser.add_argument("--overlap-rounds", type=int, default=4,
-                        help="chunks per group for the overlap measurement (default 4)")
+    parser.add_argument("--overlap-trials", type=int, default=2,
+                        help="trials per task for the overlap measurement (default 2)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice). On a shared or busy "
                              "machine, 1 avoids OpenMP oversubscription skewing every number")
@@ -435,7 +436,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         image_size=(height, width), num_inference_steps=args.num_inference_steps,
         warmup=args.warmup, repeats=args.repeats, compare_batch=args.compare_batch,
         overlap_env=args.overlap_env, overlap_envs=args.overlap_envs,
-        overlap_rounds=args.overlap_rounds, domain=args.domain, action_stats=args.action_stats,
+        overlap_trials=args.overlap_trials, domain=args.domain, action_stats=args.action_stats,
         fp8=getattr(args, "precision", "bf16") == "fp8",
     )
     out = Path(args.out)

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
+
+# The sub-env attributes a prompt is read from, in order of preference.
+TASK_ATTRIBUTES = ("task_description", "task")
 
 
 def autoreset_mode(envs: VectorEnv) -> AutoresetMode:
@@ -33,6 +37,23 @@ def autoreset_mode(envs: VectorEnv) -> AutoresetMode:
             f"envs.metadata['autoreset_mode'] is {mode!r}; expected one of "
             f"{[m.value for m in AutoresetMode]}"
         ) from None
+
+
+def task_attribute(envs: VectorEnv) -> str:
+    """The attribute every sub-env names its task by (``task_description``, else ``task``), or a
+    ``ValueError`` listing which envs have which. Probed with ``has_wrapper_attr``: a failing
+    ``call`` would close an ``AsyncVectorEnv``'s pipes."""
+    found = {}
+    for name in TASK_ATTRIBUTES:
+        found[name] = np.array(envs.call("has_wrapper_attr", name), dtype=bool)
+        if found[name].all():
+            return name
+    listed = ", ".join(f"with {name}: {np.flatnonzero(has).tolist()}"
+                       for name, has in found.items())
+    raise ValueError(
+        "every env needs a task_description (or task) attribute to read prompts from; envs "
+        f"{listed}, of {envs.num_envs}"
+    )
 
 
 class ForwardingVectorWrapper(VectorWrapper):

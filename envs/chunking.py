@@ -73,6 +73,9 @@ class EpisodeEndHold(gym.Wrapper):
         super().__init__(env)
         self.chunk_hold_armed = False
         self.chunk_hold = False
+        # Set when the env inside raised from reset or step: in a SyncVectorEnv, where an
+        # exception does not say which sub-env raised it, this names the one that faulted.
+        self.env_faulted = False
         self._episode_over = False
         self._last_obs: Any = None
         self._last_info: dict[str, Any] = {}
@@ -80,21 +83,32 @@ class EpisodeEndHold(gym.Wrapper):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
-        obs, info = self.env.reset(seed=seed, options=options)
+        try:
+            obs, info = self.env.reset(seed=seed, options=options)
+        except Exception:
+            self.env_faulted = True
+            raise
         self._episode_over = False
         self._last_obs, self._last_info = obs, info
         return obs, info
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         if not self.chunk_hold_armed:
-            return self.env.step(action)
+            return self._faulting_step(action)
         if self.chunk_hold or self._episode_over:
             return self._last_obs, 0.0, False, False, self._last_info
-        obs, reward, terminated, truncated, info = self.env.step(action)
+        obs, reward, terminated, truncated, info = self._faulting_step(action)
         self._episode_over = bool(terminated or truncated)
         info = {**info, _TERMINATED_KEY: bool(terminated), _TRUNCATED_KEY: bool(truncated)}
         self._last_obs, self._last_info = obs, info
         return obs, reward, False, False, info
+
+    def _faulting_step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        try:
+            return self.env.step(action)
+        except Exception:
+            self.env_faulted = True
+            raise
 
     @property
     def task_description(self) -> str:

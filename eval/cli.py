@@ -25,10 +25,9 @@ import sys
 from pathlib import Path
 
 from cosmos3_gym.checkpoint import DOMAINS
-from cosmos3_gym.envs import STEP_BUDGETS
+from cosmos3_gym.envs import ENV_NAMES, STEP_BUDGETS
 from cosmos3_gym.eval.protocol import PROTOCOLS
 from cosmos3_gym.eval.synthetic import PRESETS as SYNTHETIC_PRESETS
-from cosmos3_gym.eval.tasks import ENV_NAMES
 
 # cosmos3_gym.devices.DTYPE_CHOICES, without importing torch to build the parser.
 DTYPE_CHOICES = ("auto", "bfloat16", "float32")
@@ -220,11 +219,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``cosmos3-gym`` console script.
 
-    Bad input (a missing checkpoint, a mismatched resume folder, an unknown task...) ends with
-    one ``error:`` line and exit status 2, like argparse's own errors; Ctrl-C ends with one line
-    saying what was saved and how to go on, exit status 130; other exceptions keep their
-    traceback, since they are bugs to report.
+    Bad input (a missing or broken checkpoint, a mismatched or busy or unwritable run folder,
+    an unknown task...) ends with one ``error:`` line and exit status 2, like argparse's own
+    errors, before anything runs; a failure during a run that is not a bug (a full disk, envs
+    that keep faulting) ends with one ``error:`` line and exit status 1, the folder resumable;
+    Ctrl-C ends with one line saying what was saved and how to go on, exit status 130; other
+    exceptions keep their traceback, since they are bugs to report.
     """
+    from cosmos3_gym.runner import FolderInUse, TooManyFaults
+
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv else None
@@ -234,10 +237,23 @@ def main(argv: list[str] | None = None) -> int:
 
             return train_main(argv[1:])
         return _run(parser.parse_args(argv))
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
+    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError,
+            FolderInUse) as err:
         parser.exit(2, f"cosmos3-gym {command}: error: {err}\n")
+    except (OSError, TooManyFaults) as err:
+        parser.exit(1, f"cosmos3-gym {command}: error: {_failure(err)}; the run's folder keeps "
+                       "what was saved: fix the cause and rerun the same command to go on\n")
     except KeyboardInterrupt:
         parser.exit(130, f"cosmos3-gym {command}: interrupted; {_interrupted(command, argv)}\n")
+
+
+def _failure(err: BaseException) -> str:
+    """An error during a run in one line: an ``OSError`` with its file and what the system
+    said (``[Errno 28] No space left on device: 'runs/x/shard-00003.npz'``)."""
+    if isinstance(err, OSError) and err.strerror:
+        where = f": {err.filename}" if err.filename else ""
+        return f"{err.strerror}{where} ({type(err).__name__}, errno {err.errno})"
+    return str(err)
 
 
 def _interrupted(command: str | None, argv: list[str]) -> str:

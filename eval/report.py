@@ -190,7 +190,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         expected, config = stored["episodes_expected"], stored["config"]
         budget, protocol = stored.get("episode_budget"), stored.get("protocol")
     elif config_path.exists():
-        from cosmos3_gym.eval.tasks import make_eval_env
+        from cosmos3_gym.envs import make_eval_env
 
         stored = {}
         config = json.loads(config_path.read_text(encoding="utf-8"))["identity"]

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import torch
 
     from cosmos3_gym import Cosmos3ActionPipeline
-    from cosmos3_gym.eval.tasks import EvalEnv
+    from cosmos3_gym.envs import EvalEnv
     from cosmos3_gym.pipeline import InferenceOptions
 
 PRESETS = ("nano", "super", "edge", "tiny")

@@ -79,6 +79,6 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def pipeline(checkpoint: Path) -> Any:
     """``checkpoint`` loaded as the evaluator loads it, once per module."""
-    from cosmos3_gym.eval.evaluate import load_pipeline
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
-    return load_pipeline(str(checkpoint))
+    return Cosmos3ActionPipeline.from_pretrained(str(checkpoint))

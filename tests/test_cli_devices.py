@@ -40,12 +40,12 @@ def two_gpus(monkeypatch):
 def test_cuda_without_cuda_is_one_error_line_before_anything_loads(
     command, tmp_path, capsys, monkeypatch
 ) -> None:
-    import cosmos3_gym.eval.evaluate as evaluate_module
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
     def no_loading(*args, **kwargs):
         raise AssertionError("nothing may load for a device that is not there")
 
-    monkeypatch.setattr(evaluate_module, "load_pipeline", no_loading)
+    monkeypatch.setattr(Cosmos3ActionPipeline, "from_pretrained", no_loading)
     out = tmp_path / "run"
     argv = [a.format(out=out) for a in command] + ["--device", "cuda"]
     err = _error(capsys, argv)

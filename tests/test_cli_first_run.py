@@ -39,9 +39,11 @@ def test_a_failed_start_does_not_block_the_corrected_rerun(checkpoint, tmp_path,
     with pytest.raises(SystemExit) as exit_info:  # a wrong checkpoint path
         main(eval_args(tmp_path / "no_such_checkpoint", out))
     assert "no checkpoint folder at" in one_error_line(capsys, exit_info)
-    stored = json.loads((out / "config.json").read_text())["identity"]
-    assert stored["checkpoint"] == str(tmp_path / "no_such_checkpoint")
-    # What an attempt that recorded nothing left besides its config goes too.
+    assert not (out / "config.json").exists()  # refused before the folder was written
+    # An attempt that failed later, after binding the folder but before recording an episode
+    # (its envs would not build, say), left its config and an incident: both go.
+    out.mkdir(exist_ok=True)
+    (out / "config.json").write_text(json.dumps({"identity": {"checkpoint": "elsewhere"}}))
     (out / "incidents.jsonl").write_text(json.dumps({"time": 0, "kind": "crash"}) + "\n")
 
     assert main(eval_args(checkpoint, out)) == 0
@@ -140,12 +142,12 @@ def test_out_naming_a_file_is_one_error_line(checkpoint, tmp_path, capsys) -> No
 
 def test_rollout_into_a_folder_with_rollouts_is_refused_before_loading(tmp_path, capsys,
                                                                         monkeypatch) -> None:
-    import cosmos3_gym.eval.evaluate as evaluate_module
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model must not load for a folder that is refused")
 
-    monkeypatch.setattr(evaluate_module, "load_pipeline", no_loading)
+    monkeypatch.setattr(Cosmos3ActionPipeline, "from_pretrained", no_loading)
     for held in ("meta.json", "shard-00000.npz"):  # a finished, or an interrupted, collection
         out = tmp_path / held.split(".")[0]
         out.mkdir()

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from cosmos3_gym.envs import ColorReachEval, canonical_suites
 from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
 from cosmos3_gym.eval.results import format_table, summarize
-from cosmos3_gym.eval.tasks import ColorReachEval, canonical_suites
 from cosmos3_gym.tiny import tiny_action_stats, write_tiny_checkpoint
 
 FOUR = ["libero_spatial", "libero_object", "libero_goal", "libero_10"]
@@ -120,13 +120,13 @@ def libero_without_stats(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_libero_eval_without_action_statistics_is_refused_in_seconds(
     libero_without_stats: Path, tmp_path: Path, capsys, monkeypatch
 ) -> None:
-    import cosmos3_gym.eval.evaluate as evaluate_module
     from cosmos3_gym.eval.cli import main
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
     def loaded(*args, **kwargs):
         raise RuntimeError("past the statistics check")
 
-    monkeypatch.setattr(evaluate_module, "load_pipeline", loaded)
+    monkeypatch.setattr(Cosmos3ActionPipeline, "from_pretrained", loaded)
     command = ["eval", "--env", "libero", "--suite", "libero_4", "--protocol", "official",
                "--checkpoint", str(libero_without_stats), "--out", str(tmp_path / "out")]
     start = time.perf_counter()

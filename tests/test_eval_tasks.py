@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cosmos3_gym.eval import tasks
+from cosmos3_gym.envs import EVAL_ENVS, ColorReachEval, make_eval_env
+from cosmos3_gym.envs import families as tasks
 from cosmos3_gym.eval.cli import build_parser
-from cosmos3_gym.eval.tasks import EVAL_ENVS, ColorReachEval, make_eval_env
 
 
 def test_the_cli_offers_exactly_the_registered_envs() -> None:

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from cosmos3_gym.envs import derive_seed
 from cosmos3_gym.eval import evaluate as evaluate_module
 from cosmos3_gym.eval import videos
 from cosmos3_gym.eval.cli import build_parser
 from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
 from cosmos3_gym.eval.results import read_episode_records
-from cosmos3_gym.eval.tasks import derive_seed
 from cosmos3_gym.eval.videos import ImaginedChunk, ImaginedLayout, imagined_frames
 
 SEED = 7

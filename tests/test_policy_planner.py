@@ -11,8 +11,9 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from test_policy_standins import STEP, StandInPipeline, countdown_fns
 
 from cosmos3_gym import VectorPolicy
-from cosmos3_gym.eval.tasks import ColorReachEval, derive_seed, episode_seed_rule
+from cosmos3_gym.envs import ColorReachEval, derive_seed
 from cosmos3_gym.policy import ChunkPlanner, GenericAdapter, SeedRule, observations, planner, queues
+from cosmos3_gym.runner import episode_seed_rule
 
 
 @pytest.mark.parametrize("module", [planner, queues, observations], ids=lambda m: m.__name__)
@@ -63,7 +64,7 @@ def test_every_selected_action_points_back_to_its_chunk_row() -> None:
 
 def test_evaluation_seeds_follow_the_episode_not_the_env_slot() -> None:
     episodes = ColorReachEval(["red", "blue"]).episodes(trials=3, global_seed=7)
-    rule = episode_seed_rule(7, episodes)
+    rule = episode_seed_rule(7, episodes.__getitem__)
     for k, episode in enumerate(episodes):
         seeds = {rule.seed_of(slot, k, 2) for slot in range(4)}
         assert seeds == {derive_seed(7, episode.task, episode.trial, 2)}

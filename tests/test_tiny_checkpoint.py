@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from cosmos3_gym.checkpoint import resolve_checkpoint
 from cosmos3_gym.eval.cli import main as cli_main
-from cosmos3_gym.eval.results import read_jsonl
+from cosmos3_gym.jsonio import read_jsonl
 from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 from cosmos3_gym.tiny import build_tiny_transformer
 from cosmos3_gym.train import (

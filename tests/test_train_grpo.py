@@ -10,13 +10,13 @@ import pytest
 import torch
 from gymnasium.vector import AutoresetMode
 
-from cosmos3_gym.eval import onpolicy
-from cosmos3_gym.eval.tasks import ColorReachEval
+from cosmos3_gym.envs import ColorReachEval
 from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions, chunk_log_prob, sde
+from cosmos3_gym.runner import onpolicy, schedule
 from cosmos3_gym.train import grpo
 
 
-@pytest.mark.parametrize("module", [sde, onpolicy, grpo], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [sde, schedule, grpo], ids=lambda m: m.__name__)
 def test_docstring_examples_run(module) -> None:
     result = doctest.testmod(module)
     assert result.failed == 0 and result.attempted > 0

@@ -9,7 +9,7 @@ The reference loop, end to end, on a CPU:
    trained model: it samples under ``torch.inference_mode`` and is scored and updated with
    gradients outside it.
 2. **Collect.** Each iteration rolls ``groups x group_size`` ColorReach envs for one episode
-   budget with :func:`~cosmos3_gym.eval.onpolicy.collect_on_policy`: every group's G envs start
+   budget with :func:`~cosmos3_gym.runner.collect_on_policy`: every group's G envs start
    from the same seed (layout and target), the action tokens are sampled with Flow-SDE (one
    random stochastic denoising step per chunk, ``noise_level``), and every chunk records its
    log-probability over the executed actions.
@@ -114,24 +114,23 @@ def run_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     from gymnasium.vector import AutoresetMode
 
     from cosmos3_gym.checkpoint import resolve_checkpoint
-    from cosmos3_gym.eval.onpolicy import collect_on_policy, stochastic_record
-    from cosmos3_gym.eval.tasks import ColorReachEval
+    from cosmos3_gym.envs import ColorReachEval
     from cosmos3_gym.model.weights import save_transformer
-    from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions, chunk_log_prob
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline, chunk_log_prob
     from cosmos3_gym.policy import VectorPolicy
     from cosmos3_gym.progress import progress_bar
+    from cosmos3_gym.runner import collect_on_policy, stochastic_record
 
     start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    # Unfused projections: the sampling transformer is the trained one (fused weights are
-    # plain tensors autograd does not reach). The single-frame encoder (default) gives the
-    # causal VAE encode's latents to ~1e-5 at a third of its time.
-    pipe = Cosmos3ActionPipeline.from_pretrained(
-        cfg.init, options=InferenceOptions(fuse_projections=False))
-    model = pipe.transformer.train().requires_grad_(True)
+    # trainable: unfused projections, so the sampling transformer is the trained one (fused
+    # weights are plain tensors autograd does not reach). The single-frame encoder (default)
+    # gives the causal VAE encode's latents to ~1e-5 at a third of its time.
+    pipe = Cosmos3ActionPipeline.from_pretrained(cfg.init, trainable=True)
+    model = pipe.transformer
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     eval_env = ColorReachEval(max_speed=cfg.max_speed)
     num_envs = cfg.groups * cfg.group_size
@@ -237,7 +236,7 @@ def _update(model, pipe, optimizer, batch, cfg, generator, stochastic_record, ch
 
 def _write_curve(out: Path, cfg: GRPOConfig, curve: list[dict[str, Any]],
                  summary: dict[str, Any] | None = None) -> None:
-    from cosmos3_gym.eval.results import write_json_atomic
+    from cosmos3_gym.jsonio import write_json_atomic
 
     write_json_atomic(out / "curve.json", {"curve": curve, **(summary or {})})
     try:

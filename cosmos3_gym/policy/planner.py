@@ -88,6 +88,20 @@ class SeedRule:
         """The same seed for every chunk (the official server's rule, with seed 0)."""
         return cls(lambda env, episode, chunk: seed, stochastic=False)
 
+    def shifted(self, offset: int) -> SeedRule:
+        """This rule for envs numbered from ``offset``: env ``e`` of a group that starts at env
+        ``offset`` of the whole batch gets the seeds of env ``offset + e``.
+
+        >>> rule = SeedRule.per_chunk(7)
+        >>> rule.shifted(2).seed_of(1, 0, 0) == rule.seed_of(3, 0, 0)
+        True
+        """
+        if offset == 0:
+            return self
+        seed_of = self.seed_of
+        return SeedRule(lambda env, episode, chunk: seed_of(env + offset, episode, chunk),
+                        stochastic=self.stochastic)
+
 
 @dataclass(frozen=True, eq=False)
 class ChunkRecord:

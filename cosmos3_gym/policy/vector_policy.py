@@ -49,7 +49,7 @@ from cosmos3_gym.policy.planner import (
 )
 from cosmos3_gym.policy.queues import ActionQueues, ActionSource
 from cosmos3_gym.seeding import check_noise, check_seed
-from cosmos3_gym.vector_env import ForwardingVectorWrapper, autoreset_mode
+from cosmos3_gym.vector_env import ForwardingVectorWrapper, autoreset_mode, task_attribute
 
 
 @dataclass(frozen=True)
@@ -79,12 +79,19 @@ class VectorPolicyConfig:
     # "random" (one per chunk, from its seed), "all", or step indices.
     noise_level: float = 0.5
     sde_steps: str | tuple[int, ...] = "random"
+    # "raise": a chunk with a non-finite action is a ValueError (nothing changes). "return":
+    # such chunks are queued and returned as they are, for a caller that ends the episode
+    # itself (the episode runner records it as a failed episode, never sends it to an env).
+    nonfinite_actions: str = "raise"
 
     def __post_init__(self) -> None:
         n = self.n_action_steps
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"n_action_steps must be a positive int or None; found {n!r}")
         check_seed(self.seed)
+        if self.nonfinite_actions not in ("raise", "return"):
+            raise ValueError(f"nonfinite_actions must be 'raise' or 'return'; found "
+                             f"{self.nonfinite_actions!r}")
         if self.sampler != DETERMINISTIC_SAMPLER:  # the pipeline's own check, before any call
             from cosmos3_gym.pipeline.sde import stochastic_sampling
 
@@ -159,6 +166,8 @@ class VectorPolicy:
         sampler: str = DETERMINISTIC_SAMPLER,
         noise_level: float = 0.5,
         sde_steps: str | Sequence[int] = "random",
+        seed_rule: SeedRule | None = None,
+        nonfinite_actions: str = "raise",
     ) -> None:
         if not callable(pipeline):
             raise TypeError(
@@ -177,7 +186,12 @@ class VectorPolicy:
             sampler=sampler,
             noise_level=noise_level,
             sde_steps=sde_steps if isinstance(sde_steps, str) else tuple(sde_steps),
+            nonfinite_actions=nonfinite_actions,
         )
+        if seed_rule is not None and not isinstance(seed_rule, SeedRule):
+            raise TypeError(f"seed_rule must be a SeedRule; found {type(seed_rule).__name__}")
+        # None: the rule follows config.seed and config.stochastic (see `planner`).
+        self._seed_rule = seed_rule
         horizon = getattr(pipeline, "action_horizon", None)
         self._horizon: int | None = int(horizon) if isinstance(horizon, (int, np.integer)) else None
         if self._horizon is not None:
@@ -210,17 +224,42 @@ class VectorPolicy:
         self.config = replace(self.config, stochastic=bool(value))
 
     @property
-    def planner(self) -> ChunkPlanner:
-        """The :class:`~cosmos3_gym.policy.ChunkPlanner` under the current config: noise seeds
-        per ``(env, episode, chunk)`` when stochastic, ``seed`` for every chunk otherwise."""
+    def seed_rule(self) -> SeedRule:
+        """How each chunk's noise seed follows from ``(env, episode, chunk)``: the rule given to
+        the constructor, else per chunk from ``seed`` when stochastic, ``seed`` for every chunk
+        otherwise."""
+        if self._seed_rule is not None:
+            return self._seed_rule
         cfg = self.config
-        rule = SeedRule.per_chunk(cfg.seed) if cfg.stochastic else SeedRule.fixed(cfg.seed)
+        return SeedRule.per_chunk(cfg.seed) if cfg.stochastic else SeedRule.fixed(cfg.seed)
+
+    @property
+    def planner(self) -> ChunkPlanner:
+        """The :class:`~cosmos3_gym.policy.ChunkPlanner` under the current config and
+        :attr:`seed_rule`."""
+        cfg = self.config
+        rule = self.seed_rule
         return ChunkPlanner(
             self.pipeline, self.adapter, rule, num_inference_steps=cfg.num_inference_steps,
             guidance_scale=cfg.guidance_scale, flow_shift=cfg.flow_shift, progress=cfg.progress,
             sampler=cfg.sampler, noise_level=cfg.noise_level, sde_steps=cfg.sde_steps,
             executed_actions=cfg.n_action_steps,
         )
+
+    def clone(self, *, seed_rule: SeedRule | None = None) -> VectorPolicy:
+        """A policy with this one's pipeline, adapter and config and fresh per-env state (no
+        envs yet), seeded by ``seed_rule`` where given (else by this one's rule): one policy
+        per group of envs that are stepped apart."""
+        other = VectorPolicy.__new__(VectorPolicy)
+        other.pipeline, other.adapter, other.config = self.pipeline, self.adapter, self.config
+        other._seed_rule = seed_rule if seed_rule is not None else self._seed_rule
+        other._horizon = self._horizon
+        other._action_dim = None
+        other._feed = None
+        other.last_chunk_record = None
+        other.last_action_sources = []
+        other._num_envs = None
+        return other
 
     @property
     def num_envs(self) -> int | None:
@@ -272,23 +311,32 @@ class VectorPolicy:
         return record.actions.copy()
 
     def select_action(
-        self, obs: Observation, prompts: str | Sequence[str] | None = None
+        self, obs: Observation, prompts: str | Sequence[str] | None = None, *,
+        video: Sequence[bool] | np.ndarray | None = None,
     ) -> np.ndarray:
         """One action per env, float32 ``[B, D_env]``, from per-env queues.
 
         Only envs whose queue is empty are replanned, all in one pipeline call. An env whose
-        observation is a stale final one (see the module notes) gets a zero placeholder that
-        its env ignores, and is not planned for.
+        observation is a stale final one (see the module notes), or whose episode was ended
+        with :meth:`end_episodes`, gets a zero placeholder and is not planned for. ``video``
+        (one bool per env) asks the chunks planned for those envs to decode their predicted
+        future too (``last_chunk_record.video``); no action changes.
         """
         num_envs = self._check_num_envs(batch_size(obs))
         tasks = self._resolve_tasks(prompts, num_envs, obs)
+        if video is not None:
+            video = np.asarray(video, dtype=bool)
+            if video.shape != (num_envs,):
+                raise ValueError(f"video: expected one bool per env ({num_envs}); found shape "
+                                 f"{list(video.shape)}")
         if self._num_envs is None:
             empty, stale = np.ones(num_envs, bool), np.zeros(num_envs, bool)
         else:
             empty, stale = self._queues.lengths() == 0, self._stale
         replan = np.flatnonzero(empty & ~stale)
         if replan.size:
-            record = self._plan(obs, tasks, replan, None, None)
+            rows = None if video is None else video[replan]
+            record = self._plan(obs, tasks, replan, None, None, video=rows)
         else:
             # Nothing to plan, but a malformed observation should fail now, not at the next
             # replan: one env's slice through the adapter is a cheap check of the format.
@@ -308,36 +356,77 @@ class VectorPolicy:
         return out
 
     def reset(
-        self, mask: np.ndarray | Sequence[bool] | None = None, *, seed: int | None = None
+        self, mask: np.ndarray | Sequence[bool] | None = None, *, seed: int | None = None,
+        episode_ids: Sequence[int] | None = None,
     ) -> None:
         """Start a new episode for the masked envs (default: all): their queues are cleared.
 
         Without :meth:`attach`: call it with the envs you reset yourself under ``DISABLED``, or
         with ``terminated | truncated`` right after ``step`` under ``SAME_STEP``. ``NEXT_STEP``
         needs :meth:`attach`, which knows that the obs returned with a done is a final one.
-        ``seed`` restarts the noise schedule from a new root (all counters to zero) and must
-        come without a mask.
+        ``episode_ids`` (one int per masked env) set the episode index the seed rule reads for
+        those envs' new episodes (a runner that numbers its episodes run-wide passes them);
+        without it each env counts its own episodes. ``seed`` restarts the noise schedule from
+        a new root (all counters to zero) and must come without a mask.
         """
         if seed is not None:
-            if mask is not None:
-                raise ValueError("reset(seed=...) restarts every env; expected mask=None")
+            if mask is not None or episode_ids is not None:
+                raise ValueError("reset(seed=...) restarts every env; expected mask=None and "
+                                 "no episode_ids")
+            if self._seed_rule is not None:
+                raise ValueError("reset(seed=...) restarts the policy's own seed schedule; this "
+                                 "policy was given a seed_rule, which owns its seeds")
             self.config = replace(self.config, seed=check_seed(seed))
             if self._num_envs is not None:
                 self._init_state(self._num_envs)
             return
         if mask is None:
+            if episode_ids is not None:
+                raise ValueError("episode_ids go with a mask (one id per masked env)")
             if self._num_envs is not None:
                 self._begin_episodes(np.ones(self._num_envs, bool))
             return
+        mask = self._check_mask(mask, "reset mask")
+        if self._num_envs is None:
+            self._init_state(mask.shape[0])
+        if episode_ids is not None:
+            ids = np.asarray(episode_ids)
+            if ids.shape != (int(mask.sum()),) or (ids.size and ids.dtype.kind not in "iu"):
+                raise ValueError(f"episode_ids: expected {int(mask.sum())} integers, one per "
+                                 f"masked env; found {ids.dtype} {list(ids.shape)}")
+        self._begin_episodes(mask)
+        if episode_ids is not None:
+            self._episode[np.flatnonzero(mask)] = ids
+
+    def end_episodes(self, mask: np.ndarray | Sequence[bool]) -> None:
+        """The masked envs' episodes are over: their queues are cleared and they are not planned
+        (``select_action`` gives them a zero placeholder) until :meth:`reset` starts their next
+        episode. For a caller that ends episodes itself (an invalid action, an env that sits
+        idle) where the env reports no done."""
+        mask = self._check_mask(mask, "end_episodes mask")
+        if self._num_envs is None:
+            self._init_state(mask.shape[0])
+        self._end_episodes(mask)
+
+    def check_envs(self, envs: VectorEnv) -> None:
+        """Refuse ``envs`` if this policy serves another number of envs, or if the checkpoint's
+        actions, through the adapter, are not as wide as their action space (where the pipeline
+        has ``action_dim``); what :meth:`attach` checks, without attaching."""
+        if not isinstance(envs, VectorEnv):
+            raise TypeError(
+                f"expected a gymnasium.vector.VectorEnv; found {type(envs).__name__}"
+            )
+        self._check_num_envs(envs.num_envs, what="the envs")
+        self._check_action_fit(envs)
+
+    def _check_mask(self, mask: Any, what: str) -> np.ndarray:
         mask = np.asarray(mask)
         if mask.dtype != np.bool_ or mask.ndim != 1:
             raise ValueError(
-                f"mask must be a 1-D bool array; found {mask.dtype} {list(mask.shape)}"
+                f"{what} must be a 1-D bool array; found {mask.dtype} {list(mask.shape)}"
             )
-        self._check_num_envs(mask.shape[0], what="reset mask")
-        if self._num_envs is None:
-            self._init_state(mask.shape[0])
-        self._begin_episodes(mask)
+        self._check_num_envs(mask.shape[0], what=what)
+        return mask
 
     def attach(self, envs: VectorEnv) -> PolicyFeed:
         """Wrap ``envs`` so that they feed this policy prompts and episode ends; use the result."""
@@ -451,6 +540,7 @@ class VectorPolicy:
     def _plan(
         self, obs: Observation, tasks: list[str], envs: np.ndarray,
         action_noise: np.ndarray | None, seeds: Sequence[int] | None,
+        video: np.ndarray | None = None,
     ) -> ChunkRecord:
         """One planner call for ``envs``, at their episode and chunk counters; checks everything
         and changes no state."""
@@ -460,9 +550,10 @@ class VectorPolicy:
         record = self.planner.plan(
             obs, envs, [tasks[e] for e in envs], episodes, chunks, action_noise=action_noise,
             seeds=seeds, horizon=self._horizon, action_dim=self._action_dim,
+            video=None if video is None else video.tolist(),
         )
         self._check_horizon(record.horizon)
-        if not np.isfinite(record.raw_actions).all():
+        if self.config.nonfinite_actions == "raise" and not np.isfinite(record.raw_actions).all():
             raise ValueError("pipeline returned non-finite actions")
         return record
 
@@ -491,7 +582,7 @@ class PolicyFeed(ForwardingVectorWrapper):
         super().__init__(env)
         self.policy = policy
         self.autoreset_mode = autoreset_mode(env)
-        self.task_attribute = self._find_task_attribute()
+        self.task_attribute = task_attribute(env)
         self.tasks: list[str | None] = [None] * self.num_envs
         self._pending_reset = np.zeros(self.num_envs, bool)
 
@@ -506,19 +597,6 @@ class PolicyFeed(ForwardingVectorWrapper):
         raise AttributeError(
             f"the attached {type(self.unwrapped).__name__} keeps no sub-envs in this process "
             "(only a SyncVectorEnv has .envs); read theirs with call() or get_attr()"
-        )
-
-    def _find_task_attribute(self) -> str:
-        # Probe with has_wrapper_attr: a failing env.call would close an AsyncVectorEnv's pipes.
-        found = {}
-        for name in ("task_description", "task"):
-            found[name] = np.array(self.call("has_wrapper_attr", name), dtype=bool)
-            if found[name].all():
-                return name
-        raise ValueError(
-            "attach: every env needs a task_description (or task) attribute to read prompts from; "
-            f"envs with task_description: {np.flatnonzero(found['task_description']).tolist()}, "
-            f"with task: {np.flatnonzero(found['task']).tolist()}, of {self.num_envs}"
         )
 
     def _refresh_tasks(self, mask: np.ndarray) -> None:

@@ -95,8 +95,8 @@ def test_rollout_as_lerobot_dataset_loads_and_matches(metaworld_checkpoint, tmp_
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     from cosmos3_gym.eval.cli import main
-    from cosmos3_gym.eval.rollout import load_rollouts
     from cosmos3_gym.integrations.lerobot_dataset import finished_episodes
+    from cosmos3_gym.runner import load_rollouts
 
     out = tmp_path / "rollouts"
     code = main(["rollout", "--checkpoint", str(metaworld_checkpoint), "--env", "metaworld",
