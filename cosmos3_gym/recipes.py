@@ -176,7 +176,8 @@ RECIPES: dict[str, Recipe] = {
         checkpoints="your own LIBERO post-training of nvidia/Cosmos3-Nano (no LIBERO checkpoint "
                     "is public)",
         representation="10-D frame-wise relative [dpos, rot6d, gripper], quantile_rot "
-                        "statistics; no state; agentview and wrist views side by side, 256 x 256 each",
+                       "statistics; no state; agentview and wrist views side by side, 256 x 256 "
+                       "each",
         settings={
             "domain_name": "libero", "raw_action_dim": 10, "action_horizon": 16,
             "normalization": "quantile_rot", "fps": 20.0, "resolution_tier": 256,
