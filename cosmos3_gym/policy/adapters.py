@@ -127,8 +127,9 @@ class GenericAdapter(Adapter):
     Args:
         image_key: the dict key of the image batch, when the observation has several.
         state_key: the dict key of the robot state (``[B, D]``, or ``[B, S, D]`` with history),
-            e.g. ``"observation.state"`` in a LeRobot observation or ``"agent_pos"`` in a
-            gym-style one; None: no state.
+            e.g. ``"state"`` (LeRobot's ``observation.state``, as
+            :mod:`cosmos3_gym.integrations.lerobot` hands it over) or ``"agent_pos"`` in a
+            gym-style observation; None: no state.
 
     >>> obs = {"pixels": np.zeros((2, 8, 8, 3), np.uint8), "agent_pos": np.ones((2, 3))}
     >>> GenericAdapter(state_key="agent_pos").state(obs).shape
