@@ -431,7 +431,8 @@ class DenoiseStage(Stage):
         params: SamplingParams,
     ) -> _RowForward:
         """The fixed inputs of the GEN forward over ``2b`` rows ([cond; uncond] prompts, for
-        guided steps) or the ``b`` conditional rows: masks, domain ids, RoPE layout, K/V
+        guided steps: one forward, prompts of different lengths sharing it since padded text
+        keys are masked) or the ``b`` conditional rows: masks, domain ids, RoPE layout, K/V
         buffers, and the step bound to a CUDA graph (eager where it cannot be)."""
         model, p = self.model, self.policy
         b, s = batch.size, p.history_length
@@ -462,7 +463,6 @@ class DenoiseStage(Stage):
             gen_tokens = rows * (tokens + s + p.action_horizon)
             fp8_steps = self.options.fp8_steps(params.num_inference_steps, gen_tokens)
         graphed = fp8_graphed = None
-        layout = None
         if self.graphs is not None:  # the graph owns its K/V buffers
             layout = layout_for(preallocate_kv=False)
             repeat = rows // b
