@@ -26,6 +26,12 @@ with the eager ones (no graphs, no fused kernels) of the same weights, noise and
 that raises, or whose option the pipeline had to switch off, is recorded the same way.
 A benchmark on a borrowed GPU thus returns every number it can, and says which it could not.
 
+A case may carry a released checkpoint's recipe (:mod:`cosmos3_gym.recipes`): the DROID policy
+cases run the official server's 540x640 view at ``nano-policy-droid`` (4 steps, guidance 3 on
+every step, a state row, 32-action chunks) and ``edge-policy-droid`` (the same, guided on the
+first step only), at the recipe's step count whatever ``--steps`` says, their FLOPs counting the
+guided steps' unconditional rows.
+
 Users size their hardware with it before they have weights. Results are a JSON file whose
 ``rows`` are ``{"case", "batch_size", "steps", "call_s", "denoise_tflops", "gpu_busy", ...}``.
 """
@@ -62,6 +68,12 @@ class Case:
     resolution_tier: int
     domain_name: str
     view_point: str | None
+    # A recipe's whole head and sampler (its steps replace --steps); None: the fields above,
+    # 16 actions of 10-D, no guidance.
+    recipe: str | None = None
+    # The fp8 flip's bf16 steps at each end (InferenceOptions.fp8_bf16_steps) for this case:
+    # at 4 steps the default 3 would leave no step in FP8. None: as configured.
+    fp8_bf16_steps: int | None = None
 
 
 CASES = {
@@ -69,6 +81,13 @@ CASES = {
     "libero_256x512": Case("libero_256x512", (256, 512), 256, "libero", "concat_view"),
     # DROID-size single view at the 480 tier (sglang's published Cosmos3 policy benchmark shape).
     "droid_480x832": Case("droid_480x832", (480, 832), 480, "droid_lerobot", "ego_view"),
+    # The official DROID server's image (wrist over both exteriors) at the released recipes.
+    "nano-policy-droid_540x640": Case("nano-policy-droid_540x640", (540, 640), 480,
+                                      "droid_lerobot", "concat_view", recipe="nano-policy-droid",
+                                      fp8_bf16_steps=1),
+    "edge-policy-droid_540x640": Case("edge-policy-droid_540x640", (540, 640), 480,
+                                      "droid_lerobot", "concat_view", recipe="edge-policy-droid",
+                                      fp8_bf16_steps=1),
 }
 ACTION_HORIZON = 16  # 17 frames: the LIBERO and DROID policy recipes
 RAW_ACTION_DIM = 10
@@ -91,17 +110,48 @@ def synthetic_pipeline(
     another case or option set around the same weights."""
     from cosmos3_gym import Cosmos3ActionPipeline
     from cosmos3_gym.checkpoint import PolicyConfig
+    from cosmos3_gym.recipes import get_recipe
 
-    policy = PolicyConfig(
-        domain_name=case.domain_name, raw_action_dim=RAW_ACTION_DIM,
-        action_horizon=ACTION_HORIZON, normalization="none", resolution_tier=case.resolution_tier,
-        view_point=case.view_point,
-    )
+    if case.recipe is not None:
+        policy = PolicyConfig(**get_recipe(case.recipe).settings)
+    else:
+        policy = PolicyConfig(
+            domain_name=case.domain_name, raw_action_dim=RAW_ACTION_DIM,
+            action_horizon=ACTION_HORIZON, normalization="none",
+            resolution_tier=case.resolution_tier, view_point=case.view_point,
+        )
     if components is None:
         pipe = Cosmos3ActionPipeline.from_preset(preset, policy, device=device, dtype=dtype,
                                                  options=options)
         return pipe, (pipe.transformer, pipe.vae, pipe.tokenizer)
     return Cosmos3ActionPipeline(*components, policy, options=options), components
+
+
+def call_inputs(pipe: Cosmos3ActionPipeline, count: int) -> dict[str, Any]:
+    """The call arguments a head needs beyond images and prompts: zero state rows for a
+    state-conditioned one (the values do not change the timing)."""
+    if not pipe.history_length:
+        return {}
+    return {"state": np.zeros((count, pipe.history_length, pipe.action_dim), np.float32)}
+
+
+def guided_steps(pipe: Cosmos3ActionPipeline, steps: int) -> int:
+    """How many of ``steps`` denoising steps run the unconditional rows too (the policy's
+    guidance and interval)."""
+    from cosmos3_gym.pipeline.stages import SamplingParams
+
+    p = pipe.policy
+    return sum(SamplingParams(steps, p.guidance_scale, p.flow_shift, False,
+                              guidance_interval=p.guidance_interval).guided_steps())
+
+
+def case_steps(case: Case, steps: tuple[int, ...]) -> tuple[int, ...]:
+    """The step counts a case runs: its recipe's, else ``steps``."""
+    if case.recipe is None:
+        return steps
+    from cosmos3_gym.recipes import get_recipe
+
+    return (int(get_recipe(case.recipe).settings["num_inference_steps"]),)
 
 
 def busy_time(spans: list[tuple[float, float]]) -> float:
@@ -236,7 +286,8 @@ def token_counts(pipe: Cosmos3ActionPipeline, case: Case, prompts: list[str]) ->
     text = pipe.prompt.tokenize(batch, params)[0].shape[1]
     p = pipe.transformer.config.latent_patch_size
     t, h, w = _latent_grid(pipe, case)
-    return {"text": int(text), "vision": t * -(-h // p) * -(-w // p), "action": ACTION_HORIZON}
+    return {"text": int(text), "vision": t * -(-h // p) * -(-w // p),
+            "action": pipe.history_length + pipe.action_horizon}
 
 
 @dataclass
@@ -271,7 +322,8 @@ def check_options(run: _Run, case: Case) -> dict[str, Any]:
         pipe, run.components = synthetic_pipeline(run.preset, case, device=run.device,
                                                    dtype=run.dtype, options=options,
                                                    components=run.components)
-        out = pipe(image, prompt, seed=[0], num_inference_steps=2, progress=False)
+        out = pipe(image, prompt, seed=[0], num_inference_steps=2, progress=False,
+                   **call_inputs(pipe, 1))
         return out.actions, pipe
 
     from cosmos3_gym.pipeline.stages import FALLIBLE_OPTIONS
@@ -306,9 +358,18 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
 
     def call(p: Cosmos3ActionPipeline, b: int, n: int) -> dict[str, float]:
         out = p(images[:b], prompts[:b], seed=list(range(b)), num_inference_steps=n,
-                progress=False)
+                progress=False, **call_inputs(p, b))
         return _stage_seconds(out.timings)
 
+    def step_flops(b: int, n: int) -> float:
+        """GEN FLOPs of a call: B rows per step, 2B on the guided steps."""
+        counts = token_counts(pipe, case, prompts[:b])
+        return (n + guided_steps(pipe, n)) * gen_step_flops(
+            pipe.transformer.config, batch_size=b, text_tokens=counts["text"],
+            vision_tokens=counts["vision"], action_tokens=counts["action"],
+        )
+
+    steps = case_steps(case, steps)
     for b in batch_sizes:
         counts = token_counts(pipe, case, prompts[:b])
         for n in steps:
@@ -316,12 +377,10 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
                 torch.cuda.reset_peak_memory_stats(dev)
             call_s, stages = _median_call(lambda b=b, n=n: call(pipe, b, n), run.warmup,
                                           run.repeats, sync)
-            flops = n * gen_step_flops(
-                pipe.transformer.config, batch_size=b, text_tokens=counts["text"],
-                vision_tokens=counts["vision"], action_tokens=counts["action"],
-            )
+            flops = step_flops(b, n)
             rows.append({
                 "case": case.name, "batch_size": b, "steps": n, "call_s": call_s,
+                "recipe": case.recipe, "guided_steps": guided_steps(pipe, n),
                 "denoise_tflops": flops / stages["denoise"] / 1e12,
                 **profile_call(lambda b=b, n=n: call(pipe, b, n), dev),
                 "stages_s": stages, "peak_memory_mb": _peak_memory_mb(dev),
@@ -337,7 +396,11 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
             flipped, also = run.options.flip(field)  # with what it needs, or what needs it
             if dev.type != "cuda" and (flipped.cuda_graphs or flipped.triton_kernels):
                 continue  # graphs exist on CUDA only; on CPU the kernels are interpreted
+            if field == "fp8" and flipped.fp8 and case.fp8_bf16_steps is not None:
+                flipped = replace(flipped, fp8_bf16_steps=case.fp8_bf16_steps)
             entry: dict[str, Any] = {"flipped_to": getattr(flipped, field), "also": list(also)}
+            if field == "fp8":
+                entry["fp8_bf16_steps"] = flipped.fp8_bf16_steps
             try:
                 variant, _ = synthetic_pipeline(run.preset, case, device=dev, dtype=run.dtype,
                                                 options=flipped, components=run.components)
@@ -346,11 +409,7 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
                 if variant.disabled_options:  # it ran, but without what was to be measured
                     raise RuntimeError("; ".join(f"{k} switched off: {v}"
                                                  for k, v in variant.disabled_options.items()))
-                counts = token_counts(pipe, case, prompts[:b])
-                flops = n * gen_step_flops(
-                    pipe.transformer.config, batch_size=b, text_tokens=counts["text"],
-                    vision_tokens=counts["vision"], action_tokens=counts["action"],
-                )
+                flops = step_flops(b, n)
                 # The same FLOP count over each side's time: for fp8, "bf16-equivalent" TFLOP/s.
                 entry.update(ratio=m["ratio"], denoise_ratio=m["denoise_ratio"], steps=n,
                              flipped_call_s=m["a_s"], configured_call_s=m["b_s"],
@@ -360,7 +419,8 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
                 entry.update(ratio=None, denoise_ratio=None, error=_error_line(err))
             flips[str(b)][field] = entry
 
-    result: dict[str, Any] = {"flips": flips, "reference": None}
+    result: dict[str, Any] = {"flips": flips, "reference": None,
+                              "sampler": pipe.sampler_record}
     if reference:
         ours = {r["batch_size"]: r["denoise_step_s"] for r in rows
                 if r["case"] == case.name and r["steps"] == n}
@@ -410,7 +470,7 @@ def run_synthetic(
         "preset": preset, "device": str(dev), "dtype": str(dtype).removeprefix("torch."),
         "host": platform.node(), "torch": torch.__version__, "options": asdict(options),
         "warmup": warmup, "repeats": repeats, "statistic": "median", "complete": False,
-        "self_check": None, "rows": [], "reference": {}, "flips": {},
+        "self_check": None, "rows": [], "reference": {}, "flips": {}, "samplers": {},
     }
 
     def save() -> None:
@@ -422,12 +482,15 @@ def run_synthetic(
     result["self_check"] = check_options(run, CASES[cases[0]])
     result["options"] = result["self_check"]["options"]
     save()
-    sizes = batch_sizes or {"libero_256x512": (1, 2, 4, 8, 16, 32), "droid_480x832": (1, 2, 4, 8)}
+    sizes = batch_sizes or {"libero_256x512": (1, 2, 4, 8, 16, 32), "droid_480x832": (1, 2, 4, 8),
+                            "nano-policy-droid_540x640": (1, 8),
+                            "edge-policy-droid_540x640": (1, 8)}
     for name in cases:
         measured = _measure_case(run, CASES[name], sizes[name], steps, compare_batches,
                                  reference, result["rows"])
         result["flips"][name] = measured["flips"]
         result["reference"][name] = measured["reference"]
+        result["samplers"][name] = measured["sampler"]
         save()
     result["complete"] = True
     save()
@@ -507,7 +570,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{','.join(CASES)})")
     parser.add_argument("--steps", default="10,30",
                         help="with --synthetic: comma-separated denoising step counts "
-                             "(default: 10,30)")
+                             "(default: 10,30); a case with a recipe runs at its recipe's")
     parser.add_argument("--no-flips", action="store_true",
                         help="with --synthetic: skip the option flips (paired runs of every "
                              "option turned over, the longest part at large shapes)")

@@ -20,14 +20,18 @@
 #                it (default options: the fast path) at B=1, 8, 32 (36 + B s each; one episode
 #                per env slot, 8 at B=1): episodes/hour and what the loop adds around the
 #                pipeline (bar at B=32: <= 5%)
-#   droid    60  bench --synthetic: DROID 480x832 B=1, 30 steps, in FP8 beside bf16 (the fp8
-#                flip, paired calls; sglang published 1.457 s on an H200, bar <= 1.20 s)
+#   droid    75  bench --synthetic: DROID 480x832 B=1, 30 steps, in FP8 beside bf16 (the fp8
+#                flip, paired calls; sglang published 1.457 s on an H200, bar <= 1.20 s); then
+#                the released Policy-DROID recipes on the official server's 540x640 view, B=1, 4
+#                steps, guidance 3, a state row, 32 actions: nano-policy-droid (guided every
+#                step: 8 forwards of B rows) and edge-policy-droid (guided on step 0 only,
+#                [2, 1, 1, 1]), bf16 and FP8 (steps 1-2 in FP8)
 #   fp8     130  bench --synthetic: LIBERO 256x512 B=32, 30 steps, bf16 beside FP8 (bar: FP8
 #                1.35x faster), then the FP8 accuracy gates on the same model shape
 #                (bench/fp8_gate.py: per-layer SQNR, actions vs fp32 against bf16's), all in
 #                bench_gpu_nano_fp8.json
 #   summary      the one-screen summary
-# 2 x 15 + 80 + 95 + 149 + 60 + 90 + 40 = 544 s at most. `bash scripts/gpu_session.sh eval summary` runs
+# 2 x 15 + 80 + 95 + 149 + 75 + 90 + 40 = 559 s at most. `bash scripts/gpu_session.sh eval summary` runs
 # some stages only. On a CPU, each stage runs at a small size with
 #   PRESET=tiny DEVICE=cpu SKIP_INSTALL=1 EVAL_BATCHES="1 2" bash scripts/gpu_session.sh eval
 # (tests/test_gpu_session.py does that for every stage but the GPU tests).
@@ -114,8 +118,9 @@ PYEOF
   done
 fi
 if has droid; then
-  log "droid bench ($PRESET, B=1, fp8 beside bf16)"
-  timeout 60 "${CLI[@]}" bench --synthetic "$PRESET" --device "$DEVICE" --cases droid_480x832 \
+  log "droid bench ($PRESET, B=1, fp8 beside bf16; the released Policy-DROID recipes)"
+  timeout 75 "${CLI[@]}" bench --synthetic "$PRESET" --device "$DEVICE" \
+    --cases droid_480x832,nano-policy-droid_540x640,edge-policy-droid_540x640 \
     --batch-sizes 1 --steps "$STEPS" --compare-batch 1 --flips fp8 --no-reference --warmup 1 \
     --repeats 3 --out "$OUT/bench_gpu_${PRESET}_droid.json" >> "$OUT/log.txt" 2>&1
 fi

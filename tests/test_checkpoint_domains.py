@@ -90,7 +90,8 @@ def test_libero_domain_is_the_official_recipe_and_takes_statistics(diffusers_fol
     assert (recipe.view_point, recipe.num_inference_steps, recipe.flow_shift) == (
         "concat_view", 30, 5.0)
     assert recipe.stats is None and not recipe.denormalizes
-    assert {k: getattr(recipe, k) for k in RECIPES["libero"]} == RECIPES["libero"]
+    settings = RECIPES["libero"].settings
+    assert {k: getattr(recipe, k) for k in settings} == settings
 
     with caplog.at_level(logging.WARNING):
         bare = Cosmos3ActionPipeline.from_pretrained(root, domain="libero")

@@ -57,3 +57,45 @@ def test_the_fp8_stage_runs_at_cpu_size(tmp_path) -> None:
     assert bench["fp8_gates"]["sqnr"]["min_db"].keys() == {"qkv", "out", "gate_up", "down"}
     summary = (out / "summary.txt").read_text()
     assert "LIBERO B=2 1 steps: fp8" in summary and "per-layer SQNR" in summary
+
+
+def test_the_stage_timeouts_fit_the_device_budget() -> None:
+    """Every stage's timeout, the eval stage's per batch size, sum to at most 560 s."""
+    import re
+
+    script = (ROOT / "scripts" / "gpu_session.sh").read_text()
+    fixed = [int(t) for t in re.findall(r"^\s*timeout (\d+) ", script, flags=re.M)]
+    batches = re.search(r'EVAL_BATCHES="\$\{EVAL_BATCHES:-([\d ]+)\}"', script).group(1).split()
+    per_batch = re.search(r"timeout \$\(\( (\d+) \+ b \)\)", script).group(1)
+    total = sum(fixed) + sum(int(per_batch) + int(b) for b in batches)
+    assert total <= 560, (fixed, batches, total)
+    assert f"= {total} s at most" in script  # the header states the sum
+
+
+@pytest.mark.slow
+def test_the_droid_stage_runs_the_released_recipes_at_cpu_size(tmp_path) -> None:
+    """The 30-step DROID row, then both Policy-DROID recipes at their 4 steps with a state
+    row, FP8 beside bf16 for each, in one file, and their summary lines."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PRESET": "tiny", "DEVICE": "cpu", "SKIP_INSTALL": "1", "STEPS": "1",
+           "OUT": str(out), "RUNS": str(tmp_path / "runs"), "PYTHON": sys.executable}
+    done = subprocess.run(["bash", "scripts/gpu_session.sh", "droid", "summary"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "bench_gpu_tiny_droid.json", "log.txt", "summary.txt"]
+    bench = json.loads((out / "bench_gpu_tiny_droid.json").read_text())
+    assert bench["complete"], (out / "log.txt").read_text()[-2000:]
+    rows = {r["case"]: r for r in bench["rows"]}
+    assert rows["droid_480x832"]["steps"] == 1 and rows["droid_480x832"]["guided_steps"] == 0
+    for case, guided in (("nano-policy-droid_540x640", 4), ("edge-policy-droid_540x640", 1)):
+        assert (rows[case]["steps"], rows[case]["guided_steps"]) == (4, guided)
+        assert rows[case]["tokens"]["action"] == 33  # the state row and 32 actions
+        flip = bench["flips"][case]["1"]["fp8"]
+        assert flip["flipped_to"] is True and flip["fp8_bf16_steps"] == 1
+        assert flip["flipped_call_s"] > 0
+    assert bench["samplers"]["edge-policy-droid_540x640"]["guidance_interval"]["value"] == [
+        960.0, 1001.0]
+    summary = (out / "summary.txt").read_text()
+    assert "recipe nano-policy-droid B=1 4 steps, 4 guided" in summary
+    assert "recipe edge-policy-droid B=1 4 steps, 1 guided" in summary

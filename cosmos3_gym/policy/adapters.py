@@ -21,7 +21,9 @@ differs from the identity::
     'The robot arm must stack the blocks.'
 
 Pass the instance as ``VectorPolicy(pipeline, adapter=MyArmAdapter())``. The policy checks what
-an adapter returns (dtype, rank, batch size) and names the adapter in its errors.
+an adapter returns (dtype, rank, batch size) and names the adapter in its errors. A fourth hook,
+``state(obs)``, reads the robot state for heads conditioned on it (``history_length`` > 0): as
+``[B, S, D]`` rows in the head's action representation, the current state last.
 """
 
 from __future__ import annotations
@@ -60,6 +62,12 @@ class Adapter:
     def actions(self, raw: np.ndarray) -> np.ndarray:
         """Raw model actions ``[B, H, D]`` -> env actions ``[B, H, D_env]``."""
         return raw
+
+    def state(self, obs: Any) -> np.ndarray | None:
+        """Observation batch -> the robot state as float ``[B, S, D]`` rows in the action
+        representation of the checkpoint's head (the current state last), for heads conditioned
+        on it; ``None``: this benchmark's observations give no state (the default)."""
+        return None
 
     def env_action_dim(self, raw_action_dim: int) -> int:
         """``D_env``, the width of the env actions :meth:`actions` makes of ``raw_action_dim``-wide
@@ -121,12 +129,21 @@ class GenericAdapter(Adapter):
 
     Args:
         image_key: the dict key of the image batch, when the observation has several.
+        state_key: the dict key of the robot state (``[B, D]``, or ``[B, S, D]`` with history),
+            e.g. ``"state"`` (LeRobot's ``observation.state``, as
+            :mod:`cosmos3_gym.integrations.lerobot` hands it over) or ``"agent_pos"`` in a
+            gym-style observation; None: no state.
+
+    >>> obs = {"pixels": np.zeros((2, 8, 8, 3), np.uint8), "agent_pos": np.ones((2, 3))}
+    >>> GenericAdapter(state_key="agent_pos").state(obs).shape
+    (2, 1, 3)
     """
 
     name = "generic"
 
-    def __init__(self, image_key: str | None = None) -> None:
+    def __init__(self, image_key: str | None = None, state_key: str | None = None) -> None:
         self.image_key = image_key
+        self.state_key = state_key
 
     def images(self, obs: Any) -> np.ndarray:
         if not isinstance(obs, Mapping):
@@ -152,6 +169,28 @@ class GenericAdapter(Adapter):
 
     def actions(self, raw: np.ndarray) -> np.ndarray:
         return np.array(raw, dtype=np.float32, copy=True)
+
+    def state(self, obs: Any) -> np.ndarray | None:
+        if self.state_key is None:
+            return None
+        leaves = dict(_leaves(obs)) if isinstance(obs, Mapping) else {}
+        if self.state_key not in leaves:
+            raise ValueError(
+                f"generic adapter: state_key {self.state_key!r} not in the observation; found "
+                f"keys { {k: describe(v) for k, v in leaves.items()} }"
+            )
+        return _state_rows(leaves[self.state_key], f"observation[{self.state_key!r}]")
+
+
+def _state_rows(value: Any, what: str) -> np.ndarray:
+    """A state batch ``[B, D]`` (one row: the current state) or ``[B, S, D]`` as float32
+    ``[B, S, D]``; a ``ValueError`` naming ``what`` otherwise."""
+    array = np.asarray(value)
+    if array.dtype.kind not in "fiu" or array.ndim not in (2, 3):
+        raise ValueError(f"{what}: expected a numeric state [B, D] or [B, S, D]; found "
+                         f"{describe(array)}")
+    array = array.astype(np.float32)
+    return array[:, None, :] if array.ndim == 2 else array
 
 
 # The official closed-loop client appends these two sentences to the task (cosmos-framework
@@ -180,6 +219,9 @@ class LiberoAdapter(Adapter):
     - Actions: raw 10-D ``[dpos(3), rot6d(6), gripper(1)]`` -> 7-D ``[dpos, axis-angle, gripper]``;
       rot6d is projected onto SO(3) by SVD; the gripper goes from the data's ``[0, 1]`` to
       LIBERO's ``[-1, 1]`` with -1 = open: ``g' = -clip(2g - 1, -1, 1)``.
+    - State: the env's 8-D ``state_key`` (end-effector position, axis-angle, the two gripper
+      finger positions: LeRobot's and openpi's LIBERO state) as one ``[B, 1, 8]`` row. The
+      official LIBERO recipe takes no state; a head conditioned on it must be 8-D-state trained.
 
     Args:
         agentview_key: observation key of the third-person camera batch.
@@ -199,11 +241,13 @@ class LiberoAdapter(Adapter):
         wrist_key: str = "wrist_image",
         binarize_gripper: bool = False,
         view_size: int | None = 256,
+        state_key: str = "state",
     ) -> None:
         self.agentview_key = agentview_key
         self.wrist_key = wrist_key
         self.binarize_gripper = binarize_gripper
         self.view_size = view_size
+        self.state_key = state_key
 
     def images(self, obs: Any) -> np.ndarray:
         if not isinstance(obs, Mapping):
@@ -243,6 +287,16 @@ class LiberoAdapter(Adapter):
             task = _append_sentence(task, sentence)
         return task
 
+    def state(self, obs: Any) -> np.ndarray | None:
+        if not isinstance(obs, Mapping) or self.state_key not in obs:
+            found = {k: describe(v) for k, v in obs.items()} if isinstance(obs, Mapping) else (
+                describe(obs))
+            raise ValueError(
+                f"libero adapter: expected the state under {self.state_key!r} (render the env "
+                f"with its state); found {found}"
+            )
+        return _state_rows(obs[self.state_key], f"observation[{self.state_key!r}]")
+
     def actions(self, raw: np.ndarray) -> np.ndarray:
         raw = np.asarray(raw)
         if raw.ndim != 3 or raw.shape[-1] != self.raw_action_dim:
@@ -255,6 +309,95 @@ class LiberoAdapter(Adapter):
             gripper = np.sign(gripper)
         out = np.concatenate([raw[..., 0:3], rot6d_to_axis_angle(raw[..., 3:9]), gripper], axis=-1)
         return out.astype(np.float32)
+
+
+class DroidAdapter(Adapter):
+    """The official DROID server's conventions (cosmos-framework
+    ``action_policy_server_robolab.py``) for ``nvidia/Cosmos3-{Nano,Edge}-Policy-DROID``
+    (``recipe="nano-policy-droid"`` / ``"edge-policy-droid"``), with the RoboArena/openpi DROID
+    observation keys.
+
+    - Images: ``observation/image`` if the observation has it, else the wrist camera on top of
+      both exterior cameras, each resized (bilinear) to half the wrist image's height and width
+      and side by side; then resized to ``image_size`` (540 x 640) where it differs.
+    - State: one row ``[joint_position(7), 1 - gripper_position]`` (the last of a history).
+    - Actions: raw 8-D ``[7 joint positions, gripper]`` -> the gripper flipped back, ``1 - g``.
+
+    >>> adapter = DroidAdapter()
+    >>> float(adapter.actions(np.array([[[0.0] * 7 + [0.25]]], np.float32))[0, 0, -1])
+    0.75
+    """
+
+    name = "droid"
+    domain = "droid_lerobot"
+    raw_action_dim = 8
+    WRIST, EXTERIOR_1, EXTERIOR_2 = (
+        "observation/wrist_image_left", "observation/exterior_image_1_left",
+        "observation/exterior_image_2_left",
+    )
+    IMAGE = "observation/image"
+    JOINTS, GRIPPER = "observation/joint_position", "observation/gripper_position"
+
+    def __init__(self, image_size: tuple[int, int] = (540, 640)) -> None:
+        self.image_size = image_size
+
+    def images(self, obs: Any) -> np.ndarray:
+        if isinstance(obs, Mapping) and self.IMAGE in obs:
+            image = _check_image_batch(obs[self.IMAGE], f"observation[{self.IMAGE!r}]")
+        else:
+            missing = [k for k in (self.WRIST, self.EXTERIOR_1, self.EXTERIOR_2)
+                       if not isinstance(obs, Mapping) or k not in obs]
+            if missing:
+                raise ValueError(
+                    f"droid adapter: observation lacks {missing} (or {self.IMAGE!r}); found "
+                    f"{describe(obs) if not isinstance(obs, Mapping) else sorted(obs)}"
+                )
+            wrist = _check_image_batch(obs[self.WRIST], f"observation[{self.WRIST!r}]")
+            half = (wrist.shape[1] // 2, wrist.shape[2] // 2)
+            exteriors = [_resize_bilinear(_check_image_batch(obs[k], f"observation[{k!r}]"), half)
+                         for k in (self.EXTERIOR_1, self.EXTERIOR_2)]
+            image = np.concatenate([wrist, np.concatenate(exteriors, axis=2)], axis=1)
+        if image.shape[1:3] != tuple(self.image_size):
+            image = _resize_bilinear(image, self.image_size)
+        return image
+
+    def state(self, obs: Any) -> np.ndarray | None:
+        missing = [k for k in (self.JOINTS, self.GRIPPER)
+                   if not isinstance(obs, Mapping) or k not in obs]
+        if missing:
+            raise ValueError(f"droid adapter: observation lacks {missing} for the state row")
+        joints = np.asarray(obs[self.JOINTS], dtype=np.float32)
+        gripper = np.asarray(obs[self.GRIPPER], dtype=np.float32)
+        joints = joints[:, -1] if joints.ndim == 3 else joints  # the last of a history
+        gripper = gripper.reshape(gripper.shape[0], -1)[:, -1:]
+        if joints.ndim != 2 or joints.shape[1] != 7 or gripper.shape[0] != joints.shape[0]:
+            raise ValueError(
+                f"droid adapter: expected joint positions [B, 7] and gripper [B] or [B, 1]; "
+                f"found {describe(joints)} and {describe(gripper)}"
+            )
+        return np.concatenate([joints, 1.0 - gripper], axis=1)[:, None, :]
+
+    def actions(self, raw: np.ndarray) -> np.ndarray:
+        raw = np.asarray(raw)
+        if raw.ndim != 3 or raw.shape[-1] != self.raw_action_dim:
+            raise ValueError(
+                f"droid adapter: expected raw actions [B, H, {self.raw_action_dim}] (7 joint "
+                f"positions, gripper); found {list(raw.shape)}"
+            )
+        out = np.array(raw, dtype=np.float32, copy=True)
+        out[..., -1] = 1.0 - out[..., -1]
+        return out
+
+
+def _resize_bilinear(batch: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """uint8 ``[B, H, W, C]`` -> ``[B, *size, C]`` as the DROID server resizes: bilinear, no
+    corner alignment, values truncated back to uint8."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.from_numpy(np.ascontiguousarray(batch)).permute(0, 3, 1, 2).float()
+    x = F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=False)
+    return x.permute(0, 2, 3, 1).numpy().astype(np.uint8)
 
 
 class MetaWorldAdapter(Adapter):
@@ -310,6 +453,7 @@ class MetaWorldAdapter(Adapter):
 
 ADAPTERS: dict[str, type[Adapter]] = {
     "generic": GenericAdapter, "libero": LiberoAdapter, "metaworld": MetaWorldAdapter,
+    "droid": DroidAdapter,
 }
 
 

@@ -63,6 +63,13 @@ def pipeline_action_head(pipeline: Any) -> tuple[int, str | None] | None:
     return int(width), domain if isinstance(domain, str) else None
 
 
+def pipeline_state_rows(pipeline: Any) -> int:
+    """S, the state rows each call of ``pipeline`` takes (its ``history_length``, as
+    :class:`~cosmos3_gym.pipeline.Cosmos3ActionPipeline` has it); 0 for a callable without."""
+    rows = getattr(pipeline, "history_length", 0)
+    return int(rows) if isinstance(rows, (int, np.integer)) and not isinstance(rows, bool) else 0
+
+
 @dataclass(frozen=True)
 class SeedRule:
     """How a chunk's noise seed follows from its coordinates: ``seed_of(env, episode, chunk)``.
@@ -135,6 +142,9 @@ class ChunkRecord:
         sde: with a stochastic sampler (``flow_sde`` / ``flow_cps``), the rows' stochastic
             steps and log-probabilities
             (:class:`~cosmos3_gym.pipeline.sde.StochasticRecord`), else None.
+        state: float32 ``[N, S, D]``, the robot state rows a state-conditioned head was given
+            (as the adapter read them, before normalisation), else None. Replaying a row needs
+            them too: ``state=record.state[k:k+1]``.
     """
 
     env_indices: np.ndarray
@@ -150,6 +160,7 @@ class ChunkRecord:
     stochastic: bool
     video: list[np.ndarray | None] | None = None
     sde: StochasticRecord | None = None
+    state: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.env_indices.shape[0])
@@ -234,6 +245,9 @@ class ChunkPlanner:
             )
         # Asked only when some row wants it, so a pipeline without return_video plans as before.
         video_kwargs = {"return_video": video_rows} if any(video_rows) else {}
+        rows = pipeline_state_rows(self.pipeline)
+        state = self.state(part, n, rows) if rows else None
+        state_kwargs = {} if state is None else {"state": state}
         episodes = np.asarray(episodes, dtype=np.int64)
         chunks = np.asarray(chunks, dtype=np.int64)
         explicit = seeds is not None
@@ -257,6 +271,7 @@ class ChunkPlanner:
             video_noise=None,
             progress=self.progress,
             **video_kwargs,
+            **state_kwargs,
             **self.sampler_kwargs(),
         )
         raw, noise, normalized = self._checked_output(out, n, horizon)
@@ -276,7 +291,28 @@ class ChunkPlanner:
             stochastic=self.seed_rule.stochastic and action_noise is None and not explicit,
             video=clips,
             sde=self._checked_sde(out, n),
+            state=state,
         )
+
+    def state(self, obs: Observation, n: int, rows: int) -> np.ndarray:
+        """The adapter's state rows of ``obs`` (``n`` envs) for a head that takes ``rows`` of
+        them, checked: float32 ``[n, rows, D]``."""
+        hook = getattr(self.adapter, "state", None)
+        state = hook(obs) if callable(hook) else None
+        if state is None:
+            raise ValueError(
+                f"the pipeline's head is conditioned on the robot state ({rows} row"
+                f"{'' if rows == 1 else 's'} per env), but adapter {self.adapter!r} reads none; "
+                "use an adapter whose state(obs) reads it ('droid', "
+                "GenericAdapter(state_key=...), or your own)"
+            )
+        state = np.asarray(state)
+        if state.dtype.kind != "f" or state.ndim != 3 or state.shape[:2] != (n, rows):
+            raise ValueError(
+                f"adapter {self.adapter!r} returned state {describe(state)}; expected float "
+                f"[{n}, {rows}, D] (one row per state the head takes, per env)"
+            )
+        return state.astype(np.float32, copy=False)
 
     def images(self, obs: Observation, n: int) -> np.ndarray:
         """The adapter's model images of ``obs`` (``n`` envs), checked: uint8 ``[n, H, W, C]``."""

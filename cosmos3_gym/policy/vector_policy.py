@@ -115,6 +115,9 @@ class VectorPolicy:
       episode ends, honouring ``envs.metadata["autoreset_mode"]``; then ``prompts`` may be omitted.
       It first checks that the checkpoint's actions, through the adapter, are as wide as the
       envs' action space (where the pipeline has ``action_dim``).
+    - A head conditioned on the robot state (the pipeline's ``history_length`` > 0) gets each
+      planned env's state from the adapter's ``state(obs)`` hook; ``ChunkRecord.state``
+      records it.
     - ``last_chunk_record``: the :class:`ChunkRecord` of the most recent call's pipeline call
       (``None`` if that call planned nothing): noise, seeds, raw actions, prompts, for RL;
       ``last_action_sources``: per env, the :class:`ActionSource` (chunk record, row, step) of

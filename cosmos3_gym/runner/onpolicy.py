@@ -111,8 +111,9 @@ class _InMemory(EpisodeTable):
 
 
 def chunk_arrays(planned: Sequence[PlannedChunks]) -> dict[str, np.ndarray]:
-    """Per-chunk arrays of planned chunks, rows in chunk-id order, including the stochastic-step
-    fields (``chunk_log_prob``, ``chunk_sde_*``) where the chunks have them. ``chunk_env`` is
+    """Per-chunk arrays of planned chunks, rows in chunk-id order, including the state rows
+    (``chunk_state``) and the stochastic-step fields (``chunk_log_prob``, ``chunk_sde_*``) where
+    the chunks have them. ``chunk_env`` is
     the global env slot and ``chunk_episode`` the run-wide episode id."""
     planned = sorted(planned, key=lambda p: p.first_id)
     records = [p.record for p in planned]
@@ -132,6 +133,9 @@ def chunk_arrays(planned: Sequence[PlannedChunks]) -> dict[str, np.ndarray]:
         "chunk_actions": cat(lambda r: r.actions, np.float32),
         "chunk_prompts": cat(lambda r: r.prompts, str),
     }
+    if records and all(r.state is not None for r in records):
+        # A state-conditioned head's clean leading rows: replaying a chunk needs them too.
+        out["chunk_state"] = cat(lambda r: r.state, np.float32)
     if records and all(r.sde is not None for r in records):
         from cosmos3_gym.pipeline.sde import StochasticRecord
 
