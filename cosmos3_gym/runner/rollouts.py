@@ -22,8 +22,8 @@ Format, ``SCHEMA_VERSION`` 3 (:func:`load_rollouts` reads 1, 2 and 3). In ``OUT/
     noise), ``chunk_noise`` float32 ``[N, H, 64]`` (the initial action noise; with the seed,
     enough to replay it), ``chunk_raw_actions``, ``chunk_actions``, ``chunk_prompts`` (the
     pipeline's prompts), for a state-conditioned head ``chunk_state`` float32 ``[N, S, D]``
-    (the clean leading rows it was given); with a stochastic sampler also ``chunk_log_prob`` float32 ``[N]`` and
-    the stochastic steps ``chunk_sde_*``
+    (the clean leading rows it was given); with a stochastic sampler also ``chunk_log_prob``
+    float32 ``[N]`` and the stochastic steps ``chunk_sde_*``
     (:class:`~cosmos3_gym.pipeline.sde.StochasticRecord`);
   - the episode table ``episode_*`` (id, env slot, GRPO group, task, trial, seed, init state,
     first step, length, return, success, finished) of every episode the shard's steps touched,
