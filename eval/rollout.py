@@ -443,6 +443,7 @@ def run_rollout_command(args: Any) -> Path:
     from cosmos3_gym.eval.synthetic import synthetic_adapter, synthetic_pipeline, view_size
     from cosmos3_gym.eval.tasks import make_eval_env
     from cosmos3_gym.policy import VectorPolicy, get_adapter
+    from cosmos3_gym.policy.adapters import with_action_map
 
     # The run's identity; checked against the folder before the env and the model load (any
     # GPU gives the same rollouts, so --device is not part of it; --dtype is).
@@ -452,19 +453,23 @@ def run_rollout_command(args: Any) -> Path:
     image_size = view_size(args.env, args.synthetic, args.image_size)
     eval_env = make_eval_env(args.env, suite=args.suite, tasks=args.tasks,
                              image_size=image_size, max_episode_steps=args.max_episode_steps,
-                             step_budget=args.step_budget)
+                             step_budget=args.step_budget, prompt=args.prompt,
+                             import_modules=args.import_modules, env_kwargs=args.env_kwargs,
+                             success_key=args.success_key)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     from cosmos3_gym.pipeline import InferenceOptions
 
     options = InferenceOptions(fp8=getattr(args, "precision", "bf16") == "fp8")
     if args.synthetic is not None:
-        pipeline = synthetic_pipeline(args.synthetic, device=device, dtype=dtype, options=options)
+        pipeline = synthetic_pipeline(args.synthetic, device=device, dtype=dtype, options=options,
+                                      eval_env=eval_env)
         adapter = synthetic_adapter(eval_env)
     else:
         pipeline = load_pipeline(args.checkpoint, args.domain, args.action_stats, device=device,
                                  dtype=dtype, options=options)
         adapter = get_adapter(eval_env.adapter)
+    adapter = with_action_map(adapter, args.action_map, eval_env.single_action_space())
     # The collector starts every episode itself: the run's tasks in turn, recorded per episode.
     envs = eval_env.make(args.num_envs, args.async_envs, autoreset_mode=Mode.DISABLED)
     policy = VectorPolicy(pipeline, adapter=adapter,

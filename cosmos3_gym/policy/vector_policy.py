@@ -39,7 +39,13 @@ from cosmos3_gym.policy.adapters import (
     check_action_fit,
     get_adapter,
 )
-from cosmos3_gym.policy.observations import Observation, batch_size, shapes, take_envs
+from cosmos3_gym.policy.observations import (
+    Observation,
+    batch_size,
+    shapes,
+    take_envs,
+    to_numpy,
+)
 from cosmos3_gym.policy.planner import (
     DETERMINISTIC_SAMPLER,
     ChunkPlanner,
@@ -106,6 +112,7 @@ class VectorPolicy:
     - ``reset(mask)``: the masked envs (default: all) start a new episode (queues cleared).
     - ``attach(envs)``: a wrapper that feeds the policy each env's ``task_description`` and its
       episode ends, honouring ``envs.metadata["autoreset_mode"]``; then ``prompts`` may be omitted.
+      ``attach(envs, prompts)`` gives envs that name no task their instructions.
       It first checks that the checkpoint's actions, through the adapter, are as wide as the
       envs' action space (where the pipeline has ``action_dim``).
     - ``last_chunk_record``: the :class:`ChunkRecord` of the most recent call's pipeline call
@@ -339,15 +346,25 @@ class VectorPolicy:
             self._init_state(mask.shape[0])
         self._begin_episodes(mask)
 
-    def attach(self, envs: VectorEnv) -> PolicyFeed:
-        """Wrap ``envs`` so that they feed this policy prompts and episode ends; use the result."""
+    def attach(
+        self, envs: VectorEnv, prompts: str | Sequence[str] | None = None
+    ) -> PolicyFeed:
+        """Wrap ``envs`` so that they feed this policy prompts and episode ends; use the result.
+
+        ``prompts`` (one string for all envs, or one per env) are the envs' instructions where
+        they name none themselves (a benchmark without ``task_description``, or a vector env
+        without sub-envs to ``call``, such as ManiSkill3's ``ManiSkillVectorEnv``); they stay
+        fixed. Without them the feed reads each env's ``task_description`` (or ``task``).
+        """
         if not isinstance(envs, VectorEnv):
             raise TypeError(
                 f"attach expects a gymnasium.vector.VectorEnv; found {type(envs).__name__}"
             )
         self._check_num_envs(envs.num_envs, what="attached envs")
+        fixed = None if prompts is None else self._resolve_tasks(
+            prompts, envs.num_envs, f"the {envs.num_envs} attached envs")
         self._check_action_fit(envs)
-        feed = PolicyFeed(envs, self)
+        feed = PolicyFeed(envs, self, prompts=fixed)
         if self._num_envs is None:
             self._init_state(envs.num_envs)
         self._feed = feed
@@ -426,9 +443,9 @@ class VectorPolicy:
         else:
             tasks, source = list(prompts), "prompt"
             if len(tasks) != num_envs:
+                where = obs if isinstance(obs, str) else f"the observation batch {shapes(obs)}"
                 raise ValueError(
-                    f"expected {num_envs} prompts, one per env of the observation batch "
-                    f"{shapes(obs)}; found {len(tasks)}"
+                    f"expected {num_envs} prompts, one per env of {where}; found {len(tasks)}"
                 )
         for env, task in enumerate(tasks):
             if not isinstance(task, str) or not task.strip():
@@ -484,15 +501,20 @@ class PolicyFeed(ForwardingVectorWrapper):
     Made by ``policy.attach(envs)``. Prompts are read with ``envs.call("task_description")``
     (or ``"task"`` where the envs have no ``task_description``) whenever envs reset, and, for an
     env that autoresets, when its new episode begins: at the done step under ``SAME_STEP``, at
-    the reset step after it under ``NEXT_STEP``. See the module notes for the queue rules.
+    the reset step after it under ``NEXT_STEP``; prompts given to ``attach(envs, prompts)`` are
+    used instead, and nothing is read. See the module notes for the queue rules. The done flags
+    may be numpy arrays or torch tensors (GPU simulators return them on their device).
     """
 
-    def __init__(self, env: VectorEnv, policy: VectorPolicy) -> None:
+    def __init__(
+        self, env: VectorEnv, policy: VectorPolicy, prompts: Sequence[str] | None = None
+    ) -> None:
         super().__init__(env)
         self.policy = policy
         self.autoreset_mode = autoreset_mode(env)
-        self.task_attribute = self._find_task_attribute()
-        self.tasks: list[str | None] = [None] * self.num_envs
+        self.fixed_prompts = prompts is not None
+        self.task_attribute = None if self.fixed_prompts else self._find_task_attribute()
+        self.tasks: list[str | None] = [None] * self.num_envs if prompts is None else list(prompts)
         self._pending_reset = np.zeros(self.num_envs, bool)
 
     @property
@@ -522,6 +544,8 @@ class PolicyFeed(ForwardingVectorWrapper):
         )
 
     def _refresh_tasks(self, mask: np.ndarray) -> None:
+        if self.fixed_prompts:
+            return
         values = self.call(self.task_attribute)
         for env in np.flatnonzero(mask):
             task = values[env]
@@ -545,7 +569,7 @@ class PolicyFeed(ForwardingVectorWrapper):
 
     def step(self, actions: Any) -> tuple[Observation, Any, Any, Any, dict[str, Any]]:
         obs, rewards, terminations, truncations, info = self.env.step(actions)
-        done = np.logical_or(terminations, truncations)
+        done = np.logical_or(to_numpy(terminations), to_numpy(truncations))
         if self.autoreset_mode == AutoresetMode.NEXT_STEP:
             restarted, self._pending_reset = self._pending_reset, done.copy()
             if restarted.any():  # this step was their reset step: obs is the new episode's
