@@ -7,9 +7,9 @@ The rules follow sglang's Cosmos3 action batching (PR #36301), tightened where s
   torch tensor (a GPU simulator's observation): it stays a tensor on its own device, so images
   already on the pipeline's device reach preprocessing without a host round trip. A dict
   observation is accepted too: the first present of ``image``, ``image_path``,
-  ``input_reference`` is used, otherwise ``images`` must be a dict with exactly one entry. Any field value may be any of the forms
-  above; strings (and ``os.PathLike``) are local file paths opened with PIL. URLs and base64
-  payloads are a server's job and are not decoded here.
+  ``input_reference`` is used, otherwise ``images`` must be a dict with exactly one entry. Any
+  field value may be any of the forms above; strings (and ``os.PathLike``) are local file paths
+  opened with PIL. URLs and base64 payloads are a server's job and are not decoded here.
 * Pixels must be uint8 (no silent rescaling of float images), rank 2 or 3, with 1, 3 or 4
   channels and non-zero height and width. Grayscale is repeated to RGB; RGBA drops its alpha
   channel (the same as PIL's ``convert("RGB")``: alpha is ignored, not composited).
