@@ -458,13 +458,15 @@ class MetaWorldEval(EvalEnv):
 
 
 # Every env the command line and the benchmark know, by --env name: a new env is one entry here
-# (an EvalEnv subclass with its adapter, reset options and vector-env factory). "gym" (GymEval,
-# at the end of this module) is named with its Gymnasium id: --env gym:ID.
+# (an EvalEnv subclass with its adapter, reset options and vector-env factory).
 EVAL_ENVS: dict[str, type[EvalEnv]] = {
     "color_reach": ColorReachEval, "libero": LiberoEval, "metaworld": MetaWorldEval,
 }
 ENV_NAMES = tuple(EVAL_ENVS)
+# Env families named with an id after a prefix (--env gym:ID), each filled in at the end of this
+# module: GymEval.
 GYM_PREFIX = "gym:"
+PREFIXED_ENVS: dict[str, type[EvalEnv]] = {}
 # The options that only --env gym:ID takes (GymEval.from_cli's), with their flags.
 GYM_OPTIONS = {"prompt": "--prompt", "import_modules": "--import", "env_kwargs": "--env-kwargs",
                "success_key": "--success-key"}
@@ -490,8 +492,8 @@ def make_eval_env(
             raise ValueError(f"--env {env!r}: expected gym:ID with a registered Gymnasium id, "
                              "e.g. gym:gym_pusht/PushT-v0")
         options = {k: v for k, v in gym_options.items() if v is not None}
-        return EVAL_ENVS["gym"].from_cli(**common, env_id=env_id, **options)
-    if env not in ENV_NAMES:
+        return PREFIXED_ENVS[GYM_PREFIX].from_cli(**common, env_id=env_id, **options)
+    if env not in EVAL_ENVS:
         raise ValueError(f"unknown env {env!r}; expected one of {list(ENV_NAMES)} or "
                          f"{GYM_PREFIX}ID (any registered Gymnasium env)")
     given = [GYM_OPTIONS[k] for k, v in gym_options.items() if v not in (None, (), [])]
@@ -631,4 +633,4 @@ class GymEval(EvalEnv):
         )
 
 
-EVAL_ENVS["gym"] = GymEval
+PREFIXED_ENVS[GYM_PREFIX] = GymEval

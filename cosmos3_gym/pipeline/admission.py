@@ -157,8 +157,7 @@ def _load_one(item: Any, where: str) -> np.ndarray:
             )
         return item
     raise ValueError(
-        f"{where}: expected a uint8 ndarray or tensor, a PIL image or a file path, got "
-        f"{type(item).__name__}"
+        f"{where}: expected a uint8 ndarray, a PIL image or a file path, got {type(item).__name__}"
     )
 
 

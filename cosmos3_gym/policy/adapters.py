@@ -163,8 +163,8 @@ class GenericAdapter(Adapter):
             missing = [k for k in keys if k not in leaves]
             if missing:
                 raise ValueError(
-                    f"generic adapter: image_key {missing} not in the observation; "
-                    f"found keys {sorted(leaves)}"
+                    f"generic adapter: image_key {', '.join(map(repr, missing))} not in the "
+                    f"observation; found keys {sorted(leaves)}"
                 )
             batches = [_check_image_batch(leaves[k], f"observation[{k!r}]") for k in keys]
             return _side_by_side(batches, "generic adapter")
