@@ -4,7 +4,7 @@ these is built.
 
     >>> envs = make_color_reach_vector_env(4)                       # doctest: +SKIP
     >>> env = torchrl_env(envs)                                     # doctest: +SKIP
-    >>> module = torchrl_policy(VectorPolicy(pipeline), envs)       # doctest: +SKIP
+    >>> module = torchrl_policy(VectorPolicy(pipeline), env)        # doctest: +SKIP
     >>> collector = Collector(env, module, frames_per_batch=64, total_frames=640)  # doctest: +SKIP
 
 Autoreset. TorchRL resets finished envs itself, and takes a Gymnasium vector env only under
@@ -57,7 +57,7 @@ def torchrl_env(envs: VectorEnv, **wrapper_kwargs: Any) -> Any:
 
 def torchrl_policy(
     policy: Any,
-    envs: VectorEnv | None = None,
+    env: Any = None,
     *,
     prompts: str | Sequence[str] | None = None,
     in_keys: Sequence[str | tuple[str, ...]] = ("observation",),
@@ -66,16 +66,24 @@ def torchrl_policy(
     """A ``tensordict.nn.TensorDictModuleBase`` that writes ``policy.select_action`` into
     ``action_key`` of each tensordict TorchRL's collectors hand it.
 
-    ``policy`` is a :class:`~cosmos3_gym.policy.VectorPolicy`. Its observation is ``td[key]``
-    for one ``in_keys`` entry (``"observation"``: what ``GymWrapper`` names an array
-    observation), else the dict of them (a dict observation's keys, e.g. ``("pixels",)``); the
-    tensors go to the policy as they are (on their device). Prompts are ``prompts`` (one for
-    all envs, or one per env), else each env's ``task_description``, read from ``envs`` at
-    every episode start.
+    ``policy`` is a :class:`~cosmos3_gym.policy.VectorPolicy`; ``env`` is the TorchRL env
+    (:func:`torchrl_env`'s) or the Gymnasium vector env inside it. Its observation is
+    ``td[key]`` for one ``in_keys`` entry (``"observation"``: what ``GymWrapper`` names an
+    array observation), else the dict of them (a dict observation's keys, e.g. ``("pixels",)``);
+    the tensors go to the policy as they are (on their device). Prompts are ``prompts`` (one
+    for all envs, or one per env), else each env's ``task_description``, read from the
+    Gymnasium envs at every episode start.
+
+    A TorchRL collector runs its policy once on the first reset to learn its outputs: that call
+    plans a chunk that no env executes, so the envs' first episodes count from 1 (each episode
+    still starts from cleared queues and its own noise).
     """
+    envs = env
+    if env is not None and not isinstance(env, VectorEnv):
+        envs = env.base_env._env  # the Gymnasium vector env TorchRL's GymWrapper holds
     if prompts is None and envs is None:
-        raise ValueError("torchrl_policy: give prompts=..., or the Gymnasium envs to read each "
-                         "env's task_description from")
+        raise ValueError("torchrl_policy: give prompts=..., or the env to read each env's "
+                         "task_description from")
     return _policy_module_class()(policy, envs, prompts, tuple(in_keys), action_key)
 
 
