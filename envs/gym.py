@@ -27,6 +27,7 @@ Nothing here imports the model stack; the benchmark's own package is imported by
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -276,7 +277,11 @@ def make_gym_vector_env(
                 "per-env wrappers (and so no render() frames); choose vectorization_mode='sync' "
                 "or 'async', or an image in its observation"
             )
-        envs = gym.make_vec(env_id, num_envs, vectorization_mode=vectorization_mode,
+        # Gymnasium refuses a vector entry point whose spec lists wrappers; ManiSkill3's lists
+        # its TimeLimit, and its vector entry point applies it itself (it builds its batched env
+        # with gymnasium.make(id)), so the spec goes without them.
+        entry_spec = dataclasses.replace(spec, additional_wrappers=())
+        envs = gym.make_vec(entry_spec, num_envs, vectorization_mode=vectorization_mode,
                             **env_kwargs)
         if image == "obs" or has_image(envs.single_observation_space):
             return envs if prompts is None else VectorTaskPrompt(envs, prompts)
