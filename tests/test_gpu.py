@@ -380,3 +380,21 @@ def test_fp8_pipeline_on_gpu_runs_both_kinds_of_step_as_graphs(tmp_path) -> None
     reference = bf16(images, prompts, **kwargs).actions
     assert np.isfinite(got).all() and not np.array_equal(got, reference)
     assert np.abs(got - reference).max() < 0.1 * np.abs(reference).max()
+
+
+def test_cuda_tensor_observations_reach_the_pipeline_without_a_host_copy(tmp_path) -> None:
+    """A GPU simulator's uint8 CUDA tensors (ManiSkill3's) give the actions of the same frames
+    as numpy, and admission keeps them on the device (no host round trip)."""
+    from cosmos3_gym import VectorPolicy
+    from cosmos3_gym.pipeline.admission import admit_images
+
+    frames = np.random.default_rng(0).integers(0, 256, (3, 96, 128, 3), dtype=np.uint8)
+    on_gpu = torch.from_numpy(frames).cuda()
+    assert all(image.is_cuda for image in admit_images(on_gpu))
+    pipe = Cosmos3ActionPipeline.from_pretrained(write_tiny_checkpoint(tmp_path / "c"),
+                                                 device="cuda", dtype=torch.float32)
+    prompts = ["pick up the cube"] * 3
+    from_numpy = VectorPolicy(pipe, seed=2)({"rgb": frames}, prompts)
+    from_cuda = VectorPolicy(pipe, seed=2)({"rgb": on_gpu, "qpos": torch.zeros(3, 7).cuda()},
+                                           prompts)
+    np.testing.assert_array_equal(from_cuda, from_numpy)
