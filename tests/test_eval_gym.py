@@ -107,3 +107,17 @@ def test_aloha_runs_end_to_end(tmp_path) -> None:
     (record,) = _records(out)
     assert record["steps"] == 3 and record["success"] is False
     assert np.isfinite(record["max_action_excess"])
+
+
+def test_rollouts_collect_from_a_gym_env_with_its_prompt(tmp_path) -> None:
+    from cosmos3_gym.eval.rollout import load_rollouts
+
+    out = tmp_path / "roll"
+    assert main(["rollout", *PUSHT, "--prompt", "push the T", "--synthetic", "tiny",
+                 "--action-map", "box", "--max-episode-steps", "3", "--steps", "4",
+                 "--num-envs", "2", "--no-progress", "--out", str(out)]) == 0
+    data = load_rollouts(out)
+    assert data["actions"].shape == (4, 2, 2) and set(data["prompts"].ravel()) == {"push the T"}
+    assert data["obs.pixels"].shape[:2] == (4, 2) and data["obs.pixels"].dtype == np.uint8
+    # The box map: the raw actions, taken as [-1, 1], land on PushT's [0, 512] pixel targets.
+    np.testing.assert_allclose(data["actions"], (data["raw_actions"] + 1.0) * 256.0, rtol=1e-5)

@@ -362,7 +362,7 @@ class VectorPolicy:
             )
         self._check_num_envs(envs.num_envs, what="attached envs")
         fixed = None if prompts is None else self._resolve_tasks(
-            prompts, envs.num_envs, f"the {envs.num_envs} attached envs")
+            prompts, envs.num_envs, None, envs_label=f"the {envs.num_envs} attached envs")
         self._check_action_fit(envs)
         feed = PolicyFeed(envs, self, prompts=fixed)
         if self._num_envs is None:
@@ -428,8 +428,11 @@ class VectorPolicy:
             raise ValueError(f"n_action_steps must be <= the action horizon H={horizon}; found {n}")
 
     def _resolve_tasks(
-        self, prompts: str | Sequence[str] | None, num_envs: int, obs: Observation
+        self, prompts: str | Sequence[str] | None, num_envs: int, obs: Observation,
+        envs_label: str | None = None,
     ) -> list[str]:
+        """One task per env from ``prompts`` (or the attached feed's); errors name the
+        observation batch, or ``envs_label`` where there is no observation yet."""
         if prompts is None:
             if self._feed is None:
                 raise ValueError(
@@ -443,7 +446,7 @@ class VectorPolicy:
         else:
             tasks, source = list(prompts), "prompt"
             if len(tasks) != num_envs:
-                where = obs if isinstance(obs, str) else f"the observation batch {shapes(obs)}"
+                where = envs_label or f"the observation batch {shapes(obs)}"
                 raise ValueError(
                     f"expected {num_envs} prompts, one per env of {where}; found {len(tasks)}"
                 )
