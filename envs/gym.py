@@ -253,6 +253,10 @@ def make_gym_vector_env(
     An env without an image in its observation is made with ``render_mode="rgb_array"`` where
     its class offers that mode and ``env_kwargs`` name none (it renders only where needed).
 
+    A vector entry point (ManiSkill3's ``ManiSkillVectorEnv``) is used as it is: it keeps its
+    own autoreset mode (ManiSkill3: ``SAME_STEP``) and infos (``info["success"]``, a tensor),
+    and only the prompt is added (:class:`VectorTaskPrompt`).
+
     Example:
         >>> envs = make_gym_vector_env("CartPole-v1", 2, prompt="balance the pole")
         >>> obs, _ = envs.reset(seed=0)
