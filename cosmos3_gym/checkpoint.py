@@ -176,6 +176,15 @@ class PolicyConfig:
             from cosmos3_gym.pipeline.normalization import ActionStats
 
             ActionStats.from_dict(self.stats, source="stats")
+        widths = _stats_widths(self.stats) if self.normalization != "none" else {}
+        wrong = sorted({n for n in widths.values() if n != self.raw_action_dim})
+        if wrong:
+            raise ValueError(
+                f"the action statistics do not match the head: raw_action_dim is "
+                f"{self.raw_action_dim} but the statistics are {'/'.join(map(str, wrong))}-D; "
+                f"give statistics of width {self.raw_action_dim} (or normalization='none' and "
+                "stats=None)"
+            )
         if self.guidance_interval is not None:
             self.guidance_interval = check_guidance_interval(self.guidance_interval)
         if isinstance(self.history_length, bool) or not isinstance(self.history_length, int) or (
@@ -381,6 +390,22 @@ def read_scheduler_defaults(root: Path) -> tuple[dict[str, Any], str | None]:
             raise ValueError(f"{path}: num_inference_steps must be an int >= 1, found {steps!r}")
         found["num_inference_steps"] = steps
     return found, None if found else "states no flow shift or step count"
+
+
+def _stats_widths(stats: dict[str, Any] | None) -> dict[str, int]:
+    """The length of each statistics vector (``{"global.q01": 10, ...}``) of the ``global`` and
+    ``global_raw`` blocks; a dict holding one flat block counts as ``global``. The full checks
+    are the pipeline's (``ActionStats.from_dict``); this one only catches a head and statistics
+    of different widths when the policy is described, not at its first call."""
+    if not isinstance(stats, dict):
+        return {}
+    blocks = {k: stats[k] for k in ("global", "global_raw") if k in stats} or {"global": stats}
+    return {
+        f"{name}.{key}": len(block[key])
+        for name, block in blocks.items() if isinstance(block, dict)
+        for key in ("mean", "std", "min", "max", "q01", "q99")
+        if isinstance(block.get(key), (list, tuple))
+    }
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

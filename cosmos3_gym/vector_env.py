@@ -56,6 +56,16 @@ def task_attribute(envs: VectorEnv) -> str:
     )
 
 
+def base_vector_env(envs: VectorEnv) -> VectorEnv:
+    """The vector env whose ``call`` / ``get_attr`` / ``set_attr`` answer for ``envs``: the first
+    one down the wrapper chain that is not a plain ``VectorWrapper`` (Gymnasium's wrappers do not
+    forward them). Not ``envs.unwrapped``: a vector env may name its simulator there (ManiSkill's
+    ``ManiSkillVectorEnv.unwrapped`` is its batched task env, which has no ``call``)."""
+    while isinstance(envs, VectorWrapper) and not isinstance(envs, ForwardingVectorWrapper):
+        envs = envs.env
+    return envs
+
+
 class ForwardingVectorWrapper(VectorWrapper):
     """A ``VectorWrapper`` whose ``call``, ``get_attr`` and ``set_attr`` reach the sub-envs.
 
@@ -65,12 +75,12 @@ class ForwardingVectorWrapper(VectorWrapper):
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """``call`` of the wrapped vector env."""
-        return self.unwrapped.call(name, *args, **kwargs)
+        return base_vector_env(self.env).call(name, *args, **kwargs)
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """``get_attr`` of the wrapped vector env."""
-        return self.unwrapped.get_attr(name)
+        return base_vector_env(self.env).get_attr(name)
 
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
         """``set_attr`` of the wrapped vector env."""
-        self.unwrapped.set_attr(name, values)
+        base_vector_env(self.env).set_attr(name, values)

@@ -56,7 +56,8 @@ class EpisodeEndHold(gym.Wrapper):
     every episode end, also under chunk stepping (the place for per-episode statistics such as
     ``gymnasium.wrappers.RecordEpisodeStatistics``); the vector env above sees neither. The task
     attributes ``task_description`` and ``task`` of the env inside are visible on this wrapper
-    (``hasattr`` included), since ``gymnasium.Wrapper`` forwards no attributes.
+    (``hasattr`` included), since ``gymnasium.Wrapper`` forwards no attributes, and setting
+    ``task_description`` here sets it on that env.
 
     Example:
         >>> import gymnasium as gym
@@ -113,6 +114,11 @@ class EpisodeEndHold(gym.Wrapper):
     @property
     def task_description(self) -> str:
         return self.env.get_wrapper_attr("task_description")
+
+    @task_description.setter
+    def task_description(self, value: str) -> None:
+        # What `envs.set_attr("task_description", prompts)` reaches: the env that holds it.
+        self.env.set_wrapper_attr("task_description", value)
 
     @property
     def task(self) -> str:

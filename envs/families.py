@@ -483,6 +483,13 @@ EVAL_ENVS: dict[str, type[EvalEnv]] = {
     "color_reach": ColorReachEval, "libero": LiberoEval, "metaworld": MetaWorldEval,
 }
 ENV_NAMES = tuple(EVAL_ENVS)
+# Env families named with an id after a prefix (--env gym:ID), each filled in at the end of this
+# module: GymEval.
+GYM_PREFIX = "gym:"
+PREFIXED_ENVS: dict[str, type[EvalEnv]] = {}
+# The options that only --env gym:ID takes (GymEval.from_cli's), with their flags.
+GYM_OPTIONS = {"prompt": "--prompt", "import_modules": "--import", "env_kwargs": "--env-kwargs",
+               "success_key": "--success-key"}
 
 
 def make_eval_env(
@@ -493,14 +500,26 @@ def make_eval_env(
     image_size: int | None = None,
     max_episode_steps: int | None = None,
     step_budget: str | None = None,
+    **gym_options: Any,
 ) -> EvalEnv:
-    """The :class:`EvalEnv` the command line names (``tasks`` as given by ``--tasks``)."""
+    """The :class:`EvalEnv` the command line names (``tasks`` as given by ``--tasks``);
+    ``gym:ID`` is :class:`GymEval`, which alone takes ``gym_options`` (:data:`GYM_OPTIONS`)."""
+    common = dict(suite=suite, tasks=tasks, image_size=image_size,
+                  max_episode_steps=max_episode_steps, step_budget=step_budget)
+    if env.startswith(GYM_PREFIX):
+        env_id = env[len(GYM_PREFIX):].strip()
+        if not env_id:
+            raise ValueError(f"--env {env!r}: expected gym:ID with a registered Gymnasium id, "
+                             "e.g. gym:gym_pusht/PushT-v0")
+        options = {k: v for k, v in gym_options.items() if v is not None}
+        return PREFIXED_ENVS[GYM_PREFIX].from_cli(**common, env_id=env_id, **options)
     if env not in EVAL_ENVS:
-        raise ValueError(f"unknown env {env!r}; expected one of {list(ENV_NAMES)}")
-    return EVAL_ENVS[env].from_cli(
-        suite=suite, tasks=tasks, image_size=image_size, max_episode_steps=max_episode_steps,
-        step_budget=step_budget,
-    )
+        raise ValueError(f"unknown env {env!r}; expected one of {list(ENV_NAMES)} or "
+                         f"{GYM_PREFIX}ID (any registered Gymnasium env)")
+    given = [GYM_OPTIONS[k] for k, v in gym_options.items() if v not in (None, (), [])]
+    if given:
+        raise ValueError(f"{', '.join(given)} apply to --env gym:ID only; found --env {env}")
+    return EVAL_ENVS[env].from_cli(**common)
 
 
 def _task_id(text: str, n_tasks: int) -> int:
@@ -511,3 +530,126 @@ def _task_id(text: str, n_tasks: int) -> int:
     if not 0 <= task_id < n_tasks:
         raise ValueError(f"LIBERO task id must be in 0..{n_tasks - 1}; found {task_id}")
     return task_id
+
+
+class GymEval(EvalEnv):
+    """Any registered Gymnasium env (``--env gym:ID``); a task is a prompt.
+
+    The env comes from Gymnasium's registry through :func:`~cosmos3_gym.envs.
+    make_gym_vector_env` (``gymnasium.make_vec``, sync or async): ``import_modules`` register
+    the id (``gym_pusht``, ``gym_aloha``), ``env_kwargs`` go to every env, the image is the
+    observation's own or the ``render()`` frame, success is ``info[success_key]`` (``auto``:
+    ``is_success``, else ``success``, else termination), and the episode budget is the spec's
+    ``max_episode_steps`` unless ``max_episode_steps`` is given.
+
+    ``prompts``: one instruction (one task, named by the id), a ``{task name: instruction}``
+    dict (several tasks of the same env, each episode told its own), or ``None`` where the env
+    names its task itself (``task_description``). Each episode's prompt reaches its sub-env as
+    the reset option ``task_description``, so a slot switches tasks between episodes.
+    ``--synthetic`` sizes its random action head to this env's action width.
+    """
+
+    adapter = "generic"
+    # A synthetic (random-weight) model gets an action head as wide as this env's actions.
+    sizes_synthetic_head = True
+
+    def __init__(
+        self,
+        env_id: str,
+        prompts: str | dict[str, str] | None = None,
+        *,
+        import_modules: Sequence[str] = (),
+        env_kwargs: dict[str, Any] | None = None,
+        max_episode_steps: int | None = None,
+        success_key: str | None = None,
+    ) -> None:
+        import gymnasium
+
+        from .gym import episode_budget, import_env_modules
+
+        import_env_modules(import_modules)
+        try:
+            gymnasium.spec(env_id)
+        except gymnasium.error.Error as err:
+            raise ValueError(
+                f"--env gym:{env_id}: not in Gymnasium's registry ({err}); import the package "
+                "that registers it with --import MODULE (e.g. --import gym_pusht)"
+            ) from None
+        name = env_id.rsplit("/", 1)[-1]
+        if prompts is None or isinstance(prompts, str):
+            self.prompts: dict[str, str | None] = {name: prompts}
+        else:
+            self.prompts = dict(prompts)
+        super().__init__(list(self.prompts))
+        self.env_id = env_id
+        self.suite = f"gym:{env_id}"
+        self.import_modules = tuple(import_modules)
+        self.env_kwargs = dict(env_kwargs or {})
+        self.success_key = success_key or "auto"
+        self.max_episode_steps = episode_budget(env_id, max_episode_steps)
+        if self.max_episode_steps is None:
+            raise ValueError(
+                f"--env gym:{env_id}: its spec sets no max_episode_steps, so episodes would not "
+                "end; give one with --max-episode-steps N"
+            )
+        self._action_space: Space | None = None
+
+    @classmethod
+    def from_cli(
+        cls, *, suite: str | None, tasks: list[str] | None, image_size: int | None,
+        max_episode_steps: int | None, step_budget: str | None = None, env_id: str = "",
+        prompt: str | dict[str, str] | None = None, import_modules: Sequence[str] = (),
+        env_kwargs: dict[str, Any] | None = None, success_key: str | None = None,
+    ) -> GymEval:
+        given = {"--suite": suite, "--tasks": tasks, "--image-size": image_size,
+                 "--step-budget": step_budget}
+        unused = [flag for flag, value in given.items() if value is not None]
+        if unused:
+            raise ValueError(
+                f"{', '.join(unused)} do not apply to --env gym:{env_id}: name its tasks with "
+                "--prompt '{\"task\": \"instruction\", ...}' and its image size with --env-kwargs"
+            )
+        return cls(env_id, prompt, import_modules=import_modules, env_kwargs=env_kwargs,
+                   max_episode_steps=max_episode_steps, success_key=success_key)
+
+    def episode_budget(self) -> dict[str, Any]:
+        return {"step_budget": None, "settle_steps": 0,
+                "max_episode_steps": {self.suite: self.max_episode_steps}}
+
+    def reset_options(self, episode: Episode) -> dict[str, Any]:
+        prompt = self.prompts[episode.task]
+        return {} if prompt is None else {"task_description": prompt}
+
+    def task_prompt(self, task_index: int) -> str:
+        prompt = self.prompts[self.tasks[task_index]]
+        if prompt is None:
+            raise ValueError(f"--env gym:{self.env_id} names its own tasks; give them with "
+                             "--prompt to know them before an episode runs")
+        return prompt
+
+    def single_action_space(self) -> Space:
+        if self._action_space is None:  # one env, built once, closed unreset
+            import gymnasium
+
+            env = gymnasium.make(self.env_id, **self.env_kwargs)
+            try:
+                self._action_space = env.action_space
+            finally:
+                env.close()
+        return self._action_space
+
+    def make(
+        self, num_envs: int, async_: bool, autoreset_mode: AutoresetMode = AutoresetMode.DISABLED
+    ) -> VectorEnv:
+        from .gym import make_gym_vector_env
+
+        first = next(iter(self.prompts.values()))
+        return make_gym_vector_env(
+            self.env_id, num_envs, prompt=first,
+            vectorization_mode="async" if async_ else "sync", autoreset_mode=autoreset_mode,
+            max_episode_steps=self.max_episode_steps, success_key=self.success_key,
+            **self.env_kwargs,
+        )
+
+
+PREFIXED_ENVS[GYM_PREFIX] = GymEval

@@ -26,8 +26,10 @@ from pathlib import Path
 
 from cosmos3_gym.checkpoint import DOMAINS
 from cosmos3_gym.envs import ENV_NAMES, STEP_BUDGETS
+from cosmos3_gym.envs.families import GYM_PREFIX
 from cosmos3_gym.eval.protocol import PROTOCOLS
 from cosmos3_gym.eval.synthetic import PRESETS as SYNTHETIC_PRESETS
+from cosmos3_gym.policy.adapters import ACTION_MAPS
 
 # cosmos3_gym.devices.DTYPE_CHOICES, without importing torch to build the parser.
 DTYPE_CHOICES = ("auto", "bfloat16", "float32")
@@ -39,6 +41,42 @@ def _csv(text: str) -> list[str]:
     if not items:
         raise argparse.ArgumentTypeError(f"expected a comma-separated list; found {text!r}")
     return items
+
+
+def _env_name(text: str) -> str:
+    if text in ENV_NAMES or (text.startswith(GYM_PREFIX) and text[len(GYM_PREFIX):].strip()):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"expected one of {', '.join(ENV_NAMES)} or gym:ID (a registered Gymnasium id, e.g. "
+        f"gym:gym_pusht/PushT-v0); found {text!r}"
+    )
+
+
+def _json_object(text: str) -> dict:
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected a JSON object; found {text!r} ({err})") \
+            from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object {{...}}; found {text!r}")
+    return value
+
+
+def _prompt(text: str) -> str | dict[str, str]:
+    """One instruction, or a JSON object {task name: instruction} for several tasks."""
+    if text.lstrip().startswith("{"):
+        tasks = _json_object(text)
+        bad = {k: v for k, v in tasks.items() if not isinstance(v, str) or not v.strip()}
+        if not tasks or bad:
+            raise argparse.ArgumentTypeError(
+                f"expected {{task name: non-empty instruction}}; found {text!r}")
+        return tasks
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a non-empty instruction")
+    return text
 
 
 def _positive_int(text: str) -> int:
@@ -113,8 +151,28 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="instead of a checkpoint, a published model shape with random weights "
                         "(nano, super, edge; tiny on a CPU): the real loop and its timings "
                         "before you have weights; success rates are meaningless")
-    p.add_argument("--env", default="color_reach", choices=ENV_NAMES,
-                   help="env family (default: the built-in color_reach)")
+    p.add_argument("--env", default="color_reach", type=_env_name, metavar="ENV",
+                   help=f"env family: {', '.join(ENV_NAMES)} (default: the built-in "
+                        "color_reach), or gym:ID for any registered Gymnasium env "
+                        "(docs/your_own_env.md)")
+    p.add_argument("--import", dest="import_modules", action="append", default=None,
+                   metavar="MODULE",
+                   help="gym:ID: import MODULE first, which registers the id (gym_pusht, "
+                        "gym_aloha, ...); repeat for several")
+    p.add_argument("--env-kwargs", type=_json_object, default=None, metavar="JSON",
+                   help="gym:ID: keyword arguments for every env, e.g. '{\"obs_type\": "
+                        "\"pixels_agent_pos\"}'")
+    p.add_argument("--prompt", type=_prompt, default=None, metavar="TEXT",
+                   help="gym:ID: the instruction the policy is given, or a JSON object "
+                        "{task name: instruction} for several tasks (default: the env's own "
+                        "task_description)")
+    p.add_argument("--success-key", default=None, metavar="KEY",
+                   help="gym:ID: the step-info key that holds success (default: is_success, "
+                        "else success, else the episode's termination)")
+    p.add_argument("--action-map", default=None, choices=ACTION_MAPS,
+                   help="box: map the policy's actions affinely from [-1, 1] onto the env's "
+                        "Box bounds, per dimension (default: none, actions as the adapter "
+                        "makes them)")
     p.add_argument("--suite", default=None,
                    help="LIBERO suite, e.g. libero_10, or several comma-separated, or libero_4 "
                         "(spatial, object, goal, 10: the published four); --env libero")
@@ -329,6 +387,8 @@ def _run(args: argparse.Namespace) -> int:
             device=args.device, dtype=args.dtype, synthetic=args.synthetic,
             protocol=args.protocol, allow_normalized_actions=args.allow_normalized_actions,
             precision=None if args.precision == "bf16" else args.precision,
+            prompt=args.prompt, import_modules=args.import_modules, env_kwargs=args.env_kwargs,
+            success_key=args.success_key, action_map=args.action_map,
         )
         evaluator = Evaluator(config, args.out)
         results = evaluator.run()

@@ -61,6 +61,7 @@ from cosmos3_gym.policy import (
     get_adapter,
     pipeline_action_head,
 )
+from cosmos3_gym.policy.adapters import with_action_map
 from cosmos3_gym.progress import progress_bar
 from cosmos3_gym.runner import (
     EpisodeList,
@@ -83,6 +84,8 @@ IDENTITY_KEYS = (
     "checkpoint", "env", "suite", "tasks", "trials", "seed", "image_size", "max_episode_steps",
     "step_budget", "num_inference_steps", "n_action_steps", "out_of_range", "shuffle_prompts",
     "domain", "action_stats", "protocol", "synthetic", "precision",
+    # --env gym:ID (GymEval) and --action-map; None in folders written before them.
+    "prompt", "import_modules", "env_kwargs", "success_key", "action_map",
 )
 # Beside IDENTITY_KEYS, the identity holds the model's precision as resolved on the machine
 # ("dtype": bf16 and fp32 runs of one checkpoint are different evaluations). Folders written
@@ -167,6 +170,16 @@ class EvalConfig:
     # "fp8": the generation tower's GEMMs in FP8 (InferenceOptions.fp8); None: all in dtype.
     # Part of the identity: FP8 and bf16 runs are different evaluations.
     precision: str | None = None
+    # --env gym:ID only (eval/tasks.py GymEval): the instruction (or {task: instruction}), the
+    # modules that register the id, the env's kwargs, and the info key success is read from
+    # (None: "auto", is_success else success).
+    prompt: str | dict[str, str] | None = None
+    import_modules: list[str] | None = None
+    env_kwargs: dict[str, Any] | None = None
+    success_key: str | None = None
+    # How the adapter's actions are mapped onto the env's Box (policy/adapters.py
+    # with_action_map): "box" (affine from [-1, 1] onto its bounds) or None (unchanged).
+    action_map: str | None = None
 
     def __post_init__(self) -> None:
         if self.protocol == "default":
@@ -313,6 +326,8 @@ class Evaluator:
             image_size=config.image_size,
             max_episode_steps=config.max_episode_steps,
             step_budget=config.step_budget,
+            prompt=config.prompt, import_modules=config.import_modules,
+            env_kwargs=config.env_kwargs, success_key=config.success_key,
         )
         if config.synthetic is not None:
             from cosmos3_gym.eval.synthetic import synthetic_adapter
@@ -320,6 +335,9 @@ class Evaluator:
             self.adapter: Adapter = synthetic_adapter(self.eval_env)
         else:
             self.adapter = get_adapter(self.eval_env.adapter)
+        if config.action_map is not None:
+            self.adapter = with_action_map(self.adapter, config.action_map,
+                                           self.eval_env.single_action_space())
         self.pipeline = pipeline
         self.all_episodes = self.eval_env.episodes(config.trials, config.seed)
         self.episode_log = self.out_dir / results_io.episode_log_name(
@@ -434,7 +452,8 @@ class Evaluator:
         if cfg.synthetic is not None:
             from cosmos3_gym.eval.synthetic import synthetic_pipeline
 
-            return synthetic_pipeline(cfg.synthetic, device=device, dtype=dtype, options=options)
+            return synthetic_pipeline(cfg.synthetic, device=device, dtype=dtype, options=options,
+                                      eval_env=self.eval_env)
         return Cosmos3ActionPipeline.from_pretrained(
             cfg.checkpoint, domain=cfg.domain, action_stats=cfg.action_stats, device=device,
             dtype=dtype, options=options)
@@ -467,7 +486,7 @@ class Evaluator:
         if cfg.synthetic is not None:
             from cosmos3_gym.eval.synthetic import synthetic_policy
 
-            return synthetic_policy(), f"--synthetic {cfg.synthetic}"
+            return synthetic_policy(self.eval_env), f"--synthetic {cfg.synthetic}"
         return (checkpoint_policy(cfg.checkpoint, cfg.domain, cfg.action_stats),
                 f"--checkpoint {cfg.checkpoint}")
 
@@ -496,11 +515,17 @@ class Evaluator:
         env, own = cfg.env, self.eval_env.domain
         homes = [name for name, cls in EVAL_ENVS.items() if domain and cls.domain == domain]
         hint = f"evaluate it with --env {homes[0]}, " if homes and homes[0] != env else ""
+        space = self.eval_env.single_action_space()
+        fix = (f"Fix: {hint}or pass a --checkpoint trained for --env {env}"
+               + (f" (domain {own!r})." if own else "."))
+        if getattr(self.eval_env, "sizes_synthetic_head", False) and getattr(space, "shape", None):
+            width = int(space.shape[-1])  # --env gym:ID: foreign envs rarely have a checkpoint
+            fix += (f" A head of width {width} for plumbing (random weights): --synthetic tiny "
+                    "(sized to the env), or a folder written by cosmos3_gym.tiny."
+                    f"write_tiny_checkpoint(DIR, policy_overrides={{'raw_action_dim': {width}}}).")
         check_action_fit(
-            self.adapter, raw_dim, domain, self.eval_env.single_action_space(),
-            checkpoint=source, env_label=f"--env {env}'s",
-            fix=f"Fix: {hint}or pass a --checkpoint trained for --env {env}"
-                + (f" (domain {own!r})." if own else "."),
+            self.adapter, raw_dim, domain, space, checkpoint=source, env_label=f"--env {env}'s",
+            fix=fix,
         )
         return True
 

@@ -50,6 +50,7 @@ def run_rollout_command(args: Any) -> Path:
     from cosmos3_gym.eval.synthetic import synthetic_adapter, synthetic_pipeline, view_size
     from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions
     from cosmos3_gym.policy import VectorPolicy, get_adapter
+    from cosmos3_gym.policy.adapters import with_action_map
     from cosmos3_gym.runner import collect_rollouts
 
     out = Path(args.out)
@@ -64,18 +65,22 @@ def run_rollout_command(args: Any) -> Path:
     image_size = view_size(args.env, args.synthetic, args.image_size)
     eval_env = make_eval_env(args.env, suite=args.suite, tasks=args.tasks,
                              image_size=image_size, max_episode_steps=args.max_episode_steps,
-                             step_budget=args.step_budget)
+                             step_budget=args.step_budget, prompt=args.prompt,
+                             import_modules=args.import_modules, env_kwargs=args.env_kwargs,
+                             success_key=args.success_key)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     options = InferenceOptions(fp8=getattr(args, "precision", "bf16") == "fp8")
     if args.synthetic is not None:
-        pipeline = synthetic_pipeline(args.synthetic, device=device, dtype=dtype, options=options)
+        pipeline = synthetic_pipeline(args.synthetic, device=device, dtype=dtype, options=options,
+                                      eval_env=eval_env)
         adapter = synthetic_adapter(eval_env)
     else:
         pipeline = Cosmos3ActionPipeline.from_pretrained(
             args.checkpoint, domain=args.domain, action_stats=args.action_stats, device=device,
             dtype=dtype, options=options)
         adapter = get_adapter(eval_env.adapter)
+    adapter = with_action_map(adapter, args.action_map, eval_env.single_action_space())
     policy = VectorPolicy(pipeline, adapter=adapter,
                           n_action_steps=args.n_action_steps, seed=args.seed,
                           stochastic=not args.deterministic,

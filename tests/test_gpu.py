@@ -428,3 +428,21 @@ def test_state_rows_on_gpu_track_the_cpu_and_stay_batch_invariant(tmp_path) -> N
         np.testing.assert_allclose(batched.actions[i], alone.actions[0], rtol=5e-2, atol=5e-2)
     moved = bf16(images, prompts, state=state + 0.5, **kwargs).actions
     assert np.abs(moved - batched.actions).max() > 5e-2  # the state conditions the actions
+
+
+def test_cuda_tensor_observations_reach_the_pipeline_without_a_host_copy(tmp_path) -> None:
+    """A GPU simulator's uint8 CUDA tensors (ManiSkill3's) give the actions of the same frames
+    as numpy, and admission keeps them on the device (no host round trip)."""
+    from cosmos3_gym import VectorPolicy
+    from cosmos3_gym.pipeline.admission import admit_images
+
+    frames = np.random.default_rng(0).integers(0, 256, (3, 96, 128, 3), dtype=np.uint8)
+    on_gpu = torch.from_numpy(frames).cuda()
+    assert all(image.is_cuda for image in admit_images(on_gpu))
+    pipe = Cosmos3ActionPipeline.from_pretrained(write_tiny_checkpoint(tmp_path / "c"),
+                                                 device="cuda", dtype=torch.float32)
+    prompts = ["pick up the cube"] * 3
+    from_numpy = VectorPolicy(pipe, seed=2)({"rgb": frames}, prompts)
+    from_cuda = VectorPolicy(pipe, seed=2)({"rgb": on_gpu, "qpos": torch.zeros(3, 7).cuda()},
+                                           prompts)
+    np.testing.assert_array_equal(from_cuda, from_numpy)

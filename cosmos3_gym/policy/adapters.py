@@ -35,7 +35,7 @@ import numpy as np
 from gymnasium.spaces import Box
 from PIL import Image
 
-from cosmos3_gym.policy.observations import describe
+from cosmos3_gym.policy.observations import describe, is_tensor, to_numpy
 from cosmos3_gym.policy.rotations import rot6d_to_axis_angle
 
 
@@ -97,16 +97,26 @@ def _leaves(obs: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any
             yield path, value
 
 
+def is_uint8(value: Any) -> bool:
+    """A uint8 numpy array or torch tensor."""
+    if is_tensor(value):
+        return str(value.dtype) == "torch.uint8"
+    return isinstance(value, np.ndarray) and value.dtype == np.uint8
+
+
 def _is_image_batch(value: Any) -> bool:
-    return isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 4
+    return is_uint8(value) and value.ndim == 4
 
 
-def _check_image_batch(value: Any, what: str) -> np.ndarray:
-    if not isinstance(value, np.ndarray):
+def _check_image_batch(value: Any, what: str) -> Any:
+    """``value`` if it is a uint8 ``[B, H, W, C]`` numpy array or torch tensor (a tensor stays on
+    its device), else one ``ValueError`` saying what was found."""
+    if not isinstance(value, np.ndarray) and not is_tensor(value):
         raise ValueError(
-            f"{what}: expected a uint8 numpy array [B, H, W, C]; found {describe(value)}"
+            f"{what}: expected a uint8 numpy array or torch tensor [B, H, W, C]; found "
+            f"{describe(value)}"
         )
-    if value.dtype != np.uint8:
+    if not is_uint8(value):
         raise ValueError(
             f"{what}: expected uint8 images [B, H, W, C] as Gymnasium returns them; found "
             f"{describe(value)} (convert float images with (x * 255).round().astype(np.uint8))"
@@ -121,14 +131,33 @@ def _check_image_batch(value: Any, what: str) -> np.ndarray:
     return value
 
 
+def _side_by_side(batches: list[Any], what: str) -> Any:
+    """Image batches ``[B, H, W_k, C]`` joined along the width (the first on the left)."""
+    if len(batches) == 1:
+        return batches[0]
+    first = batches[0]
+    if any(b.shape[:2] != first.shape[:2] or b.shape[3] != first.shape[3] for b in batches):
+        raise ValueError(
+            f"{what}: images side by side must share [B, H, :, C]; found "
+            f"{[list(b.shape) for b in batches]}"
+        )
+    if all(is_tensor(b) for b in batches):
+        import torch
+
+        return torch.cat(batches, dim=2)
+    return np.concatenate([to_numpy(b) for b in batches], axis=2)
+
+
 class GenericAdapter(Adapter):
     """Images straight from the observation, prompts and actions unchanged.
 
     An array observation is the image batch. A dict observation (nested dicts allowed) must hold
-    exactly one uint8 ``[B, H, W, C]`` array, or name it with ``image_key`` (``"a/b"`` for nested).
+    exactly one uint8 ``[B, H, W, C]`` array, or name it with ``image_key`` (``"a/b"`` for
+    nested; several keys put their images side by side, the first on the left). Images may be
+    numpy arrays or torch tensors; a tensor stays on its device (the pipeline takes it there).
 
     Args:
-        image_key: the dict key of the image batch, when the observation has several.
+        image_key: the dict key(s) of the image batch, when the observation has several.
         state_key: the dict key of the robot state (``[B, D]``, or ``[B, S, D]`` with history),
             e.g. ``"state"`` (LeRobot's ``observation.state``, as
             :mod:`cosmos3_gym.integrations.lerobot` hands it over) or ``"agent_pos"`` in a
@@ -141,21 +170,25 @@ class GenericAdapter(Adapter):
 
     name = "generic"
 
-    def __init__(self, image_key: str | None = None, state_key: str | None = None) -> None:
+    def __init__(self, image_key: str | tuple[str, ...] | None = None,
+                 state_key: str | None = None) -> None:
         self.image_key = image_key
         self.state_key = state_key
 
-    def images(self, obs: Any) -> np.ndarray:
+    def images(self, obs: Any) -> Any:
         if not isinstance(obs, Mapping):
             return _check_image_batch(obs, "generic adapter, array observation")
         leaves = dict(_leaves(obs))
         if self.image_key is not None:
-            if self.image_key not in leaves:
+            keys = (self.image_key,) if isinstance(self.image_key, str) else self.image_key
+            missing = [k for k in keys if k not in leaves]
+            if missing:
                 raise ValueError(
-                    f"generic adapter: image_key {self.image_key!r} not in the observation; "
-                    f"found keys {sorted(leaves)}"
+                    f"generic adapter: image_key {', '.join(map(repr, missing))} not in the "
+                    f"observation; found keys {sorted(leaves)}"
                 )
-            return _check_image_batch(leaves[self.image_key], f"observation[{self.image_key!r}]")
+            batches = [_check_image_batch(leaves[k], f"observation[{k!r}]") for k in keys]
+            return _side_by_side(batches, "generic adapter")
         found = {k: describe(v) for k, v in leaves.items()}
         images = [k for k, v in leaves.items() if _is_image_batch(v)]
         if len(images) != 1:
@@ -261,8 +294,11 @@ class LiberoAdapter(Adapter):
                 f"libero adapter: observation lacks {missing}; found keys "
                 f"{ {k: describe(v) for k, v in obs.items()} }"
             )
-        agent = _check_image_batch(obs[self.agentview_key], f"observation[{self.agentview_key!r}]")
-        wrist = _check_image_batch(obs[self.wrist_key], f"observation[{self.wrist_key!r}]")
+        # The 180-degree rotation and PIL's resize work on host arrays.
+        agent = to_numpy(_check_image_batch(obs[self.agentview_key],
+                                            f"observation[{self.agentview_key!r}]"))
+        wrist = to_numpy(_check_image_batch(obs[self.wrist_key],
+                                            f"observation[{self.wrist_key!r}]"))
         if agent.shape[:2] != wrist.shape[:2] or agent.shape[3] != wrist.shape[3]:
             raise ValueError(
                 f"libero adapter: agentview and wrist batches must share [B, H, :, C] to sit side "
@@ -449,6 +485,93 @@ class MetaWorldAdapter(Adapter):
         env_actions = np.asarray(env_actions, dtype=np.float32)
         gripper = (1.0 - np.clip(env_actions[..., 3:4], -1.0, 1.0)) / 2.0
         return np.concatenate([env_actions[..., 0:3], gripper], axis=-1)
+
+
+class BoxActionAdapter(Adapter):
+    """Another adapter's images and prompts, with its actions mapped from the model's normalised
+    range ``[-1, 1]`` onto an env's ``Box`` bounds, affinely and per dimension:
+
+        ``a = low + (x + 1) / 2 * (high - low)``
+
+    so -1 lands on ``low``, +1 on ``high`` and 0 in the middle. For checkpoints whose actions
+    come out normalised (no statistics, or ``normalization="none"``) driving an env that takes
+    another range: gym-pusht's ``Box(0, 512, (2,))`` pixel targets, for instance. Nothing is
+    clipped: an action outside ``[-1, 1]`` lands outside the box, and the evaluator reports it
+    (``out_of_range_steps``). Command line: ``--action-map box``.
+
+    Args:
+        action_space: the env's single action space, a 1-D ``Box`` with finite bounds.
+        base: the adapter whose images, prompt and actions this one maps (default: generic).
+
+    >>> from gymnasium.spaces import Box
+    >>> adapter = BoxActionAdapter(Box(0.0, 512.0, (2,), np.float32))
+    >>> adapter.actions(np.array([[[-1.0, 0.0], [1.0, 0.5]]], np.float32)).tolist()
+    [[[0.0, 256.0], [512.0, 384.0]]]
+    """
+
+    name = "box"
+
+    def __init__(self, action_space: Any, base: str | Adapter = "generic") -> None:
+        if not isinstance(action_space, Box) or len(action_space.shape) != 1:
+            raise ValueError(
+                f"box action map: expected a 1-D Box action space; found {action_space}"
+            )
+        low = np.asarray(action_space.low, np.float64)
+        high = np.asarray(action_space.high, np.float64)
+        if not (np.isfinite(low).all() and np.isfinite(high).all()):
+            unbounded = np.flatnonzero(~np.isfinite(low + high)).tolist()
+            raise ValueError(
+                f"box action map: every bound must be finite to map [-1, 1] onto it; found "
+                f"{action_space} (unbounded dims {unbounded})"
+            )
+        self.base = get_adapter(base)
+        self.domain = self.base.domain
+        self.action_space = action_space
+        self._low, self._scale = low, (high - low) / 2.0
+
+    def images(self, obs: Any) -> Any:
+        return self.base.images(obs)
+
+    def prompt(self, task: str) -> str:
+        return self.base.prompt(task)
+
+    def actions(self, raw: np.ndarray) -> np.ndarray:
+        actions = np.asarray(self.base.actions(raw), np.float64)
+        width = self._low.shape[0]
+        if actions.ndim != 3 or actions.shape[-1] != width:
+            raise ValueError(
+                f"box action map: expected {self.base.name!r} actions [B, H, {width}] (the Box's "
+                f"width, {self.action_space}); found {list(actions.shape)}"
+            )
+        return (self._low + (actions + 1.0) * self._scale).astype(np.float32)
+
+    def env_action_dim(self, raw_action_dim: int) -> int:
+        hook = getattr(self.base, "env_action_dim", None)
+        width = hook(raw_action_dim) if callable(hook) else Adapter.env_action_dim(
+            self.base, raw_action_dim)
+        if width != self._low.shape[0]:
+            raise ValueError(
+                f"it maps {self.base.name!r} actions of the Box's own width "
+                f"({self._low.shape[0]}) onto it; found {width}-D"
+            )
+        return width
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(base={self.base!r}, action_space={self.action_space})"
+
+
+# How --action-map maps an adapter's actions onto the env's action space (None: unchanged).
+ACTION_MAPS = ("box",)
+
+
+def with_action_map(adapter: Adapter, action_map: str | None, action_space: Any) -> Adapter:
+    """``adapter`` with its actions mapped onto ``action_space`` by ``action_map`` (one of
+    :data:`ACTION_MAPS`, or ``None`` for unchanged)."""
+    if action_map is None:
+        return adapter
+    if action_map != "box":
+        raise ValueError(f"unknown action map {action_map!r}; expected one of {ACTION_MAPS}")
+    return BoxActionAdapter(action_space, base=adapter)
 
 
 ADAPTERS: dict[str, type[Adapter]] = {

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cosmos3_gym.policy.adapters import Adapter
+from cosmos3_gym.policy.adapters import Adapter, is_uint8
 from cosmos3_gym.policy.observations import Observation, batch_size, describe, take_envs
 from cosmos3_gym.seeding import check_seed
 
@@ -314,10 +314,11 @@ class ChunkPlanner:
             )
         return state.astype(np.float32, copy=False)
 
-    def images(self, obs: Observation, n: int) -> np.ndarray:
-        """The adapter's model images of ``obs`` (``n`` envs), checked: uint8 ``[n, H, W, C]``."""
+    def images(self, obs: Observation, n: int) -> Any:
+        """The adapter's model images of ``obs`` (``n`` envs), checked: uint8 ``[n, H, W, C]``, a
+        numpy array or a torch tensor (which the pipeline takes on its device)."""
         images = self.adapter.images(obs)
-        if not isinstance(images, np.ndarray) or images.dtype != np.uint8 or images.ndim != 4:
+        if not is_uint8(images) or images.ndim != 4:
             raise ValueError(
                 f"adapter {self.adapter!r} returned images {describe(images)}; "
                 "expected uint8 [B, H, W, C]"

@@ -39,7 +39,13 @@ from cosmos3_gym.policy.adapters import (
     check_action_fit,
     get_adapter,
 )
-from cosmos3_gym.policy.observations import Observation, batch_size, shapes, take_envs
+from cosmos3_gym.policy.observations import (
+    Observation,
+    batch_size,
+    shapes,
+    take_envs,
+    to_numpy,
+)
 from cosmos3_gym.policy.planner import (
     DETERMINISTIC_SAMPLER,
     ChunkPlanner,
@@ -113,6 +119,7 @@ class VectorPolicy:
     - ``reset(mask)``: the masked envs (default: all) start a new episode (queues cleared).
     - ``attach(envs)``: a wrapper that feeds the policy each env's ``task_description`` and its
       episode ends, honouring ``envs.metadata["autoreset_mode"]``; then ``prompts`` may be omitted.
+      ``attach(envs, prompts)`` gives envs that name no task their instructions.
       It first checks that the checkpoint's actions, through the adapter, are as wide as the
       envs' action space (where the pipeline has ``action_dim``).
     - A head conditioned on the robot state (the pipeline's ``history_length`` > 0) gets each
@@ -431,15 +438,25 @@ class VectorPolicy:
         self._check_num_envs(mask.shape[0], what=what)
         return mask
 
-    def attach(self, envs: VectorEnv) -> PolicyFeed:
-        """Wrap ``envs`` so that they feed this policy prompts and episode ends; use the result."""
+    def attach(
+        self, envs: VectorEnv, prompts: str | Sequence[str] | None = None
+    ) -> PolicyFeed:
+        """Wrap ``envs`` so that they feed this policy prompts and episode ends; use the result.
+
+        ``prompts`` (one string for all envs, or one per env) are the envs' instructions where
+        they name none themselves (a benchmark without ``task_description``, or a vector env
+        without sub-envs to ``call``, such as ManiSkill3's ``ManiSkillVectorEnv``); they stay
+        fixed. Without them the feed reads each env's ``task_description`` (or ``task``).
+        """
         if not isinstance(envs, VectorEnv):
             raise TypeError(
                 f"attach expects a gymnasium.vector.VectorEnv; found {type(envs).__name__}"
             )
         self._check_num_envs(envs.num_envs, what="attached envs")
+        fixed = None if prompts is None else self._resolve_tasks(
+            prompts, envs.num_envs, None, envs_label=f"the {envs.num_envs} attached envs")
         self._check_action_fit(envs)
-        feed = PolicyFeed(envs, self)
+        feed = PolicyFeed(envs, self, prompts=fixed)
         if self._num_envs is None:
             self._init_state(envs.num_envs)
         self._feed = feed
@@ -503,8 +520,11 @@ class VectorPolicy:
             raise ValueError(f"n_action_steps must be <= the action horizon H={horizon}; found {n}")
 
     def _resolve_tasks(
-        self, prompts: str | Sequence[str] | None, num_envs: int, obs: Observation
+        self, prompts: str | Sequence[str] | None, num_envs: int, obs: Observation,
+        envs_label: str | None = None,
     ) -> list[str]:
+        """One task per env from ``prompts`` (or the attached feed's); errors name the
+        observation batch, or ``envs_label`` where there is no observation yet."""
         if prompts is None:
             if self._feed is None:
                 raise ValueError(
@@ -518,9 +538,9 @@ class VectorPolicy:
         else:
             tasks, source = list(prompts), "prompt"
             if len(tasks) != num_envs:
+                where = envs_label or f"the observation batch {shapes(obs)}"
                 raise ValueError(
-                    f"expected {num_envs} prompts, one per env of the observation batch "
-                    f"{shapes(obs)}; found {len(tasks)}"
+                    f"expected {num_envs} prompts, one per env of {where}; found {len(tasks)}"
                 )
         for env, task in enumerate(tasks):
             if not isinstance(task, str) or not task.strip():
@@ -578,15 +598,20 @@ class PolicyFeed(ForwardingVectorWrapper):
     Made by ``policy.attach(envs)``. Prompts are read with ``envs.call("task_description")``
     (or ``"task"`` where the envs have no ``task_description``) whenever envs reset, and, for an
     env that autoresets, when its new episode begins: at the done step under ``SAME_STEP``, at
-    the reset step after it under ``NEXT_STEP``. See the module notes for the queue rules.
+    the reset step after it under ``NEXT_STEP``; prompts given to ``attach(envs, prompts)`` are
+    used instead, and nothing is read. See the module notes for the queue rules. The done flags
+    may be numpy arrays or torch tensors (GPU simulators return them on their device).
     """
 
-    def __init__(self, env: VectorEnv, policy: VectorPolicy) -> None:
+    def __init__(
+        self, env: VectorEnv, policy: VectorPolicy, prompts: Sequence[str] | None = None
+    ) -> None:
         super().__init__(env)
         self.policy = policy
         self.autoreset_mode = autoreset_mode(env)
-        self.task_attribute = task_attribute(env)
-        self.tasks: list[str | None] = [None] * self.num_envs
+        self.fixed_prompts = prompts is not None
+        self.task_attribute = None if self.fixed_prompts else task_attribute(self)
+        self.tasks: list[str | None] = [None] * self.num_envs if prompts is None else list(prompts)
         self._pending_reset = np.zeros(self.num_envs, bool)
 
     @property
@@ -603,6 +628,8 @@ class PolicyFeed(ForwardingVectorWrapper):
         )
 
     def _refresh_tasks(self, mask: np.ndarray) -> None:
+        if self.fixed_prompts:
+            return
         values = self.call(self.task_attribute)
         for env in np.flatnonzero(mask):
             task = values[env]
@@ -626,7 +653,7 @@ class PolicyFeed(ForwardingVectorWrapper):
 
     def step(self, actions: Any) -> tuple[Observation, Any, Any, Any, dict[str, Any]]:
         obs, rewards, terminations, truncations, info = self.env.step(actions)
-        done = np.logical_or(terminations, truncations)
+        done = np.logical_or(to_numpy(terminations), to_numpy(truncations))
         if self.autoreset_mode == AutoresetMode.NEXT_STEP:
             restarted, self._pending_reset = self._pending_reset, done.copy()
             if restarted.any():  # this step was their reset step: obs is the new episode's
