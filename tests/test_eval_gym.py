@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
+from cosmos3_gym.envs.families import GymEval, make_eval_env
 from cosmos3_gym.eval.cli import main
 from cosmos3_gym.eval.synthetic import synthetic_policy
-from cosmos3_gym.eval.tasks import GymEval, make_eval_env
 from cosmos3_gym.tiny import write_tiny_checkpoint
 
 pytestmark = pytest.mark.gym

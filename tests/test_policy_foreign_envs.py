@@ -82,9 +82,9 @@ def test_attach_with_prompts_serves_envs_that_name_no_task_and_sees_every_episod
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory) -> Cosmos3ActionPipeline:
-    from cosmos3_gym.eval.evaluate import load_pipeline
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
-    return load_pipeline("tiny")
+    return Cosmos3ActionPipeline.from_pretrained("tiny")
 
 
 def test_torch_observations_give_the_actions_of_the_same_numpy_ones(pipeline) -> None:

@@ -14,9 +14,9 @@ pytestmark = pytest.mark.gym
 
 @pytest.fixture(scope="module")
 def pipeline():
-    from cosmos3_gym.eval.evaluate import load_pipeline
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
-    return load_pipeline("tiny")
+    return Cosmos3ActionPipeline.from_pretrained("tiny")
 
 
 def test_a_collector_fills_a_batch_with_the_policy_s_actions(pipeline) -> None:
