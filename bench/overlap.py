@@ -25,7 +25,7 @@ def measure_overlap(
     suite: str | None = None,
     tasks: list[str] | None = None,
     image_size: int | None = None,
-    num_inference_steps: int | None = None,
+    sampling: Any = None,
     async_envs: bool = True,
     seed: int = 0,
 ) -> dict[str, Any]:
@@ -35,7 +35,8 @@ def measure_overlap(
     ``env`` is a name of the env table (``EVAL_ENVS``), with ``tasks`` (default: all) of
     ``suite`` (default: the env's ``bench_suite``, e.g. ``libero_spatial``), ``trials`` per
     task; ``num_envs`` slots (two groups of half with overlap), async sub-envs unless
-    ``async_envs=False``; the env's adapter unless ``adapter`` names another.
+    ``async_envs=False``; the env's adapter unless ``adapter`` names another; chunks sampled as
+    ``sampling`` (a :class:`~cosmos3_gym.pipeline.SamplerConfig`) says.
     """
     from cosmos3_gym.envs import EVAL_ENVS, EvalEnv, make_eval_env
     from cosmos3_gym.policy import VectorPolicy, get_adapter
@@ -67,7 +68,7 @@ def measure_overlap(
 
     def run(overlap: bool) -> tuple[float, Any, dict[int, Any]]:
         policy = VectorPolicy(pipeline, adapter=get_adapter(adapter or eval_env.adapter),
-                              num_inference_steps=num_inference_steps,
+                              sampling=sampling,
                               seed_rule=episode_seed_rule(seed, episodes.__getitem__))
         outcomes = Outcomes()
         runner = EpisodeRunner(policy, lambda n: eval_env.make(n, async_envs),

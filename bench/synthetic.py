@@ -38,7 +38,6 @@ Users size their hardware with it before they have weights. Results are a JSON f
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -51,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cosmos3_gym.bench.latency import PROMPTS, _paired, _peak_memory_mb, _stage_seconds
+from cosmos3_gym.settings import SYNTHETIC_PRESETS, csv, int_list, positive_int, setting
 
 if TYPE_CHECKING:
     import torch
@@ -442,7 +442,7 @@ def run_synthetic(
     preset: str,
     *,
     device: str = "cpu",
-    dtype: str | None = None,
+    precision_name: str = "auto",
     cases: tuple[str, ...] = tuple(CASES),
     batch_sizes: dict[str, tuple[int, ...]] | None = None,
     steps: tuple[int, ...] = (10, 30),
@@ -458,13 +458,14 @@ def run_synthetic(
     written to ``out`` after every measurement (``"complete": false`` until the end)."""
     import torch
 
-    from cosmos3_gym.devices import resolve_device, resolve_dtype
+    from cosmos3_gym.devices import resolve_device, resolve_precision
     from cosmos3_gym.pipeline.options import InferenceOptions
 
     dev = resolve_device(device)
+    dtype, fp8 = resolve_precision(precision_name, dev)
     # The production default: on CUDA the fast path (graphs and fused kernels).
-    options = (options or InferenceOptions()).resolve(dev.type)
-    dtype = resolve_dtype(dtype, dev)
+    base = options or InferenceOptions()
+    options = replace(base, fp8=base.fp8 or fp8).resolve(dev.type)
     result: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "none (cpu)",
         "preset": preset, "device": str(dev), "dtype": str(dtype).removeprefix("torch."),
@@ -559,68 +560,81 @@ def fp8_line(entry: dict[str, Any]) -> str:
             f"{entry[f'{on}_denoise_tflops']:.3g} vs {entry[f'{off}_denoise_tflops']:.3g}")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The synthetic benchmark's own options, beside the latency benchmark's (``--device``,
-    ``--out``, ``--batch-sizes``, ``--warmup``, ``--repeats``, ``--threads`` are shared)."""
-    parser.add_argument("--synthetic", metavar="PRESET", default=None,
-                        help="measure a published model shape with random weights instead of a "
-                             "checkpoint: nano, super or edge (tiny runs on a CPU)")
-    parser.add_argument("--cases", default=",".join(CASES),
-                        help=f"with --synthetic: comma-separated cases (default: "
-                             f"{','.join(CASES)})")
-    parser.add_argument("--steps", default="10,30",
-                        help="with --synthetic: comma-separated denoising step counts "
-                             "(default: 10,30); a case with a recipe runs at its recipe's")
-    parser.add_argument("--no-flips", action="store_true",
-                        help="with --synthetic: skip the option flips (paired runs of every "
-                             "option turned over, the longest part at large shapes)")
-    parser.add_argument("--flips", default=",".join(FLIPS),
-                        help=f"with --synthetic: the options to flip (default: all of "
-                             f"{','.join(FLIPS)}); e.g. fp8 alone measures FP8 beside bf16")
-    parser.add_argument("--no-reference", action="store_true",
-                        help="with --synthetic: skip diffusers' reference forward (it needs a "
-                             "second copy of the weights in memory)")
+def _flips(text: str) -> tuple[str, ...]:
+    if text == "all":
+        return FLIPS
+    if text == "none":
+        return ()
+    chosen = tuple(t.strip() for t in text.split(",") if t.strip())
+    unknown = sorted(set(chosen) - set(FLIPS))
+    if unknown:
+        raise ValueError(f"unknown flips {unknown}; expected all, none, or some of {list(FLIPS)}")
+    return chosen
 
 
-def _int_list(text: str, name: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise ValueError(f"{name}: expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"{name}: expected integers >= 1, got {text!r}")
-    return values
+@dataclass
+class SizeConfig:
+    """Every knob of ``cosmos3-gym size`` (its options are generated from these fields)."""
+
+    synthetic: str = setting(
+        "nano", "a published model shape with random weights instead of a checkpoint (nano, "
+        "super, edge; tiny on a CPU); its timings are the real model's, its success rates "
+        "meaningless", group="model", choices=SYNTHETIC_PRESETS)
+    out: str = setting("size.json", "where the command writes its results; a JSON file, "
+                       "rewritten after every measurement", group="bench")
+    cases: tuple[str, ...] = setting(
+        tuple(CASES), "the input cases, comma-separated", group="bench", parse=csv)
+    step_counts: tuple[int, ...] = setting(
+        (10, 30), "denoising step counts to time, comma-separated (a case with a recipe runs "
+        "at its recipe's)", group="bench", parse=int_list)
+    batch_sizes: tuple[int, ...] | None = setting(
+        None, "batch sizes to time, comma-separated (default: each case's own)", group="bench",
+        parse=int_list)
+    flips: tuple[str, ...] = setting(
+        FLIPS, "the inference options each turned over in paired runs: all, none, or some of "
+        f"{','.join(FLIPS)} (fp8 alone measures FP8 beside bf16)", group="bench", parse=_flips)
+    compare_batch: int = setting(8, "batch size of the on/off comparisons", group="bench",
+                                 parse=positive_int)
+    reference: bool = setting(
+        True, "time diffusers' reference forward beside ours (it needs a second copy of the "
+        "weights in memory)", group="bench", flag="no-reference")
+    warmup: int = setting(1, "untimed pairs before each comparison", group="bench", parse=int)
+    repeats: int = setting(3, "timed pairs per comparison", group="bench", parse=positive_int)
+    device: str = setting(
+        "auto", "where the model runs: auto (the GPU where there is one, cuda:LOCAL_RANK under "
+        "torchrun, else the CPU), cpu, cuda or cuda:N", group="runtime")
+    precision: str = setting(
+        "auto", "the model's precision: auto (bf16 on CUDA, fp32 on the CPU), fp32, bf16, or fp8 "
+        "(the generation tower's GEMMs in FP8 e4m3, the rest as auto; not the same actions: see "
+        "docs/benchmarks.md)", group="runtime", choices=("auto", "fp32", "bf16", "fp8"))
+    threads: int | None = setting(
+        None, "torch intra-op CPU threads; on a shared or busy machine 1 keeps OpenMP from "
+        "oversubscribing the cores (default: torch's choice)", group="runtime",
+        parse=positive_int)
+
+    def __post_init__(self) -> None:
+        from cosmos3_gym.model.presets import preset_config
+
+        preset_config(self.synthetic)  # an unknown name fails here, before anything is built
+        unknown = [c for c in self.cases if c not in CASES]
+        if unknown:
+            raise ValueError(f"--cases: unknown {unknown}; expected some of {sorted(CASES)}")
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    if args.threads is not None:
+def run(config: SizeConfig) -> dict[str, Any]:
+    """``cosmos3-gym size``: measure, write the JSON as it goes, print the table."""
+    if config.threads is not None:
         import torch
 
-        torch.set_num_threads(args.threads)
-    from cosmos3_gym.model.presets import preset_config
-
-    preset_config(args.synthetic)  # an unknown name fails here, before anything is built
-    cases = tuple(c.strip() for c in args.cases.split(","))
-    unknown = [c for c in cases if c not in CASES]
-    if unknown:
-        raise ValueError(f"--cases: unknown {unknown}; expected some of {sorted(CASES)}")
-    sizes = None
-    if args.batch_sizes is not None:
-        chosen = _int_list(args.batch_sizes, "--batch-sizes")
-        sizes = {c: chosen for c in cases}
-    flips = tuple(f.strip() for f in args.flips.split(",") if f.strip())
-    if set(flips) - set(FLIPS):
-        raise ValueError(f"--flips: unknown {sorted(set(flips) - set(FLIPS))}; expected some "
-                         f"of {list(FLIPS)}")
-    from cosmos3_gym.pipeline.options import InferenceOptions
-
+        torch.set_num_threads(config.threads)
+    sizes = None if config.batch_sizes is None else {c: tuple(config.batch_sizes)
+                                                     for c in config.cases}
     result = run_synthetic(
-        args.synthetic, device=args.device, dtype=args.dtype, cases=cases, batch_sizes=sizes,
-        options=InferenceOptions(fp8=getattr(args, "precision", "bf16") == "fp8"), flips=flips,
-        steps=_int_list(args.steps, "--steps"), warmup=args.warmup, repeats=args.repeats,
-        compare_batches=() if args.no_flips else tuple(sorted({1, args.compare_batch})),
-        reference=not args.no_reference,
-        out=Path(args.out),
+        config.synthetic, device=config.device, precision_name=config.precision,
+        cases=tuple(config.cases), batch_sizes=sizes, flips=tuple(config.flips),
+        steps=tuple(config.step_counts), warmup=config.warmup, repeats=config.repeats,
+        compare_batches=tuple(sorted({1, config.compare_batch})) if config.flips else (),
+        reference=config.reference, out=Path(config.out),
     )
     print(format_synthetic(result))
     return result

@@ -26,6 +26,7 @@ slots, checks every action and recovers from env faults; see :mod:`cosmos3_gym.r
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from dataclasses import asdict, dataclass
@@ -34,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from cosmos3_gym.devices import PRECISIONS
 from cosmos3_gym.envs.families import EVAL_ENVS, Episode, EvalEnv, canonical_suites, make_eval_env
 from cosmos3_gym.eval import protocol as protocols
 from cosmos3_gym.eval import results as results_io
@@ -54,6 +56,7 @@ from cosmos3_gym.eval.videos import (
     write_video,
 )
 from cosmos3_gym.jsonio import append_jsonl, read_json_object, write_json_atomic
+from cosmos3_gym.pipeline.sampling import SamplerConfig
 from cosmos3_gym.policy import (
     Adapter,
     VectorPolicy,
@@ -76,112 +79,71 @@ from cosmos3_gym.runner import (
     episode_seed_rule,
 )
 from cosmos3_gym.seeding import check_seed
-
-# The config keys that define which episodes a folder holds and how they were produced; a rerun
-# must match them to resume. num_envs, async_envs, overlap, timeouts and videos only change how
-# fast or how robustly the same episodes are produced, so they may change between sessions.
-IDENTITY_KEYS = (
-    "checkpoint", "env", "suite", "tasks", "trials", "seed", "image_size", "max_episode_steps",
-    "step_budget", "num_inference_steps", "n_action_steps", "out_of_range", "shuffle_prompts",
-    "domain", "action_stats", "protocol", "synthetic", "precision",
-    # --env gym:ID (GymEval) and --action-map; None in folders written before them.
-    "prompt", "import_modules", "env_kwargs", "success_key", "action_map",
+from cosmos3_gym.settings import (
+    EnvSettings,
+    ModelSettings,
+    RuntimeSettings,
+    positive_int,
+    setting,
 )
-# Beside IDENTITY_KEYS, the identity holds the model's precision as resolved on the machine
-# ("dtype": bf16 and fp32 runs of one checkpoint are different evaluations). Folders written
-# before it was recorded ran on the CPU in float32, which is what a missing key reads as.
-LEGACY_IDENTITY = {"dtype": "float32"}
+
+# What an evaluation adds to the shared settings: these, the model's, the env's and the
+# sampler's decide which episodes a folder holds; num_envs, async_envs, overlap, timeouts,
+# restart budgets, videos and where the model runs only change how fast or how robustly the
+# same episodes are produced, so they may change between sessions.
+RUN_ONLY = ("num_envs", "async_envs", "env_timeout", "overlap", "videos", "video_trials",
+            "max_episode_restarts", "max_consecutive_faults", "device", "progress", "precision",
+            "allow_normalized_actions")
 # --videos: the env's frames, or the model's input and predicted future beside them.
 VIDEO_KINDS = ("env", "imagined")
 
 
 @dataclass
-class EvalConfig:
-    """Every knob of an evaluation, with its default and why."""
+class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
+    """Every knob of an evaluation, with its default and why (the ``cosmos3-gym eval``
+    options are generated from these fields)."""
 
-    # A checkpoint folder, or the name of one shipped in the package ("tiny").
-    checkpoint: str = "tiny"
-    # The checkpoint's embodiment (cosmos3_gym.checkpoint.DOMAINS) when its folder has no
-    # action_policy.json (a diffusers folder); None = the folder's action_policy.json.
-    domain: str | None = None
-    # An action statistics JSON for checkpoints without their own; None = the checkpoint's.
-    action_stats: str | None = None
-    # "color_reach" (built in, runs anywhere) or "libero".
-    env: str = "color_reach"
-    # LIBERO suite (libero_10, libero_spatial, ...), several comma-separated, or a group
-    # ("libero_4": the four standard suites, stored expanded); None for color_reach.
-    suite: str | None = None
-    # Task names (color_reach: colours) or LIBERO task ids; None = all of the env's tasks.
-    tasks: list[str] | None = None
-    # Episodes per task; None = the protocol's (10, or 50 under the official protocol).
-    trials: int | None = None
-    # Root of every episode's env seed and noise seeds.
-    seed: int = 0
-    num_envs: int = 4
-    # Sub-envs in worker processes: needed for crash and hang recovery of real simulators.
-    async_envs: bool = False
-    # None = the env's default (color_reach 128, LIBERO 256).
-    image_size: int | None = None
-    max_episode_steps: int | None = None
-    # LIBERO's episode budget: "cosmos3" (the official Cosmos3 client's, the default when None)
-    # or "openpi" (settle steps on top); see docs/libero.md.
-    step_budget: str | None = None
-    # None = the checkpoint's defaults.
-    num_inference_steps: int | None = None
-    # Actions executed per chunk before replanning; None = the whole chunk.
-    n_action_steps: int | None = None
-    out_of_range: str = "report"
-    # Seconds a step or reset of an async env may take before its worker counts as hung.
-    env_timeout: float = 300.0
-    # Times an episode whose own env faulted is re-run before it is recorded as a failure.
-    max_episode_restarts: int = 2
-    # Env faults in a row with no episode ending before the run gives up.
-    max_consecutive_faults: int = 5
-    # Two env groups taking turns: one executes its actions (in its worker processes with
-    # async_envs) while the other's chunks are planned. The same episodes, sooner where an env
-    # step costs about as much as a model call.
-    overlap: bool = False
-    # One video per episode under videos/: "env" (a GIF of the env's frames) or "imagined"
-    # (eval/videos.py: the model's input, its predicted future and the env's frames side by
-    # side, MP4 or GIF); None writes none. True means "env" (the flag without a value).
-    videos: str | None = None
-    # Videos only for trials 0..video_trials-1 of each task (None: every trial). Imagined
-    # videos decode the predicted future, which costs a VAE decode per chunk of those episodes.
-    video_trials: int | None = None
-    # Diagnostic: give every episode another task's prompt. A policy that reads its prompt
-    # should then fail (near chance); one that ignores it keeps its success rate.
-    shuffle_prompts: bool = False
-    progress: bool = True
-    # Where the model runs: "auto" (cuda:LOCAL_RANK where there is a GPU, else the CPU), "cpu",
-    # "cuda" or "cuda:N" (cosmos3_gym.devices). Not part of the identity: any GPU gives the
-    # same run, but its precision is (below).
-    device: str = "auto"
-    # "auto" (bfloat16 on CUDA, float32 on the CPU), "bfloat16" or "float32".
-    dtype: str = "auto"
-    # A published model shape with random weights instead of a checkpoint (eval/synthetic.py):
-    # "nano", "super", "edge" or "tiny". Its success rates mean nothing; its timings are real.
-    synthetic: str | None = None
-    # None: this project's protocol; "official": the rules behind NVIDIA's published LIBERO
-    # numbers (cosmos3_gym.eval.protocol: 50 trials, every chunk from seed 0, ...).
-    protocol: str | None = None
-    # Run a checkpoint whose actions stay in the model's normalised space (no statistics) in an
-    # env that takes real units; refused by default, since every success rate would be noise.
-    allow_normalized_actions: bool = False
-    # "fp8": the generation tower's GEMMs in FP8 (InferenceOptions.fp8); None: all in dtype.
-    # Part of the identity: FP8 and bf16 runs are different evaluations.
-    precision: str | None = None
-    # --env gym:ID only (eval/tasks.py GymEval): the instruction (or {task: instruction}), the
-    # modules that register the id, the env's kwargs, and the info key success is read from
-    # (None: "auto", is_success else success).
-    prompt: str | dict[str, str] | None = None
-    import_modules: list[str] | None = None
-    env_kwargs: dict[str, Any] | None = None
-    success_key: str | None = None
-    # How the adapter's actions are mapped onto the env's Box (policy/adapters.py
-    # with_action_map): "box" (affine from [-1, 1] onto its bounds) or None (unchanged).
-    action_map: str | None = None
+    trials: int | None = setting(
+        None, "episodes per task; 10, or 50 under --protocol official", group="evaluation",
+        parse=positive_int)
+    seed: int = setting(
+        0, "the run's root seed; every episode's env seed and chunk noise seeds derive from it "
+        "and its (task, trial)", group="evaluation", parse=int)
+    n_action_steps: int | None = setting(
+        None, "actions executed per chunk before replanning; default: the whole chunk",
+        group="evaluation", parse=positive_int)
+    protocol: str | None = setting(
+        None, "the evaluation protocol: default (fresh noise per chunk, --trials as given) or "
+        "official (the rules behind NVIDIA's published LIBERO numbers: 50 trials per task, init "
+        "state t, the client's budget, whole chunks, every chunk from seed 0, the checkpoint's "
+        "sampler; docs/libero.md)", group="evaluation", choices=("default", "official"))
+    out_of_range: str = setting(
+        "report", "actions outside the action space: report (count them; the env applies its "
+        "own handling) or fail (the episode fails)", group="evaluation",
+        choices=("report", "fail"))
+    max_episode_restarts: int = setting(
+        2, "times an episode whose own env faulted is re-run before it is recorded as a "
+        "failure", group="evaluation", parse=int)
+    max_consecutive_faults: int = setting(
+        5, "env faults in a row with no episode ending before the run gives up",
+        group="evaluation", parse=int)
+    videos: str | None = setting(
+        None, "a video per episode in OUT/videos: env (the env's frames, GIF) or imagined (the "
+        "model's input, its predicted future and the env's frames side by side; decodes the "
+        "future, so it costs time)", group="evaluation", choices=VIDEO_KINDS, const="env")
+    video_trials: int | None = setting(
+        None, "videos for the first N trials of each task only (default: every trial)",
+        group="evaluation", parse=int, metavar="N")
+    shuffle_prompts: bool = setting(
+        False, "diagnostic: each episode gets another task's prompt; a policy that reads its "
+        "prompt should then drop to chance", group="evaluation")
+    allow_normalized_actions: bool = setting(
+        False, "run a checkpoint without action statistics in an env with real units (LIBERO); "
+        "its actions then stay in the model's normalised space", group="evaluation")
+    sampling: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
 
     def __post_init__(self) -> None:
+        self.check_model_source()
         if self.protocol == "default":
             self.protocol = None
         self.suite = canonical_suites(self.suite)
@@ -205,31 +167,52 @@ class EvalConfig:
         if self.overlap and self.num_envs < 2:
             raise ValueError(f"overlap needs num_envs >= 2 (two groups of env slots); found "
                              f"{self.num_envs}")
-        for name in ("image_size", "max_episode_steps", "num_inference_steps", "n_action_steps"):
+        for name in ("image_size", "max_episode_steps", "n_action_steps"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be None or at least 1; found {value}")
         check_seed(self.seed)
-        if self.precision not in (None, "fp8"):
-            raise ValueError(f"precision must be None or 'fp8'; found {self.precision!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}; found {self.precision!r}")
+        if isinstance(self.sampling, dict):  # a config file's nested block
+            self.sampling = SamplerConfig(**self.sampling)
         if isinstance(self.videos, bool):
             self.videos = "env" if self.videos else None
         if self.videos not in (None, *VIDEO_KINDS):
             raise ValueError(f"videos must be one of {VIDEO_KINDS} or None; found {self.videos!r}")
         if self.video_trials is not None and self.video_trials < 0:
             raise ValueError(f"video_trials must be at least 0; found {self.video_trials}")
-        from cosmos3_gym.eval.synthetic import PRESETS, view_size
+        from cosmos3_gym.synthetic import PRESETS, view_size
 
         if self.synthetic is not None and self.synthetic not in PRESETS:
             raise ValueError(f"synthetic must be one of {PRESETS} or None; found "
                              f"{self.synthetic!r}")
         self.image_size = view_size(self.env, self.synthetic, self.image_size)
         protocols.check(self)
+        if self.sampling.noise is None:  # the protocol's rule
+            self.sampling = self.sampling.with_changes(
+                noise="fixed" if self.protocol == "official" else "per_chunk")
 
     def identity(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in IDENTITY_KEYS}
+        """The settings that decide which episodes a run folder holds (the model's precision is
+        added as resolved on the machine: see :meth:`Evaluator.bind`)."""
+        flat = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in (*RUN_ONLY, "sampling")}
+        return {**flat, **dataclasses.asdict(self.sampling)}
 
 
+def upgrade_identity(stored: dict[str, Any]) -> dict[str, Any]:
+    """A folder's stored identity in today's terms: keys added since it was written read as
+    the values that run had (its dtype float32 on the CPU, its precision from its dtype, the
+    protocol's noise rule, the default sampler), so an older folder resumes."""
+    out = dict(stored)
+    out.setdefault("dtype", "float32")
+    if out.get("precision") is None:
+        out["precision"] = {"float32": "fp32", "bfloat16": "bf16"}.get(out["dtype"])
+    out.setdefault("noise", "fixed" if out.get("protocol") == "official" else "per_chunk")
+    for key, value in (("sampler", "flow_unipc"), ("noise_level", 0.5), ("sde_steps", "random")):
+        out.setdefault(key, value)
+    return out
 
 
 @dataclass
@@ -330,7 +313,7 @@ class Evaluator:
             env_kwargs=config.env_kwargs, success_key=config.success_key,
         )
         if config.synthetic is not None:
-            from cosmos3_gym.eval.synthetic import synthetic_adapter
+            from cosmos3_gym.synthetic import synthetic_adapter
 
             self.adapter: Adapter = synthetic_adapter(self.eval_env)
         else:
@@ -412,23 +395,23 @@ class Evaluator:
             finally:
                 destroy_process_group(self.rank)
 
-    def bind(self, folder: RunFolder, *, recorded: bool, precision: str | None) -> None:
+    def bind(self, folder: RunFolder, *, recorded: bool, precision: dict[str, Any]) -> None:
         """Write ``config.json``, or refuse a folder that holds another evaluation's episodes
-        (see the module notes). ``precision`` is the model's dtype as this run resolved it
-        (``None`` for a pipeline without one, such as a test stand-in)."""
-        identity = {**self.config.identity(), "dtype": precision}
+        (see the module notes). ``precision`` is the model's precision and dtype as this run
+        resolved them (``None`` for a pipeline without one, such as a test stand-in)."""
+        identity = {**self.config.identity(), **precision}
 
         def stale() -> list[Path]:
             return [*self.out_dir.glob("incidents*.jsonl"), *self.out_dir.glob("throughput*.json")]
 
         folder.bind("config.json", identity, bound=recorded,
                     extra={"session": asdict(self.config)}, replaced=stale,
-                    what="a different evaluation", defaults=LEGACY_IDENTITY)
+                    what="a different evaluation", upgrade=upgrade_identity)
 
     def _device(self) -> tuple[Any, Any]:
         """The torch device and dtype this rank's model runs on (a pipeline passed in: its
         own; ``None`` for a stand-in without a transformer)."""
-        from cosmos3_gym.devices import resolve_device, resolve_dtype
+        from cosmos3_gym.devices import resolve_device, resolve_precision
 
         if self.pipeline is not None:
             transformer = getattr(self.pipeline, "transformer", None)
@@ -436,27 +419,37 @@ class Evaluator:
                 return None, None
             return transformer.device, transformer.dtype
         device = resolve_device(self.config.device)
-        return device, resolve_dtype(self.config.dtype, device)
+        return device, resolve_precision(self.config.precision, device)[0]
 
-    @staticmethod
-    def _precision(dtype: Any) -> str | None:
-        from cosmos3_gym.devices import dtype_name
+    def _fp8(self) -> bool:
+        """Whether the generation tower's GEMMs run in FP8 (the pipeline's own options where one
+        was passed in)."""
+        if self.pipeline is not None:
+            return bool(getattr(getattr(self.pipeline, "options", None), "fp8", False))
+        return self.config.precision == "fp8"
 
-        return None if dtype is None else dtype_name(dtype)
+    def _precision(self, dtype: Any) -> dict[str, Any]:
+        """The identity's ``precision`` (fp32, bf16 or fp8) and ``dtype`` as this run resolved
+        them; both None for a stand-in pipeline without a transformer."""
+        from cosmos3_gym.devices import dtype_name, precision_name
+
+        if dtype is None:
+            return {"precision": None, "dtype": None}
+        return {"precision": precision_name(dtype, self._fp8()), "dtype": dtype_name(dtype)}
 
     def _load(self, device: Any, dtype: Any) -> Any:
         from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions
 
         cfg = self.config
-        options = InferenceOptions(fp8=cfg.precision == "fp8")
+        options = InferenceOptions(fp8=self._fp8())
         if cfg.synthetic is not None:
-            from cosmos3_gym.eval.synthetic import synthetic_pipeline
+            from cosmos3_gym.synthetic import synthetic_pipeline
 
             return synthetic_pipeline(cfg.synthetic, device=device, dtype=dtype, options=options,
                                       eval_env=self.eval_env)
         return Cosmos3ActionPipeline.from_pretrained(
-            cfg.checkpoint, domain=cfg.domain, action_stats=cfg.action_stats, device=device,
-            dtype=dtype, options=options)
+            cfg.checkpoint, domain=cfg.domain, recipe=cfg.recipe, action_stats=cfg.action_stats,
+            device=device, dtype=dtype, options=options)
 
     def _runtime(self) -> dict[str, Any]:
         """Where and how this session's model ran, for throughput*.json and the summary."""
@@ -469,7 +462,7 @@ class Evaluator:
             gpu = torch.cuda.get_device_name(device)
         return {
             "device": None if device is None else str(device), "gpu": gpu,
-            "dtype": self._precision(dtype), "synthetic": self.config.synthetic,
+            "dtype": self._precision(dtype)["dtype"], "synthetic": self.config.synthetic,
             "options": None if options is None else asdict(options),
             "disabled_options": dict(getattr(self.pipeline, "disabled_options", {}) or {}),
             "overlap": self.config.overlap,
@@ -484,10 +477,10 @@ class Evaluator:
         if self.pipeline is not None:
             return getattr(self.pipeline, "policy", None), "the pipeline's checkpoint"
         if cfg.synthetic is not None:
-            from cosmos3_gym.eval.synthetic import synthetic_policy
+            from cosmos3_gym.synthetic import synthetic_policy
 
             return synthetic_policy(self.eval_env), f"--synthetic {cfg.synthetic}"
-        return (checkpoint_policy(cfg.checkpoint, cfg.domain, cfg.action_stats),
+        return (checkpoint_policy(cfg.checkpoint, cfg.domain, cfg.action_stats, cfg.recipe),
                 f"--checkpoint {cfg.checkpoint}")
 
     def check_action_fit(self) -> bool:
@@ -583,10 +576,10 @@ class Evaluator:
         """The policy the runner drives: the env's adapter, the evaluation's seed rule."""
         cfg = self.config
         rule = episode_seed_rule(cfg.seed, self.all_episodes.__getitem__,
-                                 stochastic=cfg.protocol != "official")
+                                 fresh=cfg.sampling.fresh_noise)
         return VectorPolicy(self.pipeline, adapter=self.adapter,
-                            n_action_steps=cfg.n_action_steps,
-                            num_inference_steps=cfg.num_inference_steps, seed_rule=rule)
+                            n_action_steps=cfg.n_action_steps, sampling=cfg.sampling,
+                            seed_rule=rule)
 
     def spec(self, k: int) -> EpisodeSpec:
         """Episode ``k`` of the run (its canonical index) as the runner starts it."""
@@ -674,6 +667,21 @@ class Evaluator:
             path = unused_path(folder, stem, ".gif")
             write_video(path, kept.frames)
         return str(path.relative_to(self.out_dir))
+
+
+def run_eval_command(config: EvalConfig, out: str | Path) -> int:
+    """``cosmos3-gym eval``: checks, the evaluation, then its summary table."""
+    from cosmos3_gym.eval.results import format_table
+
+    config.resolve_runtime()  # a device that is not there: one error, before anything runs
+    evaluator = Evaluator(config, out)
+    results = evaluator.run()
+    if results is not None:
+        if evaluator.already_complete:
+            print(f"{out} is complete: its {results['episodes']} episodes were recorded before, "
+                  "nothing to run. Its results:")
+        print(format_table(results))
+    return 0
 
 
 def evaluate(

@@ -248,8 +248,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated names of the runs in the plot (default: the "
                              "folder names)")
     parser.add_argument("--out", default=None,
-                        help="where to write the plot, as FILE.png (an .svg is written beside "
-                             "it); default RUN_DIR/results.png for one run, needed for several")
+                        help="where the command writes its results; the plot, as FILE.png (an "
+                             ".svg is written beside it); default RUN_DIR/results.png for one "
+                             "run, needed for several")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,29 +2,75 @@
 
 The collection, its format and its resume are the library's
 (:func:`cosmos3_gym.runner.collect_rollouts`, :mod:`cosmos3_gym.runner.rollouts`); this module
-turns the command's arguments into the env, the pipeline and the policy, checks them before the
-model loads, and prints what was written.
+turns the command's settings (:class:`RolloutConfig`) into the env, the pipeline and the policy,
+checks them before the model loads, and prints what was written.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import dataclasses
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from cosmos3_gym.devices import PRECISIONS
 from cosmos3_gym.jsonio import read_json_object
+from cosmos3_gym.pipeline.sampling import SamplerConfig
 from cosmos3_gym.runner import RunFolder, RunMismatch, load_rollouts
 from cosmos3_gym.runner.folder import identity_differences
 from cosmos3_gym.runner.rollouts import META, PROGRESS, read_state
+from cosmos3_gym.settings import (
+    EnvSettings,
+    ModelSettings,
+    RuntimeSettings,
+    positive_int,
+    setting,
+)
 
-# Command-line settings that do not change which rollouts a folder holds (where the model
-# runs, how the run shows its progress, the folder's own name).
-NOT_IDENTITY = ("no_progress", "command", "device", "out", "overlap", "env_timeout")
+# Settings that do not change which rollouts a folder holds (where and how fast the model
+# and the envs run, how the run shows its progress).
+RUN_ONLY = ("device", "progress", "overlap", "env_timeout", "async_envs")
 
 
-def rollout_command_identity(args: Any) -> dict[str, Any]:
-    """The command's settings that decide the rollouts (stored in the folder's provenance)."""
-    return {k: v for k, v in sorted(vars(args).items()) if k not in NOT_IDENTITY}
+@dataclass
+class RolloutConfig(ModelSettings, RuntimeSettings, EnvSettings):
+    """Every knob of ``cosmos3-gym rollout`` (its options are generated from these fields)."""
+
+    env_steps: int = setting(
+        256, "vector env steps to collect; every slot takes this many steps", group="rollout",
+        parse=positive_int)
+    shard_steps: int = setting(256, "steps per .npz shard", group="rollout", parse=positive_int)
+    seed: int = setting(
+        0, "the run's root seed; the episodes' env seeds and the chunks' noise derive from it",
+        group="rollout", parse=int)
+    n_action_steps: int | None = setting(
+        None, "actions executed per chunk before replanning; default: the whole chunk (a "
+        "stochastic sampler's log-probability covers these)", group="rollout",
+        parse=positive_int)
+    format: str = setting(
+        "npz", "what is written: npz shards, or lerobot: the shards and, in OUT/lerobot, their "
+        "finished episodes as a LeRobot dataset (needs LeRobot)", group="rollout",
+        choices=("npz", "lerobot"))
+    sampling: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
+
+    def __post_init__(self) -> None:
+        self.check_model_source()
+        if isinstance(self.sampling, dict):  # a config file's nested block
+            self.sampling = SamplerConfig(**self.sampling)
+        if self.sampling.noise is None:
+            self.sampling = self.sampling.with_changes(noise="per_chunk")
+        for name in ("env_steps", "shard_steps", "num_envs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer of at least 1; found {value!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}; found {self.precision!r}")
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that decide the rollouts (the folder's ``rollout.json`` keeps them)."""
+        flat = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in (*RUN_ONLY, "sampling")}
+        return {**flat, **dataclasses.asdict(self.sampling)}
 
 
 def check_rollout_folder(out: Path, command: dict[str, Any]) -> None:
@@ -43,59 +89,53 @@ def check_rollout_folder(out: Path, command: dict[str, Any]) -> None:
                               "settings")
 
 
-def run_rollout_command(args: Any) -> Path:
+def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
     """``cosmos3-gym rollout``: the env, the policy, then :func:`collect_rollouts`."""
-    from cosmos3_gym.devices import resolve_device, resolve_dtype
     from cosmos3_gym.envs import make_eval_env
-    from cosmos3_gym.eval.synthetic import synthetic_adapter, synthetic_pipeline, view_size
     from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions
     from cosmos3_gym.policy import VectorPolicy, get_adapter
     from cosmos3_gym.policy.adapters import with_action_map
     from cosmos3_gym.runner import collect_rollouts
+    from cosmos3_gym.synthetic import synthetic_adapter, synthetic_pipeline, view_size
 
-    out = Path(args.out)
-    # The run's identity; checked against the folder before the env and the model load (any
-    # GPU gives the same rollouts, so --device is not part of it; --dtype is).
-    command = rollout_command_identity(args)
-    if args.synthetic is None:
+    cfg, out = config, Path(out)
+    # The run's identity; checked against the folder before the env and the model load.
+    command = cfg.identity()
+    device, dtype, fp8 = cfg.resolve_runtime()
+    if cfg.synthetic is None:
         from cosmos3_gym.checkpoint import check_files, resolve_checkpoint
 
-        check_files(resolve_checkpoint(args.checkpoint))
+        check_files(resolve_checkpoint(cfg.checkpoint))
     check_rollout_folder(out, command)
-    image_size = view_size(args.env, args.synthetic, args.image_size)
-    eval_env = make_eval_env(args.env, suite=args.suite, tasks=args.tasks,
-                             image_size=image_size, max_episode_steps=args.max_episode_steps,
-                             step_budget=args.step_budget, prompt=args.prompt,
-                             import_modules=args.import_modules, env_kwargs=args.env_kwargs,
-                             success_key=args.success_key)
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    options = InferenceOptions(fp8=getattr(args, "precision", "bf16") == "fp8")
-    if args.synthetic is not None:
-        pipeline = synthetic_pipeline(args.synthetic, device=device, dtype=dtype, options=options,
+    image_size = view_size(cfg.env, cfg.synthetic, cfg.image_size)
+    eval_env = make_eval_env(cfg.env, suite=cfg.suite, tasks=cfg.tasks,
+                             image_size=image_size, max_episode_steps=cfg.max_episode_steps,
+                             step_budget=cfg.step_budget, prompt=cfg.prompt,
+                             import_modules=cfg.import_modules, env_kwargs=cfg.env_kwargs,
+                             success_key=cfg.success_key)
+    options = InferenceOptions(fp8=fp8)
+    if cfg.synthetic is not None:
+        pipeline = synthetic_pipeline(cfg.synthetic, device=device, dtype=dtype, options=options,
                                       eval_env=eval_env)
         adapter = synthetic_adapter(eval_env)
     else:
         pipeline = Cosmos3ActionPipeline.from_pretrained(
-            args.checkpoint, domain=args.domain, action_stats=args.action_stats, device=device,
-            dtype=dtype, options=options)
+            cfg.checkpoint, domain=cfg.domain, recipe=cfg.recipe, action_stats=cfg.action_stats,
+            device=device, dtype=dtype, options=options)
         adapter = get_adapter(eval_env.adapter)
-    adapter = with_action_map(adapter, args.action_map, eval_env.single_action_space())
-    policy = VectorPolicy(pipeline, adapter=adapter,
-                          n_action_steps=args.n_action_steps, seed=args.seed,
-                          stochastic=not args.deterministic,
-                          num_inference_steps=args.num_inference_steps,
-                          sampler=args.sampler, noise_level=args.noise_level,
-                          sde_steps=args.sde_steps)
+    adapter = with_action_map(adapter, cfg.action_map, eval_env.single_action_space())
+    policy = VectorPolicy(pipeline, adapter=adapter, n_action_steps=cfg.n_action_steps,
+                          seed=cfg.seed, sampling=cfg.sampling)
     runtime = {"device": str(device), "dtype": str(dtype).removeprefix("torch."),
-               "synthetic": args.synthetic, "options": asdict(pipeline.options)}
-    out = collect_rollouts(policy, eval_env, args.steps, out, num_envs=args.num_envs,
-                           async_envs=args.async_envs, seed=args.seed,
-                           shard_steps=args.shard_steps, progress=not args.no_progress,
-                           overlap=getattr(args, "overlap", False),
-                           provenance={"command": command, "checkpoint": args.checkpoint,
-                                       "runtime": runtime})
-    if getattr(args, "format", "npz") == "lerobot":
+               "synthetic": cfg.synthetic, "options": asdict(pipeline.options)}
+    out = collect_rollouts(policy, eval_env, cfg.env_steps, out, num_envs=cfg.num_envs,
+                           async_envs=cfg.async_envs, seed=cfg.seed,
+                           shard_steps=cfg.shard_steps, progress=cfg.progress,
+                           overlap=cfg.overlap, env_timeout=cfg.env_timeout,
+                           provenance={"command": command, "checkpoint": cfg.checkpoint,
+                                       "runtime": runtime},
+                           session=asdict(cfg))
+    if cfg.format == "lerobot":
         from cosmos3_gym.integrations.lerobot_dataset import write_lerobot_dataset
 
         envs = eval_env.make(1, False)

@@ -15,6 +15,7 @@ from gymnasium.vector import AutoresetMode
 from cosmos3_gym.envs import ColorReachEval, make_color_reach_vector_env
 from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
 from cosmos3_gym.eval.results import read_episode_records
+from cosmos3_gym.pipeline import SamplerConfig
 from cosmos3_gym.policy import VectorPolicy
 from cosmos3_gym.runner import collect_on_policy, collect_rollouts, load_rollouts
 
@@ -93,7 +94,8 @@ def test_evaluator_executes_the_first_k_rows_of_each_chunk(checkpoint: Path, pip
                                  max_episode_steps=STEPS)
     config = EvalConfig(checkpoint=str(checkpoint), tasks=["red", "green", "blue"], trials=2,
                         num_envs=2, seed=3, image_size=32, max_episode_steps=STEPS,
-                        num_inference_steps=2, n_action_steps=k, progress=False)
+                        sampling=SamplerConfig(num_inference_steps=2), n_action_steps=k,
+                        progress=False)
     evaluate(config, tmp_path, pipeline=_CodedChunks(pipeline), eval_env=eval_env)
     per_chunk = k or horizon
     records = read_episode_records(tmp_path)

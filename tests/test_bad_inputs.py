@@ -21,7 +21,7 @@ from cosmos3_gym.tiny import COLOR_REACH_POLICY, tiny_action_stats, write_tiny_c
 def eval_args(checkpoint: Path, out: Path, *extra: str) -> list[str]:
     return ["eval", "--checkpoint", str(checkpoint), "--tasks", "red", "--trials", "1",
             "--num-envs", "1", "--image-size", "32", "--max-episode-steps", "3",
-            "--num-inference-steps", "2", "--no-progress", "--out", str(out), *extra]
+            "--denoising-steps", "2", "--no-progress", "--out", str(out), *extra]
 
 
 def refused(capsys, argv: list[str], *, code: int = 2) -> str:

@@ -127,7 +127,7 @@ def test_cli_evaluates_a_bare_diffusers_folder_by_domain(diffusers_folder, tmp_p
     root, _ = diffusers_folder
     common = ["eval", "--checkpoint", str(root), "--tasks", "red", "--trials", "1",
               "--num-envs", "1", "--image-size", "32", "--max-episode-steps", "3",
-              "--num-inference-steps", "1", "--no-progress"]
+              "--denoising-steps", "1", "--no-progress"]
     # Without --domain: one error line that lists the choices, before any episode runs.
     with pytest.raises(SystemExit) as exit_info:
         main([*common, "--out", str(tmp_path / "no_domain")])

@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 from cosmos3_gym.envs import libero_max_episode_steps
 
 ROOT = Path(__file__).resolve().parent.parent

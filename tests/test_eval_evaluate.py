@@ -16,7 +16,7 @@ import pytest
 from cosmos3_gym.envs import ColorReachEnv, ColorReachEval, EpisodeEndHold, derive_seed
 from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
 from cosmos3_gym.eval.results import read_episode_records
-from cosmos3_gym.pipeline import Cosmos3ActionPipeline
+from cosmos3_gym.pipeline import Cosmos3ActionPipeline, SamplerConfig
 from cosmos3_gym.tiny import write_tiny_checkpoint
 
 # What an episode is, independent of where and when it ran.
@@ -27,7 +27,8 @@ TASKS = ["red", "green", "blue"]
 
 def small_config(checkpoint: Path, **overrides) -> EvalConfig:
     fields = dict(checkpoint=str(checkpoint), tasks=TASKS, trials=2, num_envs=3, seed=7,
-                  image_size=32, max_episode_steps=6, num_inference_steps=2, progress=False)
+                  image_size=32, max_episode_steps=6,
+                  sampling=SamplerConfig(num_inference_steps=2), progress=False)
     return EvalConfig(**{**fields, **overrides})
 
 
@@ -122,7 +123,7 @@ def test_killed_run_resumes_without_losing_or_repeating(
 ) -> None:
     args = ["eval", "--checkpoint", str(checkpoint), "--tasks", ",".join(TASKS), "--trials", "2",
             "--num-envs", "1", "--seed", "7", "--image-size", "32", "--max-episode-steps", "6",
-            "--num-inference-steps", "2", "--no-progress", "--out", str(tmp_path)]
+            "--denoising-steps", "2", "--no-progress", "--out", str(tmp_path)]
     log = tmp_path / "episodes.jsonl"
     proc = subprocess.Popen(
         [sys.executable, "-c", _CLI_THAT_BLOCKS_AFTER_TWO_EPISODES, str(log), *args],
@@ -501,7 +502,7 @@ def test_two_runs_of_a_libero_eval_command_record_identical_episodes(
     checkpoint = write_tiny_checkpoint(tmp_path / "ckpt")  # LIBERO-like 10-D head
     command = ["eval", "--checkpoint", str(checkpoint), "--env", "libero",
                "--suite", "libero_spatial", "--tasks", "0", "--trials", "2", "--num-envs", "2",
-               "--image-size", "64", "--max-episode-steps", "3", "--num-inference-steps", "1",
+               "--image-size", "64", "--max-episode-steps", "3", "--denoising-steps", "1",
                "--no-progress"]
     assert main([*command, "--out", str(tmp_path / "first")]) == 0
     summary = capsys.readouterr().out

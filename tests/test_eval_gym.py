@@ -10,7 +10,7 @@ import pytest
 
 from cosmos3_gym.envs.families import GymEval, make_eval_env
 from cosmos3_gym.eval.cli import main
-from cosmos3_gym.eval.synthetic import synthetic_policy
+from cosmos3_gym.synthetic import synthetic_policy
 from cosmos3_gym.tiny import write_tiny_checkpoint
 
 pytestmark = pytest.mark.gym
@@ -114,7 +114,7 @@ def test_rollouts_collect_from_a_gym_env_with_its_prompt(tmp_path) -> None:
 
     out = tmp_path / "roll"
     assert main(["rollout", *PUSHT, "--prompt", "push the T", "--synthetic", "tiny",
-                 "--action-map", "box", "--max-episode-steps", "3", "--steps", "4",
+                 "--action-map", "box", "--max-episode-steps", "3", "--env-steps", "4",
                  "--num-envs", "2", "--no-progress", "--out", str(out)]) == 0
     data = load_rollouts(out)
     assert data["actions"].shape == (4, 2, 2) and set(data["prompts"].ravel()) == {"push the T"}

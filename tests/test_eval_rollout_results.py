@@ -82,7 +82,7 @@ def test_libero_rollout_command_saves_dict_observations_and_both_tasks(tmp_path)
     out = tmp_path / "rollouts"
     assert main(["rollout", "--checkpoint", str(checkpoint), "--env", "libero",
                  "--suite", "libero_spatial", "--tasks", "0,1", "--num-envs", "2",
-                 "--async-envs", "--steps", "3", "--num-inference-steps", "1",
+                 "--async-envs", "--env-steps", "3", "--denoising-steps", "1",
                  "--no-progress", "--out", str(out)]) == 0
     data = load_rollouts(out)
     assert data["obs.agentview_image"].shape == (3, 2, 256, 256, 3)
@@ -94,9 +94,9 @@ def test_libero_rollout_command_saves_dict_observations_and_both_tasks(tmp_path)
 def _rollout(out: Path, checkpoint: Path, *extra: str) -> int:
     from cosmos3_gym.eval.cli import main
 
-    return main(["rollout", "--checkpoint", str(checkpoint), "--steps", "9", "--shard-steps",
+    return main(["rollout", "--checkpoint", str(checkpoint), "--env-steps", "9", "--shard-steps",
                  "3", "--num-envs", "2", "--image-size", "32", "--max-episode-steps", "2",
-                 "--num-inference-steps", "2", "--no-progress", "--out", str(out), *extra])
+                 "--denoising-steps", "2", "--no-progress", "--out", str(out), *extra])
 
 
 def test_rollout_command_rotates_tasks_and_records_provenance(checkpoint: Path,
@@ -108,7 +108,7 @@ def test_rollout_command_rotates_tasks_and_records_provenance(checkpoint: Path,
     assert meta["schema_version"] == 3 and len(meta["shards"]) == 3
     prov = meta["provenance"]
     assert prov["checkpoint"] == str(checkpoint) and len(prov["weights_sha256_16"]) == 16
-    assert prov["policy"]["sampler"] == "flow_sde" and prov["raw_action_dim"] == 2
+    assert prov["policy"]["sampling"]["sampler"] == "flow_sde" and prov["raw_action_dim"] == 2
     assert prov["env"]["tasks"] == ["red", "green", "blue", "yellow"]
     assert prov["packages"]["torch"] and prov["seed"] == 0
     # Episodes of 2 steps on 2 slots for 9 steps: the 4 tasks in turn, each recorded.

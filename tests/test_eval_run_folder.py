@@ -21,6 +21,7 @@ from cosmos3_gym.envs import ColorReachEnv, ColorReachEval, EpisodeEndHold, deri
 from cosmos3_gym.eval.cli import main
 from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
 from cosmos3_gym.eval.results import read_episode_records
+from cosmos3_gym.pipeline import SamplerConfig
 
 TASKS = ["red", "green", "blue"]
 
@@ -28,7 +29,7 @@ TASKS = ["red", "green", "blue"]
 def eval_args(checkpoint: Path | str, out: Path, *extra: str) -> list[str]:
     return ["eval", "--checkpoint", str(checkpoint), "--tasks", ",".join(TASKS), "--trials", "2",
             "--num-envs", "2", "--seed", "7", "--image-size", "32", "--max-episode-steps", "6",
-            "--num-inference-steps", "2", "--no-progress", "--out", str(out), *extra]
+            "--denoising-steps", "2", "--no-progress", "--out", str(out), *extra]
 
 
 def episodes(out: Path) -> dict:
@@ -219,8 +220,9 @@ def test_a_broken_episode_does_not_fail_its_healthy_batch_mates(
     checkpoint: Path, pipeline, reference: Path, tmp_path: Path, async_envs: bool
 ) -> None:
     config = EvalConfig(checkpoint=str(checkpoint), tasks=TASKS, trials=2, num_envs=2, seed=7,
-                        image_size=32, max_episode_steps=6, num_inference_steps=2,
-                        async_envs=async_envs, env_timeout=86400.0, progress=False)
+                        image_size=32, max_episode_steps=6,
+                        sampling=SamplerConfig(num_inference_steps=2), async_envs=async_envs,
+                        env_timeout=86400.0, progress=False)
     out = tmp_path / "out"
     results = evaluate(config, out, pipeline=pipeline,
                        eval_env=_BrokenGreenEval(TASKS, image_size=32, max_episode_steps=6))

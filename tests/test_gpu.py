@@ -310,7 +310,7 @@ def test_synthetic_eval_on_gpu_runs_the_fast_path(tmp_path) -> None:
 
     out = tmp_path / "eval"
     assert main(["eval", "--synthetic", "tiny", "--trials", "1", "--num-envs", "4",
-                 "--num-inference-steps", "2", "--max-episode-steps", "6", "--no-progress",
+                 "--denoising-steps", "2", "--max-episode-steps", "6", "--no-progress",
                  "--out", str(out)]) == 0
     t = json.loads((out / "results.json").read_text())["throughput"]
     assert t["devices"] == ["cuda:0"] and t["dtypes"] == ["bfloat16"] and t["gpus"]

@@ -19,7 +19,7 @@ def test_the_eval_stage_and_the_summary_run_at_cpu_size(tmp_path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "PRESET": "tiny", "DEVICE": "cpu", "SKIP_INSTALL": "1",
            "EVAL_BATCHES": "2", "STEPS": "1", "OUT": str(out), "RUNS": str(tmp_path / "runs"),
-           "PYTHON": sys.executable}
+           "PYTHON": sys.executable, "TIMEOUT_SCALE": "5"}
     done = subprocess.run(["bash", "scripts/gpu_session.sh", "eval", "summary"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -28,9 +28,13 @@ def test_the_eval_stage_and_the_summary_run_at_cpu_size(tmp_path) -> None:
     assert run["complete"] and run["episodes"] == 8  # 2 trials of each of the 4 colours
     t = run["throughput"]
     assert t["synthetic"] == "tiny" and t["devices"] == ["cpu"] and t["pipeline_s"] > 0
+    overlapped = loop["runs"]["2_overlap"]
+    assert overlapped["complete"] and overlapped["identical_episodes"] is True
+    assert overlapped["throughput"]["overlap"] is True
     summary = (out / "summary.txt").read_text()
     assert done.stdout.endswith(summary)  # stage lines, then the summary
     assert "eval --synthetic tiny on ColorReach" in summary and "B=2" in summary
+    assert "B=2 with --overlap" in summary and "the same episodes: yes" in summary
     assert "episodes/h" in summary and "LIBERO bench (tiny): no result" in summary
     assert sorted(p.name for p in out.iterdir()) == [
         "eval_loop_tiny.json", "log.txt", "summary.txt"]  # the eval folders stay outside OUT
@@ -43,7 +47,7 @@ def test_the_fp8_stage_runs_at_cpu_size(tmp_path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "PRESET": "tiny", "DEVICE": "cpu", "SKIP_INSTALL": "1", "STEPS": "1",
            "FP8_BATCH": "2", "OUT": str(out), "RUNS": str(tmp_path / "runs"),
-           "PYTHON": sys.executable}
+           "PYTHON": sys.executable, "TIMEOUT_SCALE": "5"}
     done = subprocess.run(["bash", "scripts/gpu_session.sh", "fp8", "summary"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -64,10 +68,11 @@ def test_the_stage_timeouts_fit_the_device_budget() -> None:
     import re
 
     script = (ROOT / "scripts" / "gpu_session.sh").read_text()
-    fixed = [int(t) for t in re.findall(r"^\s*timeout (\d+) ", script, flags=re.M)]
+    fixed = [int(t) for t in re.findall(r'^\s*timeout "\$\(t (\d+)\)" ', script, flags=re.M)]
     batches = re.search(r'EVAL_BATCHES="\$\{EVAL_BATCHES:-([\d ]+)\}"', script).group(1).split()
-    per_batch = re.search(r"timeout \$\(\( (\d+) \+ b \)\)", script).group(1)
-    total = sum(fixed) + sum(int(per_batch) + int(b) for b in batches)
+    per_run = [int(t) for t in re.findall(r"limit=\$\(\( (\d+) \+ b \)\)", script)]
+    assert len(per_run) == 2  # the plain run and the overlapped one, per batch size
+    total = sum(fixed) + sum(t + int(b) for t in per_run for b in batches)
     assert total <= 560, (fixed, batches, total)
     assert f"= {total} s at most" in script  # the header states the sum
 
@@ -78,7 +83,8 @@ def test_the_droid_stage_runs_the_released_recipes_at_cpu_size(tmp_path) -> None
     row, FP8 beside bf16 for each, in one file, and their summary lines."""
     out = tmp_path / "out"
     env = {**os.environ, "PRESET": "tiny", "DEVICE": "cpu", "SKIP_INSTALL": "1", "STEPS": "1",
-           "OUT": str(out), "RUNS": str(tmp_path / "runs"), "PYTHON": sys.executable}
+           "OUT": str(out), "RUNS": str(tmp_path / "runs"), "PYTHON": sys.executable,
+           "TIMEOUT_SCALE": "5"}
     done = subprocess.run(["bash", "scripts/gpu_session.sh", "droid", "summary"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

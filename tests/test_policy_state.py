@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from cosmos3_gym import Cosmos3ActionPipeline, VectorPolicy
+from cosmos3_gym.pipeline import SamplerConfig
 from cosmos3_gym.policy import (
     ChunkPlanner,
     DroidAdapter,
@@ -41,7 +42,8 @@ ADAPTER = GenericAdapter(image_key="image", state_key="state")
 def test_the_planner_reads_the_state_through_the_adapter_and_records_it(pipe) -> None:
     assert pipeline_state_rows(pipe) == 1
     obs = _obs()
-    planner = ChunkPlanner(pipe, ADAPTER, SeedRule.fixed(3), num_inference_steps=STEPS)
+    planner = ChunkPlanner(pipe, ADAPTER, SeedRule.fixed(3),
+                           sampling=SamplerConfig(num_inference_steps=STEPS))
     record = planner.plan(obs, np.arange(3), PROMPTS, [0, 0, 0], [0, 0, 0])
     np.testing.assert_array_equal(record.state, obs["state"][:, None, :])
     direct = pipe(obs["image"], PROMPTS, state=obs["state"][:, None, :], seed=3,
@@ -54,11 +56,11 @@ def test_vector_policy_replans_a_subset_with_its_own_states(pipe) -> None:
     """B=1 equality and batch invariance with the state rows: an env's chunk does not depend
     on which other envs replan with it."""
     obs = _obs(seed=1)
-    policy = VectorPolicy(pipe, adapter=ADAPTER, seed=2, stochastic=False,
+    policy = VectorPolicy(pipe, adapter=ADAPTER, seed=2, noise="fixed",
                           num_inference_steps=STEPS)
     together = policy(obs, PROMPTS)
     for i in range(3):
-        single = VectorPolicy(pipe, adapter=ADAPTER, seed=2, stochastic=False,
+        single = VectorPolicy(pipe, adapter=ADAPTER, seed=2, noise="fixed",
                               num_inference_steps=STEPS)
         alone = single({k: v[i : i + 1] for k, v in obs.items()}, PROMPTS[i])
         np.testing.assert_allclose(together[i], alone[0], rtol=1e-5, atol=1e-5)

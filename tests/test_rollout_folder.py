@@ -23,9 +23,9 @@ from cosmos3_gym.runner import load_rollouts, stochastic_record
 
 
 def rollout_args(checkpoint: Path, out: Path, *extra: str) -> list[str]:
-    return ["rollout", "--checkpoint", str(checkpoint), "--steps", "24", "--num-envs", "2",
+    return ["rollout", "--checkpoint", str(checkpoint), "--env-steps", "24", "--num-envs", "2",
             "--shard-steps", "5", "--image-size", "32", "--max-episode-steps", "4",
-            "--num-inference-steps", "2", "--no-progress", "--out", str(out), *extra]
+            "--denoising-steps", "2", "--no-progress", "--out", str(out), *extra]
 
 
 def check_links(data: dict) -> None:

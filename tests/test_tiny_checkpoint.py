@@ -174,7 +174,7 @@ def test_training_progress_shows_its_loss_and_changes_nothing(tmp_path: Path, ca
 
 def test_train_command_writes_a_loadable_checkpoint(tmp_path: Path, capsys) -> None:
     out = tmp_path / "ckpt"
-    argv = ["--out", str(out), "--seed", "1", "--episodes", "1", "--steps", "2",
+    argv = ["--out", str(out), "--seed", "1", "--episodes", "1", "--train-steps", "2",
             "--batch-size", "2", "--hidden-size", "64", "--head-dim", "16",
             "--intermediate-size", "64", "--warmup-steps", "1", "--log-every", "1",
             "--vae-steps", "1", "--vae-batch-size", "2", "--vae-holdout-episodes", "1"]

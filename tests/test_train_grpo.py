@@ -59,10 +59,10 @@ def onpolicy_policy(pipe):
 
 
 def test_grpo_command_writes_its_curve_and_checkpoint(checkpoint: Path, tmp_path: Path) -> None:
-    from cosmos3_gym.train import main
+    from cosmos3_gym.eval.cli import main
 
     out = tmp_path / "grpo"
-    assert main(["--rl", "grpo", "--init", str(checkpoint), "--out", str(out), "--iterations",
+    assert main(["rl", "grpo", "--init", str(checkpoint), "--out", str(out), "--iterations",
                  "1", "--groups", "1", "--group-size", "2", "--eval-episodes", "4",
                  "--eval-envs", "4", "--no-progress"]) == 0
     curve = json.loads((out / "curve.json").read_text())
@@ -73,7 +73,7 @@ def test_grpo_command_writes_its_curve_and_checkpoint(checkpoint: Path, tmp_path
 
 
 def test_grpo_without_a_starting_checkpoint_says_how_to_make_one(tmp_path: Path) -> None:
-    from cosmos3_gym.train import main
+    from cosmos3_gym.train.grpo import GRPOConfig, run_grpo
 
     with pytest.raises(FileNotFoundError, match="cosmos3-gym train --out"):
-        main(["--rl", "grpo", "--init", str(tmp_path / "none"), "--out", str(tmp_path / "o")])
+        run_grpo(GRPOConfig(init=str(tmp_path / "none"), out=str(tmp_path / "o")))

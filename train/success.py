@@ -58,7 +58,7 @@ def evaluate_success(
     if episodes % num_envs:
         raise ValueError(f"episodes ({episodes}) must be a multiple of num_envs ({num_envs})")
     env_kwargs = {"image_size": image_size, **(env_kwargs or {})}
-    if policy_kwargs.pop("stochastic", True):
+    if policy_kwargs.get("noise") != "fixed":
         rule = SeedRule(lambda env, k, c: chunk_seed(seed, k % num_envs, k // num_envs, c))
     else:
         rule = SeedRule.fixed(seed)

@@ -27,12 +27,13 @@ policy's surface, its per-env episode counters, and :class:`PolicyFeed`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from cosmos3_gym.pipeline.sampling import SamplerConfig
 from cosmos3_gym.policy.adapters import (
     Adapter,
     adapter_for_domain,
@@ -47,7 +48,6 @@ from cosmos3_gym.policy.observations import (
     to_numpy,
 )
 from cosmos3_gym.policy.planner import (
-    DETERMINISTIC_SAMPLER,
     ChunkPlanner,
     ChunkRecord,
     SeedRule,
@@ -67,24 +67,14 @@ class VectorPolicyConfig:
     n_action_steps: int | None = None
     # Root of every env's noise seeds, so a run is reproducible from one integer.
     seed: int = 0
-    # True: fresh noise per (env, episode, chunk), as RL exploration and unbiased success rates
-    # need. False: every chunk starts from the noise of `seed` itself, so a chunk is a function
-    # of (image, prompt) alone, like the official server (seed 0 for every request).
-    stochastic: bool = True
-    # Sampler settings forwarded to the pipeline; None keeps the pipeline's own defaults.
-    num_inference_steps: int | None = None
-    guidance_scale: float | None = None
-    flow_shift: float | None = None
+    # How every chunk is denoised, and the noise rule: "per_chunk" (the default) draws fresh
+    # noise per (env, episode, chunk), as RL exploration and unbiased success rates need;
+    # "fixed" starts every chunk from the noise of `seed` itself, so a chunk is a function of
+    # (image, prompt) alone, like the official server (seed 0 for every request). A stochastic
+    # sampler's chunks record their log-probability over the n_action_steps executed actions.
+    sampling: SamplerConfig = field(default_factory=SamplerConfig)
     # A progress bar per pipeline call is noise inside a step loop.
     progress: bool = False
-    # RL: "flow_sde" / "flow_cps" sample the action tokens with Gaussian steps whose
-    # log-probability (over the n_action_steps executed actions) each ChunkRecord carries
-    # (record.sde); "flow_unipc", the default, is the deterministic sampler.
-    sampler: str = DETERMINISTIC_SAMPLER
-    # The stochastic steps' noise level (RLinf's default 0.5) and which steps are stochastic:
-    # "random" (one per chunk, from its seed), "all", or step indices.
-    noise_level: float = 0.5
-    sde_steps: str | tuple[int, ...] = "random"
     # "raise": a chunk with a non-finite action is a ValueError (nothing changes). "return":
     # such chunks are queued and returned as they are, for a caller that ends the episode
     # itself (the episode runner records it as a failed episode, never sends it to an env).
@@ -95,13 +85,17 @@ class VectorPolicyConfig:
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"n_action_steps must be a positive int or None; found {n!r}")
         check_seed(self.seed)
+        if not isinstance(self.sampling, SamplerConfig):
+            raise TypeError(f"sampling must be a SamplerConfig; found "
+                            f"{type(self.sampling).__name__}")
         if self.nonfinite_actions not in ("raise", "return"):
             raise ValueError(f"nonfinite_actions must be 'raise' or 'return'; found "
                              f"{self.nonfinite_actions!r}")
-        if self.sampler != DETERMINISTIC_SAMPLER:  # the pipeline's own check, before any call
+        if self.sampling.stochastic:  # the pipeline's own check, before any call
             from cosmos3_gym.pipeline.sde import stochastic_sampling
 
-            stochastic_sampling(self.sampler, self.noise_level, self.sde_steps, n)
+            s = self.sampling
+            stochastic_sampling(s.sampler, s.noise_level, s.sde_steps, n)
 
 
 class VectorPolicy:
@@ -168,39 +162,33 @@ class VectorPolicy:
         n_action_steps: int | None = None,
         seed: int = 0,
         *,
-        stochastic: bool = True,
-        num_inference_steps: int | None = None,
-        guidance_scale: float | None = None,
-        flow_shift: float | None = None,
+        sampling: SamplerConfig | None = None,
         progress: bool = False,
-        sampler: str = DETERMINISTIC_SAMPLER,
-        noise_level: float = 0.5,
-        sde_steps: str | Sequence[int] = "random",
         seed_rule: SeedRule | None = None,
         nonfinite_actions: str = "raise",
+        **sampler_settings: Any,
     ) -> None:
         if not callable(pipeline):
             raise TypeError(
                 f"pipeline must be callable like Cosmos3ActionPipeline; found {pipeline!r}"
             )
+        known = {f.name for f in fields(SamplerConfig)}
+        unknown = sorted(set(sampler_settings) - known)
+        if unknown:
+            raise TypeError(f"VectorPolicy got unknown settings {unknown}; the sampler's are "
+                            f"{sorted(known)} (SamplerConfig)")
         self.pipeline = pipeline
         self.adapter = get_adapter(adapter)
         self.config = VectorPolicyConfig(
             n_action_steps=n_action_steps,
             seed=seed,
-            stochastic=bool(stochastic),
-            num_inference_steps=num_inference_steps,
-            guidance_scale=guidance_scale,
-            flow_shift=flow_shift,
+            sampling=replace(sampling or SamplerConfig(), **sampler_settings),
             progress=progress,
-            sampler=sampler,
-            noise_level=noise_level,
-            sde_steps=sde_steps if isinstance(sde_steps, str) else tuple(sde_steps),
             nonfinite_actions=nonfinite_actions,
         )
         if seed_rule is not None and not isinstance(seed_rule, SeedRule):
             raise TypeError(f"seed_rule must be a SeedRule; found {type(seed_rule).__name__}")
-        # None: the rule follows config.seed and config.stochastic (see `planner`).
+        # None: the rule follows config.seed and the sampling's noise rule (see `planner`).
         self._seed_rule = seed_rule
         horizon = getattr(pipeline, "action_horizon", None)
         self._horizon: int | None = int(horizon) if isinstance(horizon, (int, np.integer)) else None
@@ -225,36 +213,34 @@ class VectorPolicy:
         return self.config.n_action_steps or self._horizon
 
     @property
-    def stochastic(self) -> bool:
-        """Sampling mode; switch it between RL collection (True) and evaluation (False)."""
-        return self.config.stochastic
+    def sampling(self) -> SamplerConfig:
+        """How chunks are denoised, and their noise rule (``config.sampling``); assign a
+        :class:`~cosmos3_gym.pipeline.SamplerConfig` to switch it, e.g. between RL collection
+        (``flow_sde``, ``per_chunk``) and an evaluation like the official server's (``fixed``)."""
+        return self.config.sampling
 
-    @stochastic.setter
-    def stochastic(self, value: bool) -> None:
-        self.config = replace(self.config, stochastic=bool(value))
+    @sampling.setter
+    def sampling(self, value: SamplerConfig) -> None:
+        self.config = replace(self.config, sampling=value)
 
     @property
     def seed_rule(self) -> SeedRule:
         """How each chunk's noise seed follows from ``(env, episode, chunk)``: the rule given to
-        the constructor, else per chunk from ``seed`` when stochastic, ``seed`` for every chunk
-        otherwise."""
+        the constructor, else per chunk from ``seed`` under the ``per_chunk`` noise rule,
+        ``seed`` for every chunk under ``fixed``."""
         if self._seed_rule is not None:
             return self._seed_rule
         cfg = self.config
-        return SeedRule.per_chunk(cfg.seed) if cfg.stochastic else SeedRule.fixed(cfg.seed)
+        fresh = cfg.sampling.fresh_noise
+        return SeedRule.per_chunk(cfg.seed) if fresh else SeedRule.fixed(cfg.seed)
 
     @property
     def planner(self) -> ChunkPlanner:
         """The :class:`~cosmos3_gym.policy.ChunkPlanner` under the current config and
         :attr:`seed_rule`."""
         cfg = self.config
-        rule = self.seed_rule
-        return ChunkPlanner(
-            self.pipeline, self.adapter, rule, num_inference_steps=cfg.num_inference_steps,
-            guidance_scale=cfg.guidance_scale, flow_shift=cfg.flow_shift, progress=cfg.progress,
-            sampler=cfg.sampler, noise_level=cfg.noise_level, sde_steps=cfg.sde_steps,
-            executed_actions=cfg.n_action_steps,
-        )
+        return ChunkPlanner(self.pipeline, self.adapter, self.seed_rule, sampling=cfg.sampling,
+                            progress=cfg.progress, executed_actions=cfg.n_action_steps)
 
     def clone(self, *, seed_rule: SeedRule | None = None) -> VectorPolicy:
         """A policy with this one's pipeline, adapter and config and fresh per-env state (no

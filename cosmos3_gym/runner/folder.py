@@ -169,7 +169,8 @@ class RunFolder:
              extra: dict[str, Any] | None = None,
              replaced: Callable[[], Iterable[Path]] = tuple,
              what: str = "a different run",
-             defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+             upgrade: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+             ) -> dict[str, Any]:
         """Bind the folder to ``identity``, stored under the key ``identity`` of file ``name``
         (with ``extra`` beside it); returns the stored document.
 
@@ -177,8 +178,9 @@ class RunFolder:
         (:class:`RunMismatch` listing the differences; ``what`` names the stored run in it).
         Unbound, a different stored identity belongs to an attempt that recorded nothing (a
         failed start): it is replaced, and the files ``replaced()`` names (that attempt's
-        incidents, timings) are removed first. ``defaults``: what keys missing from a stored
-        identity (a folder older than the key) read as; otherwise a missing key reads as None.
+        incidents, timings) are removed first. ``upgrade`` turns a stored identity into today's
+        terms (keys added since an older folder was written, read as what that run had);
+        otherwise a missing key reads as None.
         """
         if not self.held:
             raise RuntimeError("bind() needs the folder's lock: use `with RunFolder(...)`")
@@ -186,8 +188,8 @@ class RunFolder:
         document = {"identity": identity, **(extra or {})}
         if path.exists():
             stored = read_json_object(path, what="run identity file")
-            diff = identity_differences({**(defaults or {}), **stored.get("identity", {})},
-                                        identity)
+            found = stored.get("identity", {})
+            diff = identity_differences(upgrade(found) if upgrade else found, identity)
             if not diff:
                 if extra and any(_as_json(stored.get(k)) != _as_json(v)
                                  for k, v in extra.items()):

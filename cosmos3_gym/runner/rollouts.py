@@ -263,6 +263,7 @@ def collect_rollouts(
     overlap: bool = False,
     env_timeout: float | None = 300.0,
     provenance: dict[str, Any] | None = None,
+    session: dict[str, Any] | None = None,
 ) -> Path:
     """Roll ``policy`` (a :class:`~cosmos3_gym.policy.VectorPolicy`) in ``num_envs`` envs of
     ``eval_env`` for ``num_steps`` vector steps into ``out_dir`` (the module notes: format,
@@ -283,11 +284,12 @@ def collect_rollouts(
     with RunFolder(out) as folder:
         state = read_state(out)
         if (out / META).exists() and state.steps >= num_steps:
-            bind_rollout(folder, identity, state)
+            bind_rollout(folder, identity, state, session)
             return out  # complete
-        bind_rollout(folder, identity, state)
+        bind_rollout(folder, identity, state, session)
         if state.steps < num_steps:
-            _collect_part(policy, eval_env, num_steps, out, state, identity, num_envs=num_envs,
+            _collect_part(policy, eval_env, num_steps, out, state, identity, session,
+                          num_envs=num_envs,
                           async_envs=async_envs, seed=seed, shard_steps=shard_steps,
                           overlap=overlap, env_timeout=env_timeout,
                           provenance=session_provenance(provenance),
@@ -297,14 +299,17 @@ def collect_rollouts(
     return out
 
 
-def bind_rollout(folder: RunFolder, identity: dict[str, Any], state: _PartState) -> None:
+def bind_rollout(folder: RunFolder, identity: dict[str, Any], state: _PartState,
+                 session: dict[str, Any] | None = None) -> None:
     """Bind the folder to ``identity`` (refusing another run's once it holds a shard)."""
-    folder.bind(PROGRESS, identity, bound=bool(state.shards), extra={"parts": state.parts},
+    extra = {"parts": state.parts, **({} if session is None else {"session": session})}
+    folder.bind(PROGRESS, identity, bound=bool(state.shards), extra=extra,
                 what="rollouts of another command")
 
 
 def _collect_part(policy: VectorPolicy, eval_env: EvalEnv, num_steps: int, out: Path,
-                  state: _PartState, identity: dict[str, Any], *, num_envs: int,
+                  state: _PartState, identity: dict[str, Any], session: dict[str, Any] | None,
+                  *, num_envs: int,
                   async_envs: bool, seed: int, shard_steps: int, overlap: bool,
                   env_timeout: float | None, provenance: dict[str, Any], bar: Any) -> None:
     part_seed = seed if not state.parts else _part_seed(seed, len(state.parts))
@@ -314,7 +319,8 @@ def _collect_part(policy: VectorPolicy, eval_env: EvalEnv, num_steps: int, out: 
     # Every part is listed as it starts, so a cut one stays on record.
     state.parts.append({"steps": steps, "seed": part_seed, "first_shard": len(state.shards),
                         "first_step": state.steps, "provenance": provenance})
-    write_json_atomic(out / PROGRESS, {"identity": identity, "parts": state.parts})
+    write_json_atomic(out / PROGRESS, {"identity": identity, "parts": state.parts,
+                                       **({} if session is None else {"session": session})})
     layout = group_layout(num_envs, overlap)
     writer = ShardWriter(out, shard_steps, state, layout, bar)
     schedule = TaskRotation(eval_env, seed, num_envs, first_group=state.groups,

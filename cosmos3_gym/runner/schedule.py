@@ -130,12 +130,12 @@ class TaskRotation:
 
 
 def episode_seed_rule(global_seed: int, episode_of: Callable[[int], Episode],
-                      stochastic: bool = True) -> SeedRule:
+                      fresh: bool = True) -> SeedRule:
     """The evaluation's seed rule: chunk ``c`` of the episode with run-wide id ``k`` gets
     ``derive_seed(global_seed, task, trial, chunk=c)`` of ``episode_of(k)``, whichever env slot
-    runs it; with ``stochastic=False`` every chunk gets ``global_seed`` itself (the official
-    LIBERO server's rule: every request from seed 0)."""
-    if not stochastic:
+    runs it; with ``fresh=False`` (the ``fixed`` noise rule) every chunk gets ``global_seed``
+    itself (the official LIBERO server's rule: every request from seed 0)."""
+    if not fresh:
         return SeedRule.fixed(global_seed)
 
     def seed_of(env: int, episode: int, chunk: int) -> int:

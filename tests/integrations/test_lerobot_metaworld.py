@@ -101,7 +101,7 @@ def test_rollout_as_lerobot_dataset_loads_and_matches(metaworld_checkpoint, tmp_
     out = tmp_path / "rollouts"
     code = main(["rollout", "--checkpoint", str(metaworld_checkpoint), "--env", "metaworld",
                  "--tasks", "reach-v3,push-v3", "--num-envs", "2", "--image-size", "64",
-                 "--max-episode-steps", "5", "--steps", "13", "--num-inference-steps", "2",
+                 "--max-episode-steps", "5", "--env-steps", "13", "--denoising-steps", "2",
                  "--no-progress", "--format", "lerobot", "--out", str(out)])
     assert code == 0
     rollouts = load_rollouts(out)

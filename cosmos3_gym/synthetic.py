@@ -23,6 +23,7 @@ import numpy as np
 
 from cosmos3_gym.checkpoint import PolicyConfig
 from cosmos3_gym.policy.adapters import Adapter, GenericAdapter, get_adapter
+from cosmos3_gym.settings import SYNTHETIC_PRESETS
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from cosmos3_gym.envs import EvalEnv
     from cosmos3_gym.pipeline import InferenceOptions
 
-PRESETS = ("nano", "super", "edge", "tiny")
+PRESETS = SYNTHETIC_PRESETS
 # The side of a ColorReach frame under --synthetic (one LIBERO camera view).
 COLOR_REACH_VIEW = 256
 MEANINGLESS = ("synthetic model (random weights): success rates are meaningless; the timings "
