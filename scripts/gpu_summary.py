@@ -90,6 +90,18 @@ def _eval_lines(loop: dict[str, Any] | None) -> list[str]:
              "default options:"]
     for b, run in loop["runs"].items():
         t = run.get("throughput") or {}
+        if b.endswith("_overlap"):
+            plain = (loop["runs"].get(b.removesuffix("_overlap")) or {}).get("throughput") or {}
+            if not t.get("episodes_per_hour"):
+                lines.append(f"  B={b.removesuffix('_overlap')} with --overlap: no throughput")
+                continue
+            ratio = (f" ({t['episodes_per_hour'] / plain['episodes_per_hour']:.2f}x the plain "
+                     "run's)" if plain.get("episodes_per_hour") else "")
+            same = {True: "yes", False: "NO", None: "-"}[run.get("identical_episodes")]
+            lines.append(f"  B={b.removesuffix('_overlap')} with --overlap: "
+                         f"{t['episodes_per_hour']:8.0f} episodes/h{ratio}; the same episodes: "
+                         f"{same}")
+            continue
         if t.get("loop_overhead") is None:
             lines.append(f"  B={b}: {run['episodes']} episodes, no throughput (cut short)")
             continue
