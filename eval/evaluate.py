@@ -690,11 +690,18 @@ def evaluate(
     *,
     pipeline: Any = None,
     eval_env: EvalEnv | None = None,
+    summary: bool = True,
 ) -> dict[str, Any] | None:
-    """Run (or resume) an evaluation into ``out_dir``; rank 0 returns the results.json document.
+    """Run (or resume) an evaluation into ``out_dir``; rank 0 returns the results.json document
+    and, with ``summary``, prints its table (the one ``cosmos3-gym eval`` prints).
 
     ``pipeline`` defaults to ``config.checkpoint`` loaded with
     :meth:`~cosmos3_gym.pipeline.Cosmos3ActionPipeline.from_pretrained` (only if episodes
     remain); ``eval_env`` defaults to the env ``config`` names.
     """
-    return Evaluator(config, out_dir, pipeline=pipeline, eval_env=eval_env).run()
+    from cosmos3_gym.eval.results import format_table
+
+    results = Evaluator(config, out_dir, pipeline=pipeline, eval_env=eval_env).run()
+    if summary and results is not None:
+        print(format_table(results))
+    return results

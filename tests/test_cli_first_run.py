@@ -175,11 +175,15 @@ def test_step_limits_below_one_are_refused_up_front(checkpoint, tmp_path, capsys
         EvalConfig(max_episode_steps=0)
 
 
-def test_summary_table_shows_out_of_range_and_invalid_actions(checkpoint, tmp_path) -> None:
+def test_summary_table_shows_out_of_range_and_invalid_actions(checkpoint, tmp_path,
+                                                              capsys) -> None:
     config = EvalConfig(checkpoint=str(checkpoint), tasks=TASKS, trials=2, num_envs=3, seed=7,
                         image_size=32, max_episode_steps=6,
                         sampling=SamplerConfig(num_inference_steps=2), progress=False)
     results = evaluate(config, tmp_path)
+    assert capsys.readouterr().out == format_table(results) + "\n"  # Python prints it too
+    assert evaluate(config, tmp_path, summary=False) == results  # complete: nothing reran
+    assert capsys.readouterr().out == ""
     # The tiny random checkpoint steps outside the [-1, 1] box (the env clips): counted.
     assert results["out_of_range_episodes"] > 0
     table = format_table(results)
