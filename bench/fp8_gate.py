@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +34,7 @@ import torch.nn.functional as F
 
 from cosmos3_gym.model.fp8 import fp8_linear, quantize_rows
 from cosmos3_gym.model.kernels import TorchGenOps
+from cosmos3_gym.stats import mcnemar_p, wilson_interval
 
 GEMMS = ("qkv", "out", "gate_up", "down")
 ACTION_RATIO_LIMIT = 2.0
@@ -100,7 +99,7 @@ def _pipeline(preset: str, device: str, dtype: torch.dtype, **options: Any):
     if preset == "tiny":
         return Cosmos3ActionPipeline.from_pretrained("tiny", device=device, dtype=dtype,
                                                      options=opts)
-    from cosmos3_gym.eval.synthetic import synthetic_pipeline
+    from cosmos3_gym.synthetic import synthetic_pipeline
 
     return synthetic_pipeline(preset, device=device, dtype=dtype, options=opts)
 
@@ -154,52 +153,60 @@ def action_deviation(preset: str, device: str, batch: int, steps: int | None,
             "fp8_bf16_steps": fp8_bf16_steps}
 
 
-def mcnemar_p(b: int, c: int) -> float:
-    """Exact two-sided McNemar p-value from the discordant pair counts ``b`` and ``c``.
-
-    >>> mcnemar_p(0, 0), round(mcnemar_p(1, 6), 4)
-    (1.0, 0.125)
-    """
-    n = b + c
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2**n
-    return min(1.0, 2 * tail)
-
-
 def closed_loop(trials: int, num_envs: int, seed: int, steps: int | None, fp8_bf16_steps: int,
-                out: Path) -> dict[str, Any]:
-    """Gate 3: paired ColorReach episodes of the tiny checkpoint in float32, bf16 and FP8."""
+                ) -> dict[str, Any]:
+    """Gate 3: paired ColorReach episodes of the tiny checkpoint in float32, bf16 and FP8: the
+    same episodes (env seeds, noise seeds) in each arm, run on the episode runner."""
     from cosmos3_gym import Cosmos3ActionPipeline
-    from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
-    from cosmos3_gym.eval.results import read_episode_records, wilson_interval
-    from cosmos3_gym.pipeline import InferenceOptions
+    from cosmos3_gym.envs import ColorReachEval
+    from cosmos3_gym.pipeline import InferenceOptions, SamplerConfig
+    from cosmos3_gym.policy import VectorPolicy
+    from cosmos3_gym.runner import (
+        EpisodeList,
+        EpisodeRunner,
+        EpisodeSpec,
+        RunnerOptions,
+        RunObserver,
+        episode_seed_rule,
+    )
 
     arms = {"fp32": (torch.float32, InferenceOptions()),
             "bf16": (torch.bfloat16, InferenceOptions()),
             "fp8": (torch.bfloat16, InferenceOptions(fp8=True, fp8_bf16_steps=fp8_bf16_steps,
                                                      fp8_min_tokens=0))}
-    config = EvalConfig(trials=trials, num_envs=num_envs, seed=seed, progress=False,
-                        num_inference_steps=steps)
-    outcomes, result = {}, {"episodes": None, "arms": {}, "fp8_bf16_steps": fp8_bf16_steps}
+    eval_env = ColorReachEval()
+    episodes = eval_env.episodes(trials, seed)
+    outcomes: dict[str, dict[tuple[str, int], bool]] = {}
+    result: dict[str, Any] = {"episodes": len(episodes), "arms": {},
+                              "fp8_bf16_steps": fp8_bf16_steps}
+
+    class Outcomes(RunObserver):
+        def __init__(self, into: dict[tuple[str, int], bool]) -> None:
+            self.into = into
+
+        def episode_ended(self, ended: Any) -> None:
+            self.into[ended.spec.tag.key] = bool(ended.success)
+
     for name, (dtype, options) in arms.items():
         pipe = Cosmos3ActionPipeline.from_pretrained("tiny", device="cpu", dtype=dtype,
                                                      options=options)
+        policy = VectorPolicy(pipe, sampling=SamplerConfig(num_inference_steps=steps),
+                              seed_rule=episode_seed_rule(seed, episodes.__getitem__))
+        specs = (EpisodeSpec(id=k, seed=e.seed, reset_options=eval_env.reset_options(e),
+                             rule_episode=k, tag=e) for k, e in enumerate(episodes))
         start = time.perf_counter()
-        evaluate(replace(config, dtype=str(dtype).removeprefix("torch.")), out / name,
-                 pipeline=pipe)
-        records = read_episode_records(out / name)
-        outcomes[name] = {(r["task"], int(r["trial"])): bool(r["success"]) for r in records}
+        outcomes[name] = {}
+        EpisodeRunner(policy, lambda n: eval_env.make(n, False), EpisodeList(specs),
+                      RunnerOptions(num_envs=num_envs), Outcomes(outcomes[name])).run()
         wins = sum(outcomes[name].values())
-        low, high = wilson_interval(wins, len(records))
-        result["arms"][name] = {"successes": wins, "episodes": len(records),
-                                "rate": wins / len(records), "wilson95": [low, high],
+        low, high = wilson_interval(wins, len(outcomes[name]))
+        result["arms"][name] = {"successes": wins, "episodes": len(outcomes[name]),
+                                "rate": wins / len(outcomes[name]), "wilson95": [low, high],
                                 "seconds": round(time.perf_counter() - start, 1),
                                 "disabled": pipe.disabled_options}
     keys = sorted(outcomes["fp8"])
     if any(sorted(o) != keys for o in outcomes.values()):
         raise RuntimeError("the arms ran different episodes; they cannot be paired")
-    result["episodes"] = len(keys)
     for other in ("bf16", "fp32"):
         b = sum(outcomes[other][k] and not outcomes["fp8"][k] for k in keys)
         c = sum(outcomes["fp8"][k] and not outcomes[other][k] for k in keys)
@@ -236,7 +243,7 @@ def format_gates(result: dict[str, Any]) -> str:
 
 def run_gates(preset: str = "tiny", device: str = "cpu", batch: int = 4, steps: int | None = None,
               fp8_bf16_steps: int = 0, trials: int = 0, num_envs: int = 20, seed: int = 0,
-              runs: Path | None = None, out: Path | None = None) -> dict[str, Any]:
+              out: Path | None = None) -> dict[str, Any]:
     """Every gate that applies to ``preset`` (closed loop: tiny only, when ``trials`` > 0),
     written to ``out`` after each one (a run cut short keeps what it measured)."""
     result: dict[str, Any] = {"preset": preset, "device": device, "batch": batch,
@@ -252,9 +259,7 @@ def run_gates(preset: str = "tiny", device: str = "cpu", batch: int = 4, steps: 
     result["actions"] = action_deviation(preset, device, batch, steps, fp8_bf16_steps)
     save()
     if trials and preset == "tiny":
-        with tempfile.TemporaryDirectory() as scratch:
-            result["closed_loop"] = closed_loop(trials, num_envs, seed, steps, fp8_bf16_steps,
-                                                runs or Path(scratch))
+        result["closed_loop"] = closed_loop(trials, num_envs, seed, steps, fp8_bf16_steps)
         save()
     return result
 
@@ -266,8 +271,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    "or a random-weight shape: nano, super, edge")
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch", type=int, default=4, help="items per call (gates 1-2)")
-    p.add_argument("--steps", type=int, default=None,
-                   help="denoising steps (default: the policy's)")
+    p.add_argument("--denoising-steps", dest="steps", type=int, default=None,
+                   help="denoising steps per chunk (default: the checkpoint's)")
     p.add_argument("--fp8-bf16-steps", type=int, default=0,
                    help="steps kept in bf16 at each end for the FP8 arms (default 0: every "
                         "step in FP8, the strictest; the pipeline's default is 3)")
@@ -276,12 +281,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "paired episodes); 0 skips it")
     p.add_argument("--num-envs", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--runs", default=None, help="keep the closed loop's eval folders here")
     p.add_argument("--out", default=None, help="write the JSON here")
     args = p.parse_args(argv)
     result = run_gates(args.preset, args.device, args.batch, args.steps, args.fp8_bf16_steps,
                        args.trials, args.num_envs, args.seed,
-                       Path(args.runs) if args.runs else None,
                        Path(args.out) if args.out else None)
     print(format_gates(result))
     return result

@@ -26,7 +26,7 @@ and its ratio is replaced by ``unstable`` in the table, with the reason below it
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import platform
 import resource
@@ -34,11 +34,21 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from cosmos3_gym.pipeline.sampling import SamplerConfig
+from cosmos3_gym.settings import (
+    ModelSettings,
+    RuntimeSettings,
+    int_list,
+    positive_int,
+    setting,
+    threads_setting,
+)
 
 if TYPE_CHECKING:  # torch and the model stack load when the benchmark runs, not with the CLI
     import torch
@@ -194,35 +204,37 @@ def run_benchmark(
     checkpoint: str,
     *,
     device: str = "cpu",
-    dtype: str | None = None,
+    precision_name: str = "auto",
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
     image_size: tuple[int, int] = (256, 512),
-    num_inference_steps: int | None = None,
+    sampling: SamplerConfig | None = None,
     warmup: int = 1,
     repeats: int = 5,
     compare_batch: int = 8,
     overlap_env: str | None = None,
     overlap_envs: int = 4,
-    overlap_rounds: int = 4,
+    overlap_trials: int = 2,
     domain: str | None = None,
+    recipe: str | None = None,
     action_stats: str | None = None,
-    fp8: bool = False,
 ) -> dict[str, Any]:
     """Run the benchmark and return its JSON-ready result (see the module docstring).
 
-    ``domain`` and ``action_stats`` say how a checkpoint without ``action_policy.json`` is used
-    (:func:`~cosmos3_gym.eval.evaluate.load_pipeline`)."""
+    ``domain``, ``recipe`` and ``action_stats`` say how the checkpoint's head is used
+    (:meth:`~cosmos3_gym.pipeline.Cosmos3ActionPipeline.from_pretrained`); every call samples
+    as ``sampling`` says (default: the checkpoint's settings)."""
     import torch
 
     from cosmos3_gym import Cosmos3ActionPipeline
-    from cosmos3_gym.devices import resolve_device, resolve_dtype
-    from cosmos3_gym.eval.evaluate import load_pipeline
+    from cosmos3_gym.devices import resolve_device, resolve_precision
     from cosmos3_gym.pipeline.options import TRANSFORMER_OPTIONS, InferenceOptions
 
     dev = resolve_device(device)
-    precision = resolve_dtype(dtype, dev)
-    pipe = load_pipeline(checkpoint, domain, action_stats, device=dev, dtype=precision,
-                         options=InferenceOptions(fp8=fp8))
+    precision, fp8 = resolve_precision(precision_name, dev)
+    sampling = sampling or SamplerConfig()
+    pipe = Cosmos3ActionPipeline.from_pretrained(
+        checkpoint, domain=domain, recipe=recipe, action_stats=action_stats, device=dev,
+        dtype=precision, options=InferenceOptions(fp8=fp8))
     horizon = pipe.action_horizon
     rng = np.random.default_rng(0)
     max_b = max(*batch_sizes, compare_batch)
@@ -231,7 +243,7 @@ def run_benchmark(
 
     def call(p: Cosmos3ActionPipeline, items: range, prompts: list[str]) -> Stages:
         out = p(images[items.start : items.stop], prompts[items.start : items.stop],
-                seed=list(items), num_inference_steps=num_inference_steps, progress=False)
+                seed=list(items), progress=False, **sampling.call_kwargs(None))
         return _stage_seconds(out.timings)
 
     def serial(b: int) -> Stages:
@@ -306,8 +318,8 @@ def run_benchmark(
         from cosmos3_gym.bench.overlap import measure_overlap
 
         env_overlap = measure_overlap(
-            pipe, env=overlap_env, num_envs=overlap_envs, num_rounds=overlap_rounds,
-            num_inference_steps=num_inference_steps,
+            pipe, env=overlap_env, num_envs=overlap_envs, trials=overlap_trials,
+            sampling=sampling,
         )
     return {
         "checkpoint": str(checkpoint),
@@ -320,7 +332,8 @@ def run_benchmark(
         "threads": torch.get_num_threads(),
         "image_size": list(image_size),
         "action_horizon": horizon,
-        "num_inference_steps": num_inference_steps or pipe.policy.num_inference_steps,
+        "num_inference_steps": sampling.num_inference_steps or pipe.policy.num_inference_steps,
+        "sampling": asdict(sampling),
         "warmup": warmup,
         "repeats": repeats,
         "statistic": "median",
@@ -380,7 +393,8 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(
             f"env overlap ({overlap['env']}, {overlap['num_envs']} envs in 2 groups): "
             f"{overlap['sequential_steps_per_s']:.1f} -> {overlap['overlapped_steps_per_s']:.1f} "
-            f"env steps/s ({overlap['overlap_speedup']:.2f}x)"
+            f"env steps/s ({overlap['overlap_speedup']:.2f}x; the same episodes: "
+            f"{overlap['identical_episodes']})"
         )
     if unstable:
         lines.append(
@@ -392,53 +406,59 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from cosmos3_gym.eval.cli import add_checkpoint_arguments, add_device_arguments
-    from cosmos3_gym.eval.tasks import ENV_NAMES
+@dataclass
+class BenchConfig(ModelSettings, RuntimeSettings):
+    """Every knob of ``cosmos3-gym bench`` (its options are generated from these fields)."""
 
-    add_checkpoint_arguments(parser)
-    parser.add_argument("--out", required=True, help="JSON file to write")
-    add_device_arguments(parser)
-    parser.add_argument("--batch-sizes", default=None,
-                        help="comma-separated batch sizes (default: 1,2,4,8,16,32; with "
-                             "--synthetic: 1..32 for LIBERO, 1..8 for DROID)")
-    parser.add_argument("--image-size", default="256x512",
-                        help="HxW of the synthetic observations (default: LIBERO's 256x512)")
-    parser.add_argument("--num-inference-steps", type=int, default=None,
-                        help="denoising steps (default: the checkpoint's)")
-    parser.add_argument("--warmup", type=int, default=1,
-                        help="untimed pairs first (default 1)")
-    parser.add_argument("--repeats", type=int, default=5,
-                        help="timed pairs per comparison (default 5)")
-    parser.add_argument("--compare-batch", type=int, default=8,
-                        help="batch size of the on/off comparisons (default 8)")
-    parser.add_argument("--overlap-env", choices=ENV_NAMES, default=None,
-                        help="also measure env throughput with/without inference-env overlap")
-    parser.add_argument("--overlap-envs", type=int, default=4,
-                        help="envs for the overlap measurement, split in 2 groups (default 4)")
-    parser.add_argument("--overlap-rounds", type=int, default=4,
-                        help="chunks per group for the overlap measurement (default 4)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's choice). On a shared or busy "
-                             "machine, 1 avoids OpenMP oversubscription skewing every number")
+    out: str = setting("bench.json", "where the command writes its results; a JSON file (and "
+                       "a plot beside it)", group="bench")
+    batch_sizes: tuple[int, ...] = setting(
+        (1, 2, 4, 8, 16, 32), "batch sizes to time, comma-separated", group="bench",
+        parse=int_list)
+    input_size: str = setting("256x512", "the synthetic observations' size HxW in pixels",
+                              group="bench", metavar="HxW")
+    warmup: int = setting(1, "untimed pairs before each comparison", group="bench", parse=int)
+    repeats: int = setting(5, "timed pairs per comparison", group="bench", parse=positive_int)
+    compare_batch: int = setting(8, "batch size of the on/off comparisons", group="bench",
+                                 parse=positive_int)
+    overlap_env: str | None = setting(
+        None, "also measure env steps/s with and without overlap in this env family",
+        group="bench", metavar="ENV")
+    overlap_num_envs: int = setting(4, "env slots of the overlap measurement (two groups)",
+                                    group="bench", parse=positive_int)
+    overlap_trials: int = setting(2, "trials per task of the overlap measurement",
+                                  group="bench", parse=positive_int)
+    threads: int | None = threads_setting()
+    sampling: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
+
+    def __post_init__(self) -> None:
+        self.check_model_source()
+        if isinstance(self.sampling, dict):
+            self.sampling = SamplerConfig(**self.sampling)
+        try:
+            height, width = (int(x) for x in self.input_size.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"--input-size: expected HxW such as 256x512; found "
+                             f"{self.input_size!r}") from None
+        self.image_hw = (height, width)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    if args.threads is not None:
+def run(config: BenchConfig) -> dict[str, Any]:
+    """``cosmos3-gym bench``: run, write the JSON and the plot, print the table."""
+    config.resolve_runtime()
+    if config.threads is not None:
         import torch
 
-        torch.set_num_threads(args.threads)
-    height, width = (int(x) for x in args.image_size.lower().split("x"))
+        torch.set_num_threads(config.threads)
     result = run_benchmark(
-        args.checkpoint, device=args.device, dtype=args.dtype,
-        batch_sizes=tuple(int(b) for b in (args.batch_sizes or "1,2,4,8,16,32").split(",")),
-        image_size=(height, width), num_inference_steps=args.num_inference_steps,
-        warmup=args.warmup, repeats=args.repeats, compare_batch=args.compare_batch,
-        overlap_env=args.overlap_env, overlap_envs=args.overlap_envs,
-        overlap_rounds=args.overlap_rounds, domain=args.domain, action_stats=args.action_stats,
-        fp8=getattr(args, "precision", "bf16") == "fp8",
+        config.checkpoint, device=config.device, precision_name=config.precision,
+        batch_sizes=tuple(config.batch_sizes), image_size=config.image_hw,
+        sampling=config.sampling, warmup=config.warmup, repeats=config.repeats,
+        compare_batch=config.compare_batch, overlap_env=config.overlap_env,
+        overlap_envs=config.overlap_num_envs, overlap_trials=config.overlap_trials,
+        domain=config.domain, recipe=config.recipe, action_stats=config.action_stats,
     )
-    out = Path(args.out)
+    out = Path(config.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(format_table(result))

@@ -26,13 +26,18 @@ with the eager ones (no graphs, no fused kernels) of the same weights, noise and
 that raises, or whose option the pipeline had to switch off, is recorded the same way.
 A benchmark on a borrowed GPU thus returns every number it can, and says which it could not.
 
+A case may carry a released checkpoint's recipe (:mod:`cosmos3_gym.recipes`): the DROID policy
+cases run the official server's 540x640 view at ``nano-policy-droid`` (4 steps, guidance 3 on
+every step, a state row, 32-action chunks) and ``edge-policy-droid`` (the same, guided on the
+first step only), at the recipe's step count whatever ``--steps`` says, their FLOPs counting the
+guided steps' unconditional rows.
+
 Users size their hardware with it before they have weights. Results are a JSON file whose
 ``rows`` are ``{"case", "batch_size", "steps", "call_s", "denoise_tflops", "gpu_busy", ...}``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -45,6 +50,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cosmos3_gym.bench.latency import PROMPTS, _paired, _peak_memory_mb, _stage_seconds
+from cosmos3_gym.settings import (
+    SYNTHETIC_PRESETS,
+    csv,
+    device_setting,
+    int_list,
+    positive_int,
+    precision_setting,
+    setting,
+    threads_setting,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -62,6 +77,12 @@ class Case:
     resolution_tier: int
     domain_name: str
     view_point: str | None
+    # A recipe's whole head and sampler (its steps replace --steps); None: the fields above,
+    # 16 actions of 10-D, no guidance.
+    recipe: str | None = None
+    # The fp8 flip's bf16 steps at each end (InferenceOptions.fp8_bf16_steps) for this case:
+    # at 4 steps the default 3 would leave no step in FP8. None: as configured.
+    fp8_bf16_steps: int | None = None
 
 
 CASES = {
@@ -69,6 +90,13 @@ CASES = {
     "libero_256x512": Case("libero_256x512", (256, 512), 256, "libero", "concat_view"),
     # DROID-size single view at the 480 tier (sglang's published Cosmos3 policy benchmark shape).
     "droid_480x832": Case("droid_480x832", (480, 832), 480, "droid_lerobot", "ego_view"),
+    # The official DROID server's image (wrist over both exteriors) at the released recipes.
+    "nano-policy-droid_540x640": Case("nano-policy-droid_540x640", (540, 640), 480,
+                                      "droid_lerobot", "concat_view", recipe="nano-policy-droid",
+                                      fp8_bf16_steps=1),
+    "edge-policy-droid_540x640": Case("edge-policy-droid_540x640", (540, 640), 480,
+                                      "droid_lerobot", "concat_view", recipe="edge-policy-droid",
+                                      fp8_bf16_steps=1),
 }
 ACTION_HORIZON = 16  # 17 frames: the LIBERO and DROID policy recipes
 RAW_ACTION_DIM = 10
@@ -91,17 +119,48 @@ def synthetic_pipeline(
     another case or option set around the same weights."""
     from cosmos3_gym import Cosmos3ActionPipeline
     from cosmos3_gym.checkpoint import PolicyConfig
+    from cosmos3_gym.recipes import get_recipe
 
-    policy = PolicyConfig(
-        domain_name=case.domain_name, raw_action_dim=RAW_ACTION_DIM,
-        action_horizon=ACTION_HORIZON, normalization="none", resolution_tier=case.resolution_tier,
-        view_point=case.view_point,
-    )
+    if case.recipe is not None:
+        policy = PolicyConfig(**get_recipe(case.recipe).settings)
+    else:
+        policy = PolicyConfig(
+            domain_name=case.domain_name, raw_action_dim=RAW_ACTION_DIM,
+            action_horizon=ACTION_HORIZON, normalization="none",
+            resolution_tier=case.resolution_tier, view_point=case.view_point,
+        )
     if components is None:
         pipe = Cosmos3ActionPipeline.from_preset(preset, policy, device=device, dtype=dtype,
                                                  options=options)
         return pipe, (pipe.transformer, pipe.vae, pipe.tokenizer)
     return Cosmos3ActionPipeline(*components, policy, options=options), components
+
+
+def call_inputs(pipe: Cosmos3ActionPipeline, count: int) -> dict[str, Any]:
+    """The call arguments a head needs beyond images and prompts: zero state rows for a
+    state-conditioned one (the values do not change the timing)."""
+    if not pipe.history_length:
+        return {}
+    return {"state": np.zeros((count, pipe.history_length, pipe.action_dim), np.float32)}
+
+
+def guided_steps(pipe: Cosmos3ActionPipeline, steps: int) -> int:
+    """How many of ``steps`` denoising steps run the unconditional rows too (the policy's
+    guidance and interval)."""
+    from cosmos3_gym.pipeline.stages import SamplingParams
+
+    p = pipe.policy
+    return sum(SamplingParams(steps, p.guidance_scale, p.flow_shift, False,
+                              guidance_interval=p.guidance_interval).guided_steps())
+
+
+def case_steps(case: Case, steps: tuple[int, ...]) -> tuple[int, ...]:
+    """The step counts a case runs: its recipe's, else ``steps``."""
+    if case.recipe is None:
+        return steps
+    from cosmos3_gym.recipes import get_recipe
+
+    return (int(get_recipe(case.recipe).settings["num_inference_steps"]),)
 
 
 def busy_time(spans: list[tuple[float, float]]) -> float:
@@ -236,7 +295,8 @@ def token_counts(pipe: Cosmos3ActionPipeline, case: Case, prompts: list[str]) ->
     text = pipe.prompt.tokenize(batch, params)[0].shape[1]
     p = pipe.transformer.config.latent_patch_size
     t, h, w = _latent_grid(pipe, case)
-    return {"text": int(text), "vision": t * -(-h // p) * -(-w // p), "action": ACTION_HORIZON}
+    return {"text": int(text), "vision": t * -(-h // p) * -(-w // p),
+            "action": pipe.history_length + pipe.action_horizon}
 
 
 @dataclass
@@ -271,7 +331,8 @@ def check_options(run: _Run, case: Case) -> dict[str, Any]:
         pipe, run.components = synthetic_pipeline(run.preset, case, device=run.device,
                                                    dtype=run.dtype, options=options,
                                                    components=run.components)
-        out = pipe(image, prompt, seed=[0], num_inference_steps=2, progress=False)
+        out = pipe(image, prompt, seed=[0], num_inference_steps=2, progress=False,
+                   **call_inputs(pipe, 1))
         return out.actions, pipe
 
     from cosmos3_gym.pipeline.stages import FALLIBLE_OPTIONS
@@ -306,9 +367,18 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
 
     def call(p: Cosmos3ActionPipeline, b: int, n: int) -> dict[str, float]:
         out = p(images[:b], prompts[:b], seed=list(range(b)), num_inference_steps=n,
-                progress=False)
+                progress=False, **call_inputs(p, b))
         return _stage_seconds(out.timings)
 
+    def step_flops(b: int, n: int) -> float:
+        """GEN FLOPs of a call: B rows per step, 2B on the guided steps."""
+        counts = token_counts(pipe, case, prompts[:b])
+        return (n + guided_steps(pipe, n)) * gen_step_flops(
+            pipe.transformer.config, batch_size=b, text_tokens=counts["text"],
+            vision_tokens=counts["vision"], action_tokens=counts["action"],
+        )
+
+    steps = case_steps(case, steps)
     for b in batch_sizes:
         counts = token_counts(pipe, case, prompts[:b])
         for n in steps:
@@ -316,12 +386,10 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
                 torch.cuda.reset_peak_memory_stats(dev)
             call_s, stages = _median_call(lambda b=b, n=n: call(pipe, b, n), run.warmup,
                                           run.repeats, sync)
-            flops = n * gen_step_flops(
-                pipe.transformer.config, batch_size=b, text_tokens=counts["text"],
-                vision_tokens=counts["vision"], action_tokens=counts["action"],
-            )
+            flops = step_flops(b, n)
             rows.append({
                 "case": case.name, "batch_size": b, "steps": n, "call_s": call_s,
+                "recipe": case.recipe, "guided_steps": guided_steps(pipe, n),
                 "denoise_tflops": flops / stages["denoise"] / 1e12,
                 **profile_call(lambda b=b, n=n: call(pipe, b, n), dev),
                 "stages_s": stages, "peak_memory_mb": _peak_memory_mb(dev),
@@ -337,7 +405,11 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
             flipped, also = run.options.flip(field)  # with what it needs, or what needs it
             if dev.type != "cuda" and (flipped.cuda_graphs or flipped.triton_kernels):
                 continue  # graphs exist on CUDA only; on CPU the kernels are interpreted
+            if field == "fp8" and flipped.fp8 and case.fp8_bf16_steps is not None:
+                flipped = replace(flipped, fp8_bf16_steps=case.fp8_bf16_steps)
             entry: dict[str, Any] = {"flipped_to": getattr(flipped, field), "also": list(also)}
+            if field == "fp8":
+                entry["fp8_bf16_steps"] = flipped.fp8_bf16_steps
             try:
                 variant, _ = synthetic_pipeline(run.preset, case, device=dev, dtype=run.dtype,
                                                 options=flipped, components=run.components)
@@ -346,11 +418,7 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
                 if variant.disabled_options:  # it ran, but without what was to be measured
                     raise RuntimeError("; ".join(f"{k} switched off: {v}"
                                                  for k, v in variant.disabled_options.items()))
-                counts = token_counts(pipe, case, prompts[:b])
-                flops = n * gen_step_flops(
-                    pipe.transformer.config, batch_size=b, text_tokens=counts["text"],
-                    vision_tokens=counts["vision"], action_tokens=counts["action"],
-                )
+                flops = step_flops(b, n)
                 # The same FLOP count over each side's time: for fp8, "bf16-equivalent" TFLOP/s.
                 entry.update(ratio=m["ratio"], denoise_ratio=m["denoise_ratio"], steps=n,
                              flipped_call_s=m["a_s"], configured_call_s=m["b_s"],
@@ -360,7 +428,8 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
                 entry.update(ratio=None, denoise_ratio=None, error=_error_line(err))
             flips[str(b)][field] = entry
 
-    result: dict[str, Any] = {"flips": flips, "reference": None}
+    result: dict[str, Any] = {"flips": flips, "reference": None,
+                              "sampler": pipe.sampler_record}
     if reference:
         ours = {r["batch_size"]: r["denoise_step_s"] for r in rows
                 if r["case"] == case.name and r["steps"] == n}
@@ -382,7 +451,7 @@ def run_synthetic(
     preset: str,
     *,
     device: str = "cpu",
-    dtype: str | None = None,
+    precision_name: str = "auto",
     cases: tuple[str, ...] = tuple(CASES),
     batch_sizes: dict[str, tuple[int, ...]] | None = None,
     steps: tuple[int, ...] = (10, 30),
@@ -398,19 +467,20 @@ def run_synthetic(
     written to ``out`` after every measurement (``"complete": false`` until the end)."""
     import torch
 
-    from cosmos3_gym.devices import resolve_device, resolve_dtype
+    from cosmos3_gym.devices import resolve_device, resolve_precision
     from cosmos3_gym.pipeline.options import InferenceOptions
 
     dev = resolve_device(device)
+    dtype, fp8 = resolve_precision(precision_name, dev)
     # The production default: on CUDA the fast path (graphs and fused kernels).
-    options = (options or InferenceOptions()).resolve(dev.type)
-    dtype = resolve_dtype(dtype, dev)
+    base = options or InferenceOptions()
+    options = replace(base, fp8=base.fp8 or fp8).resolve(dev.type)
     result: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "none (cpu)",
         "preset": preset, "device": str(dev), "dtype": str(dtype).removeprefix("torch."),
         "host": platform.node(), "torch": torch.__version__, "options": asdict(options),
         "warmup": warmup, "repeats": repeats, "statistic": "median", "complete": False,
-        "self_check": None, "rows": [], "reference": {}, "flips": {},
+        "self_check": None, "rows": [], "reference": {}, "flips": {}, "samplers": {},
     }
 
     def save() -> None:
@@ -422,12 +492,15 @@ def run_synthetic(
     result["self_check"] = check_options(run, CASES[cases[0]])
     result["options"] = result["self_check"]["options"]
     save()
-    sizes = batch_sizes or {"libero_256x512": (1, 2, 4, 8, 16, 32), "droid_480x832": (1, 2, 4, 8)}
+    sizes = batch_sizes or {"libero_256x512": (1, 2, 4, 8, 16, 32), "droid_480x832": (1, 2, 4, 8),
+                            "nano-policy-droid_540x640": (1, 8),
+                            "edge-policy-droid_540x640": (1, 8)}
     for name in cases:
         measured = _measure_case(run, CASES[name], sizes[name], steps, compare_batches,
                                  reference, result["rows"])
         result["flips"][name] = measured["flips"]
         result["reference"][name] = measured["reference"]
+        result["samplers"][name] = measured["sampler"]
         save()
     result["complete"] = True
     save()
@@ -496,68 +569,73 @@ def fp8_line(entry: dict[str, Any]) -> str:
             f"{entry[f'{on}_denoise_tflops']:.3g} vs {entry[f'{off}_denoise_tflops']:.3g}")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The synthetic benchmark's own options, beside the latency benchmark's (``--device``,
-    ``--out``, ``--batch-sizes``, ``--warmup``, ``--repeats``, ``--threads`` are shared)."""
-    parser.add_argument("--synthetic", metavar="PRESET", default=None,
-                        help="measure a published model shape with random weights instead of a "
-                             "checkpoint: nano, super or edge (tiny runs on a CPU)")
-    parser.add_argument("--cases", default=",".join(CASES),
-                        help=f"with --synthetic: comma-separated cases (default: "
-                             f"{','.join(CASES)})")
-    parser.add_argument("--steps", default="10,30",
-                        help="with --synthetic: comma-separated denoising step counts "
-                             "(default: 10,30)")
-    parser.add_argument("--no-flips", action="store_true",
-                        help="with --synthetic: skip the option flips (paired runs of every "
-                             "option turned over, the longest part at large shapes)")
-    parser.add_argument("--flips", default=",".join(FLIPS),
-                        help=f"with --synthetic: the options to flip (default: all of "
-                             f"{','.join(FLIPS)}); e.g. fp8 alone measures FP8 beside bf16")
-    parser.add_argument("--no-reference", action="store_true",
-                        help="with --synthetic: skip diffusers' reference forward (it needs a "
-                             "second copy of the weights in memory)")
+def _flips(text: str) -> tuple[str, ...]:
+    if text == "all":
+        return FLIPS
+    if text == "none":
+        return ()
+    chosen = tuple(t.strip() for t in text.split(",") if t.strip())
+    unknown = sorted(set(chosen) - set(FLIPS))
+    if unknown:
+        raise ValueError(f"unknown flips {unknown}; expected all, none, or some of {list(FLIPS)}")
+    return chosen
 
 
-def _int_list(text: str, name: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise ValueError(f"{name}: expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"{name}: expected integers >= 1, got {text!r}")
-    return values
+@dataclass
+class SizeConfig:
+    """Every knob of ``cosmos3-gym size`` (its options are generated from these fields)."""
+
+    synthetic: str = setting(
+        "nano", "a published model shape with random weights instead of a checkpoint (nano, "
+        "super, edge; tiny on a CPU); its timings are the real model's, its success rates "
+        "meaningless", group="model", choices=SYNTHETIC_PRESETS)
+    out: str = setting("size.json", "where the command writes its results; a JSON file, "
+                       "rewritten after every measurement", group="bench")
+    cases: tuple[str, ...] = setting(
+        tuple(CASES), "the input cases, comma-separated", group="bench", parse=csv)
+    step_counts: tuple[int, ...] = setting(
+        (10, 30), "denoising step counts to time, comma-separated (a case with a recipe runs "
+        "at its recipe's)", group="bench", parse=int_list)
+    batch_sizes: tuple[int, ...] | None = setting(
+        None, "batch sizes to time, comma-separated (default: each case's own)", group="bench",
+        parse=int_list)
+    flips: tuple[str, ...] = setting(
+        FLIPS, "the inference options each turned over in paired runs: all, none, or some of "
+        f"{','.join(FLIPS)} (fp8 alone measures FP8 beside bf16)", group="bench", parse=_flips)
+    compare_batch: int = setting(8, "batch size of the on/off comparisons", group="bench",
+                                 parse=positive_int)
+    reference: bool = setting(
+        True, "time diffusers' reference forward beside ours (it needs a second copy of the "
+        "weights in memory)", group="bench", flag="no-reference")
+    warmup: int = setting(1, "untimed pairs before each comparison", group="bench", parse=int)
+    repeats: int = setting(3, "timed pairs per comparison", group="bench", parse=positive_int)
+    device: str = device_setting()
+    precision: str = precision_setting()
+    threads: int | None = threads_setting()
+
+    def __post_init__(self) -> None:
+        from cosmos3_gym.model.presets import preset_config
+
+        preset_config(self.synthetic)  # an unknown name fails here, before anything is built
+        unknown = [c for c in self.cases if c not in CASES]
+        if unknown:
+            raise ValueError(f"--cases: unknown {unknown}; expected some of {sorted(CASES)}")
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    if args.threads is not None:
+def run(config: SizeConfig) -> dict[str, Any]:
+    """``cosmos3-gym size``: measure, write the JSON as it goes, print the table."""
+    if config.threads is not None:
         import torch
 
-        torch.set_num_threads(args.threads)
-    from cosmos3_gym.model.presets import preset_config
-
-    preset_config(args.synthetic)  # an unknown name fails here, before anything is built
-    cases = tuple(c.strip() for c in args.cases.split(","))
-    unknown = [c for c in cases if c not in CASES]
-    if unknown:
-        raise ValueError(f"--cases: unknown {unknown}; expected some of {sorted(CASES)}")
-    sizes = None
-    if args.batch_sizes is not None:
-        chosen = _int_list(args.batch_sizes, "--batch-sizes")
-        sizes = {c: chosen for c in cases}
-    flips = tuple(f.strip() for f in args.flips.split(",") if f.strip())
-    if set(flips) - set(FLIPS):
-        raise ValueError(f"--flips: unknown {sorted(set(flips) - set(FLIPS))}; expected some "
-                         f"of {list(FLIPS)}")
-    from cosmos3_gym.pipeline.options import InferenceOptions
-
+        torch.set_num_threads(config.threads)
+    sizes = None if config.batch_sizes is None else {c: tuple(config.batch_sizes)
+                                                     for c in config.cases}
     result = run_synthetic(
-        args.synthetic, device=args.device, dtype=args.dtype, cases=cases, batch_sizes=sizes,
-        options=InferenceOptions(fp8=getattr(args, "precision", "bf16") == "fp8"), flips=flips,
-        steps=_int_list(args.steps, "--steps"), warmup=args.warmup, repeats=args.repeats,
-        compare_batches=() if args.no_flips else tuple(sorted({1, args.compare_batch})),
-        reference=not args.no_reference,
-        out=Path(args.out),
+        config.synthetic, device=config.device, precision_name=config.precision,
+        cases=tuple(config.cases), batch_sizes=sizes, flips=tuple(config.flips),
+        steps=tuple(config.step_counts), warmup=config.warmup, repeats=config.repeats,
+        compare_batches=tuple(sorted({1, config.compare_batch})) if config.flips else (),
+        reference=config.reference, out=Path(config.out),
     )
     print(format_synthetic(result))
     return result

@@ -6,7 +6,9 @@ CHECKPOINT/
   transformer/            config.json + safetensors (sharded with an index, or one file)
   vae/                    AutoencoderKLWan (Wan2.2: 48 latent channels, 16x spatial)
   text_tokenizer/         the Qwen3-VL tokenizer (note: not tokenizer/)
-  scheduler/              ignored: sampling always uses FlowUniPC, like sglang and the official code
+  scheduler/              its flow shift (and step count, where it has one) are the sampler defaults
+                          of a folder without action_policy.json; the sampler itself is always
+                          FlowUniPC, like sglang and the official code
   action_policy.json      cosmos3-gym's policy head description (domain, raw width, horizon,
                           normalisation and its statistics, fps, resolution tier, view point)
 ```
@@ -15,15 +17,33 @@ Folders written by diffusers' ``Cosmos3OmniPipeline.save_pretrained`` (the publi
 ``nvidia/Cosmos3-*`` checkpoints) have no ``action_policy.json``; they load with an embodiment
 named by argument (``domain="droid_lerobot"``, see :data:`DOMAINS`), or with a full
 ``PolicyConfig``. ``action_policy.json`` is how a fine-tuned policy ships its head description.
+
+Where the sampler defaults come from (lowest to highest; :func:`resolve_policy`, and
+``PolicyConfig.sampler_sources`` records the one in force for each setting):
+
+1. ``PolicyConfig``'s defaults (the official LIBERO server's: 30 steps, guidance 1, shift 5);
+2. the folder's ``scheduler/scheduler_config.json``: its ``flow_shift`` (``shift`` for a
+   FlowUniPC config) and ``num_inference_steps`` where present, if it describes flow sigmas
+   shifted by a shift (not Karras sigmas, whose shift key does not describe the schedule);
+3. the folder's ``action_policy.json`` (it states every setting);
+4. a recipe (``recipe=NAME``, :mod:`cosmos3_gym.recipes`; ``domain="libero"`` is the LIBERO one);
+5. ``policy=PolicyConfig(...)`` passed in: used as given;
+6. the call's own ``num_inference_steps=`` / ``guidance_scale=`` / ... arguments.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from cosmos3_gym.jsonio import read_json_object
+from cosmos3_gym.recipes import RECIPES, get_recipe
 
 TRANSFORMER = "transformer"
 VAE = "vae"
@@ -69,19 +89,16 @@ DOMAINS: dict[str, Domain] = {
     "fractal": Domain(20, 10),
 }
 
-# Policy heads with a published recipe, by domain: what PolicyConfig.for_domain starts from
-# (statistics excepted: they are the user's, or the actions stay normalised).
-RECIPES: dict[str, dict[str, Any]] = {
-    # cosmos-framework's LIBERO post-training and its evaluation server: frame-wise relative
-    # [dpos, rot6d, gripper] actions with quantile_rot statistics, 16-action chunks at 20 fps,
-    # agentview | wrist side by side on the 256 tier, 30 FlowUniPC steps, shift 5, no CFG.
-    "libero": {
-        "domain_name": "libero", "raw_action_dim": 10, "action_horizon": 16,
-        "normalization": "quantile_rot", "fps": 20.0, "resolution_tier": 256,
-        "view_point": "concat_view", "num_inference_steps": 30, "guidance_scale": 1.0,
-        "flow_shift": 5.0,
-    },
-}
+# Domains whose recipe PolicyConfig.for_domain starts from (statistics excepted: they are the
+# user's, or the actions stay normalised): libero, cosmos-framework's LIBERO post-training.
+DOMAIN_RECIPES: dict[str, str] = {"libero": "libero"}
+
+# The sampler settings: where each came from is recorded (PolicyConfig.sampler_sources).
+SAMPLER_FIELDS = ("num_inference_steps", "guidance_scale", "guidance_interval", "flow_shift")
+# The sources a sampler setting can have, besides "recipe NAME".
+DEFAULT_SOURCE = "PolicyConfig default"
+GIVEN_SOURCE = "PolicyConfig given"
+SCHEDULER_SOURCE = f"{SCHEDULER}/scheduler_config.json"
 
 NORMALIZATIONS = ("quantile", "quantile_rot", "meanstd", "minmax", "none")
 VIEW_POINTS = ("concat_view", "ego_view", "third_person_view", None)
@@ -113,11 +130,28 @@ class PolicyConfig:
     view_point: str | None = "concat_view"
     num_inference_steps: int = 30
     guidance_scale: float = 1.0
+    # Classifier-free guidance only on the steps whose model timestep t (0..1000) satisfies
+    # lo < t < hi, as cosmos-framework's generate_samples_from_batch compares; the other steps
+    # run the conditional rows alone. None: every step (when guidance_scale != 1).
+    guidance_interval: tuple[float, float] | None = None
     # The official LIBERO server runs with generate_samples_from_batch's default shift 5.0.
     flow_shift: float = 5.0
+    # Clean leading action rows holding the robot state (the official DROID server's
+    # history_length; 1 = the current state): the call takes state=[B, history_length,
+    # raw_action_dim], normalised like the actions, and returns only the H predicted rows.
+    history_length: int = 0
+    # The caption's "idle_frame" entry ("0 out of H."): the LIBERO server sends it, the DROID
+    # server does not.
+    idle_frame: bool = True
+    # Appended to the view point's framing sentence (the DROID server's camera layout).
+    view_description: str | None = None
     max_sequence_length: int = 4096
     negative_prompt: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # Where each sampler setting (SAMPLER_FIELDS) came from: "recipe NAME", "action_policy.json",
+    # "scheduler/scheduler_config.json", "PolicyConfig default" or "PolicyConfig given"; filled
+    # by resolve_policy, never saved. Empty: every setting was given with the PolicyConfig.
+    sampler_sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.domain_id is None:
@@ -138,6 +172,57 @@ class PolicyConfig:
             raise ValueError(
                 f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}"
             )
+        if self.stats is not None:  # finite vectors of one length, checked once, here
+            from cosmos3_gym.pipeline.normalization import ActionStats
+
+            ActionStats.from_dict(self.stats, source="stats")
+        widths = _stats_widths(self.stats) if self.normalization != "none" else {}
+        wrong = sorted({n for n in widths.values() if n != self.raw_action_dim})
+        if wrong:
+            raise ValueError(
+                f"the action statistics do not match the head: raw_action_dim is "
+                f"{self.raw_action_dim} but the statistics are {'/'.join(map(str, wrong))}-D; "
+                f"give statistics of width {self.raw_action_dim} (or normalization='none' and "
+                "stats=None)"
+            )
+        if self.guidance_interval is not None:
+            self.guidance_interval = check_guidance_interval(self.guidance_interval)
+        if isinstance(self.history_length, bool) or not isinstance(self.history_length, int) or (
+            self.history_length < 0
+        ):
+            raise ValueError(f"history_length must be an int >= 0, got {self.history_length!r}")
+
+    @property
+    def sampler(self) -> dict[str, Any]:
+        """The sampler settings in force, each with its source: what a run records.
+
+        >>> PolicyConfig().sampler["flow_shift"]
+        {'value': 5.0, 'source': 'PolicyConfig given'}
+        """
+        return {
+            name: {"value": getattr(self, name),
+                   "source": self.sampler_sources.get(name, GIVEN_SOURCE)}
+            for name in SAMPLER_FIELDS
+        }
+
+    def describe_sampler(self) -> str:
+        """One line naming the sampler settings and where each came from.
+
+        >>> PolicyConfig(guidance_scale=3.0, guidance_interval=(960, 1001)).describe_sampler()
+        'sampler 30 steps, guidance 3 on timesteps (960, 1001), shift 5 (all: PolicyConfig given)'
+        """
+        guidance = f"guidance {self.guidance_scale:g}"
+        if self.guidance_scale != 1.0 and self.guidance_interval is not None:
+            lo, hi = self.guidance_interval
+            guidance += f" on timesteps ({lo:g}, {hi:g})"
+        text = (f"sampler {self.num_inference_steps} steps, {guidance}, "
+                f"shift {self.flow_shift:g}")
+        sources = {name: s["source"] for name, s in self.sampler.items()}
+        if len(set(sources.values())) == 1:
+            return f"{text} (all: {next(iter(sources.values()))})"
+        short = {"num_inference_steps": "steps", "guidance_scale": "guidance",
+                 "guidance_interval": "interval", "flow_shift": "shift"}
+        return text + " (" + "; ".join(f"{short[k]}: {v}" for k, v in sources.items()) + ")"
 
     @property
     def num_frames(self) -> int:
@@ -153,11 +238,11 @@ class PolicyConfig:
     def for_domain(cls, name: str, **overrides: Any) -> PolicyConfig:
         """The policy head of embodiment ``name`` (a key of :data:`DOMAINS`).
 
-        A domain with a published recipe (:data:`RECIPES`: ``"libero"``, the official LIBERO
-        one) starts from it; any other takes the table's embodiment id and raw width, quantile
-        normalisation and the ``ego_view`` framing (diffusers' defaults for an action request),
-        and this class's sampler defaults. ``overrides`` replace any field: ``stats=...`` to get
-        actions in the domain's units, ``action_horizon=32``, ...
+        A domain with a published recipe (:data:`DOMAIN_RECIPES`: ``"libero"``, the official
+        LIBERO one) starts from it; any other takes the table's embodiment id and raw width,
+        quantile normalisation and the ``ego_view`` framing (diffusers' defaults for an action
+        request), and this class's sampler defaults. ``overrides`` replace any field:
+        ``stats=...`` to get actions in the domain's units, ``action_horizon=32``, ...
 
         >>> PolicyConfig.for_domain("droid_lerobot").domain_id
         8
@@ -170,10 +255,11 @@ class PolicyConfig:
                 "official LIBERO recipe)"
             )
         domain = DOMAINS[name]
-        base = RECIPES.get(name) or {
-            "domain_name": name, "raw_action_dim": domain.raw_action_dim,
-            "normalization": "quantile", "view_point": "ego_view",
-        }
+        if name in DOMAIN_RECIPES:
+            base = dict(RECIPES[DOMAIN_RECIPES[name]].settings)
+        else:
+            base = {"domain_name": name, "raw_action_dim": domain.raw_action_dim,
+                    "normalization": "quantile", "view_point": "ego_view"}
         fields = {**base, **overrides}
         if fields["raw_action_dim"] is None:
             raise ValueError(
@@ -185,18 +271,141 @@ class PolicyConfig:
 
     @classmethod
     def from_json_file(cls, path: str | Path) -> PolicyConfig:
-        with open(path) as f:
-            raw = json.load(f)
-        known = {f.name for f in dataclasses.fields(cls)}
+        raw = read_json_object(path, what="action policy file (action_policy.json)")
+        known = {f.name for f in dataclasses.fields(cls)} - {"sampler_sources"}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ValueError(f"{path}: unknown policy keys {unknown}; known keys: {sorted(known)}")
-        return cls(**raw)
+        check_types(cls, raw, str(path))
+        try:
+            return cls(**raw)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        path.write_text(json.dumps(dataclasses.asdict(self), indent=2))
+        fields = dataclasses.asdict(self)
+        del fields["sampler_sources"]  # where the settings came from is not a setting
+        path.write_text(json.dumps(fields, indent=2))
         return path
+
+
+def check_types(cls: type, raw: dict[str, Any], source: str) -> None:
+    """Refuse values of a config file whose JSON type does not fit the dataclass field: a
+    ``"two"`` where a number belongs is named here, not met later as a shape mismatch."""
+    hints = typing.get_type_hints(cls)
+    for key, value in raw.items():
+        hint = hints.get(key)
+        if hint is None or _fits(value, hint):
+            continue
+        raise ValueError(f"{source}: {key} is {value!r} ({type(value).__name__}); expected "
+                         f"{_type_name(hint)}")
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (list, tuple):
+        args = typing.get_args(hint)
+        return isinstance(value, list) and (not args or all(_fits(v, args[0]) for v in value))
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+             type(None): "null"}
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint))
+    if origin in (list, tuple):
+        return "a list"
+    if origin is dict or hint is dict:
+        return "an object"
+    return names.get(hint, str(hint))
+def check_guidance_interval(interval: Any) -> tuple[float, float]:
+    """``(lo, hi)`` model timesteps (0..1000, ``lo < hi``) as floats; a ``ValueError`` otherwise.
+
+    >>> check_guidance_interval([960, 1001])
+    (960.0, 1001.0)
+    """
+    try:
+        lo, hi = (float(v) for v in interval)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"guidance_interval: expected two timesteps (lo, hi), got {interval!r}"
+        ) from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(f"guidance_interval: expected finite lo < hi, got {interval!r}")
+    return lo, hi
+
+
+def read_scheduler_defaults(root: Path) -> tuple[dict[str, Any], str | None]:
+    """The sampler settings a folder's ``scheduler/scheduler_config.json`` states, and why the
+    file states none when it does not (``None`` when it does, or has no such file).
+
+    A diffusers ``UniPCMultistepScheduler`` config with ``use_flow_sigmas`` gives its
+    ``flow_shift``; cosmos-framework's ``FlowUniPCMultistepScheduler`` its ``shift``; either its
+    ``num_inference_steps`` where it has one. A config with ``use_karras_sigmas`` (the one
+    diffusers' conversion script writes: Karras sigmas approximating FlowUniPC) is ignored, since
+    its ``flow_shift`` key does not describe the schedule it samples.
+    """
+    path = root / SCHEDULER / "scheduler_config.json"
+    if not path.is_file():
+        return {}, None
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: expected a JSON object, found {type(config).__name__}")
+    if config.get("use_karras_sigmas"):
+        return {}, "Karras sigmas: its flow_shift does not describe the schedule"
+    found: dict[str, Any] = {}
+    shift_key = "shift" if "FlowUniPC" in str(config.get("_class_name", "")) else "flow_shift"
+    if shift_key == "flow_shift" and not config.get("use_flow_sigmas"):
+        shift_key = None  # not a flow-sigma schedule: no shift to take
+    shift = config.get(shift_key) if shift_key else None
+    if shift is not None:
+        if isinstance(shift, bool) or not isinstance(shift, (int, float)) or not shift > 0:
+            raise ValueError(f"{path}: {shift_key} must be a number > 0, found {shift!r}")
+        found["flow_shift"] = float(shift)
+    steps = config.get("num_inference_steps")
+    if steps is not None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"{path}: num_inference_steps must be an int >= 1, found {steps!r}")
+        found["num_inference_steps"] = steps
+    return found, None if found else "states no flow shift or step count"
+
+
+def _stats_widths(stats: dict[str, Any] | None) -> dict[str, int]:
+    """The length of each statistics vector (``{"global.q01": 10, ...}``) of the ``global`` and
+    ``global_raw`` blocks; a dict holding one flat block counts as ``global``. The full checks
+    are the pipeline's (``ActionStats.from_dict``); this one only catches a head and statistics
+    of different widths when the policy is described, not at its first call."""
+    if not isinstance(stats, dict):
+        return {}
+    blocks = {k: stats[k] for k in ("global", "global_raw") if k in stats} or {"global": stats}
+    return {
+        f"{name}.{key}": len(block[key])
+        for name, block in blocks.items() if isinstance(block, dict)
+        for key in ("mean", "std", "min", "max", "q01", "q99")
+        if isinstance(block.get(key), (list, tuple))
+    }
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -207,50 +416,153 @@ def resolve_checkpoint(path: str | Path) -> Path:
     shipped = Path(__file__).parent / "checkpoints" / str(path)
     if shipped.is_dir():
         return shipped
+    hint = ""
+    if str(path) == "tiny":
+        hint = ("; the tiny checkpoint is not shipped with this install (expected "
+                "cosmos3_gym/checkpoints/tiny/): pass a checkpoint folder, e.g. one written by "
+                "cosmos3_gym.tiny.write_tiny_checkpoint")
     raise FileNotFoundError(
         f"no checkpoint folder at {str(path)!r} (and no shipped checkpoint of that name); "
-        "expected a diffusers-layout folder with transformer/, vae/ and text_tokenizer/"
+        f"expected a diffusers-layout folder with transformer/, vae/ and text_tokenizer/{hint}"
     )
 
 
 def resolve_policy(
-    root: Path, policy: PolicyConfig | None = None, domain: str | None = None
+    root: Path,
+    policy: PolicyConfig | None = None,
+    domain: str | None = None,
+    *,
+    recipe: str | None = None,
 ) -> PolicyConfig:
-    """How the checkpoint at ``root`` is used: ``policy`` as given, else the embodiment
-    ``domain`` (:meth:`PolicyConfig.for_domain`), else the folder's ``action_policy.json``.
+    """How the checkpoint at ``root`` is used, with the source of each sampler setting.
+
+    ``policy`` as given; else a ``recipe`` (:data:`~cosmos3_gym.recipes.RECIPES`; on a folder
+    with ``action_policy.json`` it replaces the settings it names and keeps the folder's
+    statistics); else the embodiment ``domain`` (:meth:`PolicyConfig.for_domain`); else the
+    folder's ``action_policy.json``. Sampler settings no recipe or ``action_policy.json`` states
+    come from the folder's scheduler config where it states them (:func:`read_scheduler_defaults`),
+    else from ``PolicyConfig``'s defaults; see the module notes for the whole order.
 
     Reads no weights, so a command can check its policy before it loads the model.
     """
-    if policy is not None and domain is not None:
+    given = {"policy": policy, "domain": domain, "recipe": recipe}
+    named = [k for k, v in given.items() if v is not None]
+    if policy is not None and len(named) > 1:
         raise ValueError(
-            f"pass either policy or domain, not both (found policy for {policy.domain_name!r} "
-            f"and domain {domain!r})"
+            f"pass either policy or domain (or recipe), not {' and '.join(named)} (found "
+            f"policy for {policy.domain_name!r} and {', '.join(repr(given[k]) for k in named[1:])})"
         )
     if policy is not None:
-        return policy
-    if domain is not None:
-        return PolicyConfig.for_domain(domain)
+        sources = {k: policy.sampler_sources.get(k, GIVEN_SOURCE) for k in SAMPLER_FIELDS}
+        return dataclasses.replace(policy, sampler_sources=sources)
     policy_file = root / POLICY_CONFIG
-    if policy_file.exists():
-        return PolicyConfig.from_json_file(policy_file)
-    raise FileNotFoundError(
-        f"{root} has no {POLICY_CONFIG} saying how its action head is used (a diffusers "
-        "folder such as a published nvidia/Cosmos3-* checkpoint); choose the embodiment with "
-        f"domain=NAME (command line: --domain NAME), NAME one of {sorted(DOMAINS)} ('libero' "
-        "gives the official LIBERO recipe), or pass policy=PolicyConfig(...)"
+    folder = PolicyConfig.from_json_file(policy_file) if policy_file.exists() else None
+    if recipe is not None:
+        return _apply_recipe(get_recipe(recipe), domain, folder, policy_file)
+    if domain is not None:
+        resolved = PolicyConfig.for_domain(domain)
+        stated = RECIPES[DOMAIN_RECIPES[domain]].settings if domain in DOMAIN_RECIPES else {}
+        source = f"recipe {DOMAIN_RECIPES.get(domain)}"
+    elif folder is not None:
+        # An action_policy.json written before a setting existed does not state it.
+        stated = set(json.loads(policy_file.read_text())) & set(SAMPLER_FIELDS)
+        resolved, source = folder, POLICY_CONFIG
+    else:
+        raise FileNotFoundError(
+            f"{root} has no {POLICY_CONFIG} saying how its action head is used (a diffusers "
+            "folder such as a published nvidia/Cosmos3-* checkpoint); choose the embodiment "
+            f"with domain=NAME (command line: --domain NAME), NAME one of {sorted(DOMAINS)} "
+            "('libero' gives the official LIBERO recipe), a recipe=NAME of "
+            f"{sorted(RECIPES)}, or pass policy=PolicyConfig(...)"
+        )
+    scheduler, _ = read_scheduler_defaults(root)
+    sources, changes = {}, {}
+    for name in SAMPLER_FIELDS:
+        if name in stated:
+            sources[name] = source
+        elif name in scheduler:
+            sources[name], changes[name] = SCHEDULER_SOURCE, scheduler[name]
+        else:
+            sources[name] = DEFAULT_SOURCE
+    return dataclasses.replace(resolved, **changes, sampler_sources=sources)
+
+
+def _apply_recipe(
+    recipe: Any, domain: str | None, folder: PolicyConfig | None, policy_file: Path
+) -> PolicyConfig:
+    """``recipe``'s settings, over the folder's ``action_policy.json`` where it has one."""
+    own = recipe.settings["domain_name"]
+    for what, found in (("domain", domain), (str(policy_file), folder and folder.domain_name)):
+        if found is not None and found != own:
+            raise ValueError(
+                f"recipe {recipe.name!r} is for {own!r} action heads, but the {what} is "
+                f"{found!r}; choose a recipe of that domain or leave the recipe out"
+            )
+    settings = dict(recipe.settings)
+    if folder is None:
+        settings["domain_id"] = None  # from the domain table
+        resolved = PolicyConfig(**settings)
+    else:
+        resolved = dataclasses.replace(folder, **settings)
+    return dataclasses.replace(
+        resolved, sampler_sources={k: f"recipe {recipe.name}" for k in SAMPLER_FIELDS}
     )
 
 
 def read_action_stats(path: str | Path) -> dict[str, Any]:
     """An action statistics JSON as cosmos-framework writes it (``global`` and, for
-    ``quantile_rot``, ``global_raw`` blocks of mean/std/min/max/q01/q99)."""
+    ``quantile_rot``, ``global_raw`` blocks of mean/std/min/max/q01/q99), checked: every
+    vector finite and of one length."""
+    from cosmos3_gym.pipeline.normalization import ActionStats
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
             f"no action statistics file at {str(path)!r}; expected a JSON file with a 'global' "
             "block (and 'global_raw' for quantile_rot) of mean, std, min, max, q01 and q99"
         )
-    return json.loads(path.read_text())
+    stats = read_json_object(path, what="action statistics JSON")
+    ActionStats.from_dict(stats, source=str(path))
+    return stats
+
+
+def check_action_stats(stats: dict[str, Any], policy: PolicyConfig, source: str) -> None:
+    """Refuse statistics that the policy head cannot use: the block its normalisation reads
+    (``global_raw`` for ``quantile_rot``, else ``global``) must exist, be finite and be as wide
+    as its raw actions."""
+    from cosmos3_gym.pipeline.normalization import ActionStats
+
+    if policy.normalization == "none":
+        return
+    parsed = ActionStats.from_dict(stats, source=source)
+    try:
+        parsed.block_for(policy.normalization)
+    except ValueError as err:
+        raise ValueError(f"{source}: {err} (the checkpoint's {policy.domain_name!r} head)") \
+            from None
+    if parsed.raw_action_dim != policy.raw_action_dim:
+        raise ValueError(
+            f"{source} holds {parsed.raw_action_dim}-D statistics; the checkpoint's "
+            f"{policy.domain_name!r} head makes {policy.raw_action_dim}-D actions"
+        )
+
+
+def checkpoint_policy(checkpoint: str | Path, domain: str | None = None,
+                      action_stats: str | Path | None = None,
+                      recipe: str | None = None) -> PolicyConfig | None:
+    """A checkpoint's :class:`PolicyConfig` as a run would use it (:func:`resolve_policy` of
+    ``domain`` / ``recipe`` / its ``action_policy.json``; ``action_stats`` replacing its
+    statistics, checked against the head), read without loading any weights; ``None`` where
+    none of them says, or the folder is not found (loading reports that)."""
+    try:
+        policy = resolve_policy(resolve_checkpoint(checkpoint), domain=domain, recipe=recipe)
+    except FileNotFoundError:
+        return None
+    if action_stats is not None:
+        stats = read_action_stats(action_stats)
+        check_action_stats(stats, policy, f"action statistics {action_stats}")
+        policy = dataclasses.replace(policy, stats=stats)
+    return policy
 
 
 def check_layout(root: Path) -> None:
@@ -258,3 +570,19 @@ def check_layout(root: Path) -> None:
     missing = [name for name in (TRANSFORMER, VAE, TEXT_TOKENIZER) if not (root / name).is_dir()]
     if missing:
         raise FileNotFoundError(f"checkpoint {root} lacks {missing} (diffusers layout expected)")
+
+
+def check_files(root: Path) -> None:
+    """Everything about a checkpoint folder that can be known without loading it, each fault
+    one error naming its file: the layout, the transformer's ``config.json`` (types, the keys
+    that fix its shape), the VAE's ``config.json``, and every weight file complete and in
+    safetensors (shards an index names inside the folder). A command calls it before it
+    writes anything, so a broken download fails in a second, not after a run folder is made."""
+    from cosmos3_gym.model.config import Cosmos3Config
+    from cosmos3_gym.model.weights import safetensors_files
+
+    check_layout(root)
+    Cosmos3Config.from_json_file(root / TRANSFORMER / "config.json")
+    read_json_object(root / VAE / "config.json", what="VAE config.json")
+    for part in (TRANSFORMER, VAE):
+        safetensors_files(root / part)

@@ -1,7 +1,9 @@
-"""Where the model runs and in which precision: ``--device`` and ``--dtype`` of every command.
+"""Where the model runs and in which precision: ``--device`` and ``--precision`` of every command.
 
 ``auto`` is the GPU where there is one: ``cuda:LOCAL_RANK`` (``cuda:0`` outside ``torchrun``),
-else the CPU; its precision is bfloat16 on CUDA and float32 on the CPU. A device that is not
+else the CPU; its precision is bfloat16 on CUDA and float32 on the CPU. ``--precision``
+(:func:`resolve_precision`) is ``auto``, ``fp32``, ``bf16``, or ``fp8``: the generation tower's
+GEMMs in FP8, everything else as ``auto`` would run it. A device that is not
 there (``cuda`` on a machine without CUDA, ``cuda:3`` on a two-GPU machine, more torchrun ranks
 on a node than it has GPUs) is a ``ValueError`` raised here, before anything loads, saying what
 was asked for and what the machine has.
@@ -17,6 +19,8 @@ import torch
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DTYPE_CHOICES = ("auto", *DTYPES)
+PRECISIONS = ("auto", "fp32", "bf16", "fp8")
+_PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def local_rank() -> int | None:
@@ -83,8 +87,34 @@ def resolve_dtype(spec: str | torch.dtype | None, device: torch.device) -> torch
     if spec is None or spec == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if spec not in DTYPES:
-        raise ValueError(f"--dtype: expected one of {list(DTYPE_CHOICES)}; found {spec!r}")
+        raise ValueError(f"dtype: expected one of {list(DTYPE_CHOICES)}; found {spec!r}")
     return DTYPES[spec]
+
+
+def resolve_precision(spec: str, device: torch.device) -> tuple[torch.dtype, bool]:
+    """``--precision`` on ``device``: the model's dtype, and whether the generation tower's
+    GEMMs run in FP8 (``InferenceOptions.fp8``).
+
+    >>> cpu = torch.device("cpu")
+    >>> resolve_precision("auto", cpu), resolve_precision("fp8", cpu)
+    ((torch.float32, False), (torch.float32, True))
+    """
+    if spec not in PRECISIONS:
+        raise ValueError(f"--precision: expected one of {list(PRECISIONS)}; found {spec!r}")
+    if spec in _PRECISION_DTYPES:
+        return _PRECISION_DTYPES[spec], False
+    return resolve_dtype("auto", device), spec == "fp8"
+
+
+def precision_name(dtype: torch.dtype, fp8: bool) -> str:
+    """What a run records as its precision: ``fp8``, else its dtype's ``fp32`` / ``bf16``.
+
+    >>> precision_name(torch.bfloat16, False)
+    'bf16'
+    """
+    if fp8:
+        return "fp8"
+    return {v: k for k, v in _PRECISION_DTYPES.items()}[dtype]
 
 
 def dtype_name(dtype: torch.dtype) -> str:

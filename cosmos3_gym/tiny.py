@@ -280,6 +280,12 @@ def write_tiny_checkpoint(
     (Qwen-style), ``scheduler/``, ``model_index.json`` and ``action_policy.json`` (LIBERO-like
     policy head: domain 5, 10 raw dims, quantile_rot statistics, a 4-step chunk).
     ``Cosmos3ActionPipeline.from_pretrained(directory)`` loads it offline.
+
+    ``policy_overrides`` replace fields of that head. A head of another width for plumbing an
+    env (random weights: its actions mean nothing) is ``{"raw_action_dim": D}``: the statistics
+    then come at width ``D`` too (unless ``stats`` is given), so the folder loads and runs;
+    ``{"raw_action_dim": D, "normalization": "none", "stats": None}`` leaves the actions in the
+    model's normalised ``[-1, 1]``, the range ``--action-map box`` maps onto an env's ``Box``.
     """
     import json
 
@@ -317,7 +323,10 @@ def write_tiny_checkpoint(
         "normalization": "quantile_rot", "stats": tiny_action_stats(10), "fps": 20.0,
         "resolution_tier": 256, "view_point": "concat_view", "num_inference_steps": 8,
     }
-    policy.update(policy_overrides or {})
+    overrides = dict(policy_overrides or {})
+    if "raw_action_dim" in overrides and "stats" not in overrides:
+        policy["stats"] = tiny_action_stats(int(overrides["raw_action_dim"]))
+    policy.update(overrides)
     PolicyConfig(**policy).save(root / layout.POLICY_CONFIG)
     return root
 

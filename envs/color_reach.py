@@ -66,7 +66,8 @@ class ColorReachEnv(OwnTimeLimit, gym.Env[np.ndarray, np.ndarray]):
     * Prompt: ``task_description`` (alias ``task``), e.g. ``"reach the red target"``; the goal
       colour is drawn from the seeded RNG at each reset, or given by ``options={"target": c}``.
     * Reward 1.0 and ``terminated`` when the agent centre is within ``success_radius`` of the goal
-      centre (``info["is_success"]``), else 0.0; ``truncated`` after ``max_episode_steps``
+      centre (``info["is_success"]``; ``info["target_index"]`` is the goal's index in
+      ``colors``: every info holds both keys), else 0.0; ``truncated`` after ``max_episode_steps``
       (also ``spec.max_episode_steps`` and ``_max_episode_steps``). Touching other targets is
       neither penalised nor terminal.
     * ``render()`` (``render_mode="rgb_array"``, the default) returns the observation frame, which
@@ -205,7 +206,9 @@ class ColorReachEnv(OwnTimeLimit, gym.Env[np.ndarray, np.ndarray]):
         return float(np.linalg.norm(self._agent - self._targets[self._goal]))
 
     def _info(self, success: bool) -> dict[str, Any]:
-        return {"is_success": bool(success), "target": self._goal}
+        # The same keys with the same numeric types at every reset and step: tools that build
+        # specs from infos (TorchRL's) cannot hold a string. The goal's name is in the prompt.
+        return {"is_success": bool(success), "target_index": self.colors.index(self._goal)}
 
     def _render_frame(self) -> np.ndarray:
         size = self.image_size

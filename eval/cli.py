@@ -1,5 +1,15 @@
-"""The ``cosmos3-gym`` console script: ``eval``, ``rollout``, ``bench``, ``train``, ``report``
-(argparse only).
+"""The ``cosmos3-gym`` console script: every command's options generated from its settings.
+
+Each command runs one settings dataclass (``eval``: :class:`~cosmos3_gym.eval.evaluate.EvalConfig`,
+``rollout``: :class:`~cosmos3_gym.eval.rollout.RolloutConfig`, ``bench``:
+:class:`~cosmos3_gym.bench.latency.BenchConfig`, ``size``:
+:class:`~cosmos3_gym.bench.synthetic.SizeConfig`, ``train``:
+:class:`~cosmos3_gym.train.TrainConfig`, ``rl grpo``: :class:`~cosmos3_gym.train.grpo.GRPOConfig`),
+and its parser is made from that class here (:func:`add_settings`): one option per field, its help
+the field's, grouped in ``--help`` (model, runtime, env, sampler, the command's own), so a
+setting is declared once. ``eval`` and ``rollout`` take ``--config FILE`` (JSON or YAML): a run
+folder's ``config.json`` (or ``rollout.json``) given back with a new ``--out`` runs the same
+episodes; options on the command line override the file.
 
 Examples:
 
@@ -8,143 +18,210 @@ Examples:
         --trials 50 --num-envs 8 --async-envs --seed 7 --out runs/libero_10
     cosmos3-gym eval --checkpoint PATH --env libero --suite libero_4 --protocol official \\
         --num-envs 8 --async-envs --out runs/libero_4     # NVIDIA's LIBERO table (docs/libero.md)
+    cosmos3-gym eval --config runs/libero_10/config.json --out runs/again   # the same episodes
     torchrun --nproc_per_node 2 -m cosmos3_gym.eval.cli eval ... --out DIR   # rank 0 merges
-    cosmos3-gym rollout --steps 256 --num-envs 4 --out runs/rollouts
+    cosmos3-gym rollout --env-steps 256 --num-envs 4 --sampler flow_sde --out runs/rollouts
     cosmos3-gym bench --checkpoint PATH --out bench.json          # on the GPU where there is one
-    cosmos3-gym eval --synthetic nano --trials 8 --num-envs 8 --out runs/size_it  # no weights
-    cosmos3-gym bench --checkpoint /models/Cosmos3-Nano --domain droid_lerobot --device cuda \\
-        --out bench.json                     # a diffusers folder: name its embodiment
-    cosmos3-gym report runs/color_reach                            # table + results.png again
+    cosmos3-gym size --synthetic nano --out nano.json             # a published shape, no weights
+    cosmos3-gym train --out runs/tiny                              # the shipped tiny checkpoint
+    cosmos3-gym rl grpo --out runs/grpo                            # GRPO on ColorReach
     cosmos3-gym report runs/right runs/shuffled --out compare.png  # two runs in one plot
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
+import types
+import typing
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
-from cosmos3_gym.checkpoint import DOMAINS
-from cosmos3_gym.envs import STEP_BUDGETS
-from cosmos3_gym.eval.protocol import PROTOCOLS
-from cosmos3_gym.eval.synthetic import PRESETS as SYNTHETIC_PRESETS
-from cosmos3_gym.eval.tasks import ENV_NAMES
+from cosmos3_gym.settings import GROUPS, ProgressSettings
 
-# cosmos3_gym.devices.DTYPE_CHOICES, without importing torch to build the parser.
-DTYPE_CHOICES = ("auto", "bfloat16", "float32")
-PRECISION_CHOICES = ("bf16", "fp8")
-
-
-def _csv(text: str) -> list[str]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list; found {text!r}")
-    return items
+# The commands and the settings class each runs (imported when the parser is built).
+COMMAND_HELP = {
+    "eval": "success-rate evaluation: resumable, torchrun-shardable, one record per episode",
+    "rollout": "RL rollouts into .npz shards (resumable), or a LeRobot dataset",
+    "bench": "a checkpoint's latency and throughput: batched vs serial, each option on and off",
+    "size": "a published model shape with random weights: time and memory before the weights",
+    "train": "train the tiny checkpoint on ColorReach expert demos (CPU, deterministic)",
+    "rl": "reinforcement learning fine-tuning: rl grpo (GRPO on ColorReach)",
+    "report": "print a run's results table and redraw its plot (finished or partial runs; "
+              "several runs side by side)",
+}
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1; found {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1; found {value}")
-    return value
+def _settings_classes() -> dict[str, type]:
+    from cosmos3_gym.bench.latency import BenchConfig
+    from cosmos3_gym.bench.synthetic import SizeConfig
+    from cosmos3_gym.eval.evaluate import EvalConfig
+    from cosmos3_gym.eval.rollout import RolloutConfig
+    from cosmos3_gym.train.config import TrainConfig
+    from cosmos3_gym.train.grpo import GRPOConfig
+
+    return {"eval": EvalConfig, "rollout": RolloutConfig, "bench": BenchConfig,
+            "size": SizeConfig, "train": TrainConfig, "rl grpo": GRPOConfig}
 
 
-def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
-    """``--checkpoint``, and how to use one whose folder has no ``action_policy.json``."""
-    p.add_argument("--checkpoint", default=None,
-                   help="checkpoint folder or shipped name (default: tiny)")
-    p.add_argument("--domain", default=None, choices=sorted(DOMAINS), metavar="NAME",
-                   help="embodiment of a checkpoint without action_policy.json (a diffusers "
-                        "folder such as nvidia/Cosmos3-*): libero (the official LIBERO recipe), "
-                        f"or one of {', '.join(n for n in sorted(DOMAINS) if n != 'libero')}")
-    p.add_argument("--action-stats", default=None, metavar="FILE",
-                   help="action statistics JSON (cosmos-framework's global / global_raw blocks); "
-                        "without statistics the actions stay in the model's normalised space")
+# ---------------------------------------------------------------------- the generator
 
 
-def add_device_arguments(p: argparse.ArgumentParser) -> None:
-    """``--device``, ``--dtype`` and ``--precision``: where the model runs and in which
-    precision."""
-    p.add_argument("--device", default="auto", metavar="DEVICE",
-                   help="auto (default: the GPU where there is one, cuda:LOCAL_RANK under "
-                        "torchrun, else the CPU), cpu, cuda or cuda:N")
-    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                   help="model precision: auto (default: bfloat16 on CUDA, float32 on the CPU), "
-                        "bfloat16 or float32")
-    p.add_argument("--precision", default="bf16", choices=PRECISION_CHOICES,
-                   help="bf16 (default): every GEMM in --dtype; fp8: the generation tower's "
-                        "Q/K/V, attention-output, gate/up and down GEMMs in FP8 e4m3 (per-channel "
-                        "weights, per-token activations; the first and last 3 denoising steps "
-                        "stay in --dtype), compute capability >= 8.9 on CUDA (else switched off "
-                        "with a warning), emulated on the CPU. Not the same actions: see the "
-                        "accuracy gates in docs/benchmarks.md")
+def _is_dataclass_type(hint: Any) -> bool:
+    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
 
 
-def _sde_steps(text: str) -> str | tuple[int, ...]:
-    if text in ("random", "all"):
-        return text
-    try:
-        return tuple(int(t) for t in _csv(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected 'random', 'all' or comma-separated step indices; found {text!r}"
-        ) from None
+def _reader(hint: Any, parse: Callable[[str], Any] | None) -> Callable[[str], Any] | None:
+    """How an option's text becomes the field's value (None: a bool flag)."""
+    if parse is None:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        base = args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) else hint
+        if base is bool:
+            return None
+        parse = base if base in (int, float, str) else str
+
+    def read(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    read.__name__ = getattr(parse, "__name__", "value")
+    return read
 
 
-def add_sampler_arguments(p: argparse.ArgumentParser) -> None:
-    """``--sampler``, ``--noise-level``, ``--sde-steps``: stochastic action steps for RL."""
-    p.add_argument("--sampler", default="flow_unipc", choices=("flow_unipc", "flow_sde",
-                                                                "flow_cps"),
-                   help="flow_unipc: the deterministic sampler (default); flow_sde / flow_cps: "
-                        "Gaussian action steps whose log-probability every chunk records")
-    p.add_argument("--noise-level", type=float, default=0.5,
-                   help="noise level of the stochastic steps (default: 0.5)")
-    p.add_argument("--sde-steps", type=_sde_steps, default="random",
-                   help="which denoising steps are stochastic: random (one per chunk, default), "
-                        "all, or indices such as 2,3")
+def _groups_of(cls: type, exclude: Sequence[str]) -> list[str]:
+    """The ``--help`` groups ``cls``'s settings fall in, in :data:`GROUPS` order."""
+    hints = typing.get_type_hints(cls)
+    found: set[str] = set()
+    for f in dataclasses.fields(cls):
+        if f.name in exclude:
+            continue
+        if _is_dataclass_type(hints[f.name]):
+            found.update(_groups_of(hints[f.name], exclude))
+        elif f.metadata.get("cli", True) and "help" in f.metadata:
+            found.add(f.metadata["group"])
+    return [g for g in GROUPS if g in found]
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    add_checkpoint_arguments(p)
-    add_device_arguments(p)
-    p.add_argument("--synthetic", default=None, choices=SYNTHETIC_PRESETS, metavar="PRESET",
-                   help="instead of a checkpoint, a published model shape with random weights "
-                        "(nano, super, edge; tiny on a CPU): the real loop and its timings "
-                        "before you have weights; success rates are meaningless")
-    p.add_argument("--env", default="color_reach", choices=ENV_NAMES,
-                   help="env family (default: the built-in color_reach)")
-    p.add_argument("--suite", default=None,
-                   help="LIBERO suite, e.g. libero_10, or several comma-separated, or libero_4 "
-                        "(spatial, object, goal, 10: the published four); --env libero")
-    p.add_argument("--tasks", type=_csv, default=None,
-                   help="comma-separated tasks: colours for color_reach, task ids for LIBERO, "
-                        "task names for metaworld (reach-v3,push-v3) "
-                        "(default: all)")
-    p.add_argument("--num-envs", type=_positive_int, default=4,
-                   help="parallel env slots (default: 4)")
-    p.add_argument("--async-envs", action="store_true",
-                   help="run sub-envs in worker processes (crash/hang recovery)")
-    p.add_argument("--seed", type=int, default=0, help="global seed (default: 0)")
-    p.add_argument("--image-size", type=_positive_int, default=None, help="env image size")
-    p.add_argument("--max-episode-steps", type=_positive_int, default=None,
-                   help="episode step limit")
-    p.add_argument("--step-budget", choices=STEP_BUDGETS, default=None,
-                   help="LIBERO episode budget: cosmos3 (default; the official Cosmos3 client's, "
-                        "settle steps counted inside: 510 on libero_10) or openpi (settle steps "
-                        "on top: 520)")
-    p.add_argument("--num-inference-steps", type=_positive_int, default=None,
-                   help="denoising steps (default: the checkpoint's)")
-    p.add_argument("--n-action-steps", type=_positive_int, default=None,
-                   help="actions executed per chunk before replanning (default: whole chunk)")
-    p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+def add_settings(parser: argparse.ArgumentParser, cls: type, *, required: Sequence[str] = (),
+                 exclude: Sequence[str] = (), prefix: str = "",
+                 groups: dict[str, Any] | None = None) -> None:
+    """One option per field of ``cls`` (nested settings dataclasses included), in ``--help``
+    groups (model, runtime, env, sampler, then the command's own). Options are absent from the
+    namespace unless given (so ``--config`` values and the classes' own defaults stay below
+    what the command line says); ``required`` fields must be given. Each option's dest is the
+    field's dotted path (``sampling.flow_shift``)."""
+    if groups is None:
+        groups = {g: parser.add_argument_group(GROUPS[g]) for g in _groups_of(cls, exclude)}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in exclude:
+            continue
+        hint = hints[f.name]
+        if _is_dataclass_type(hint):
+            add_settings(parser, hint, exclude=exclude, prefix=f"{prefix}{f.name}.",
+                         groups=groups)
+            continue
+        meta = f.metadata
+        if not meta.get("cli", True) or "help" not in meta:
+            continue
+        group = groups[meta["group"]]
+        name = meta.get("flag") or f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        dest = prefix + f.name
+        read = _reader(hint, meta.get("parse"))
+        help_text = meta["help"].replace("%", "%%")  # argparse formats help with %
+        if read is None:  # a bool: the flag turns the default over
+            text = f"turn off: {help_text}" if name.startswith("no-") else help_text
+            group.add_argument(f"--{name}", dest=dest, action="store_const",
+                               const=not default, default=argparse.SUPPRESS, help=text)
+            continue
+        if f.name in required:
+            text = f"{help_text} (required)"
+        elif "default" in help_text:
+            text = help_text  # the help says what the default is
+        else:
+            text = f"{help_text} (default: {_shown(default)})"
+        kwargs: dict[str, Any] = {"dest": dest, "type": read, "default": argparse.SUPPRESS,
+                                  "help": text, "required": f.name in required,
+                                  "metavar": meta.get("metavar") or name.upper().replace("-", "_")}
+        if meta.get("choices"):
+            kwargs["choices"] = meta["choices"]
+            kwargs.pop("metavar")
+        if meta.get("const") is not None:
+            kwargs.update(nargs="?", const=meta["const"])
+        group.add_argument(f"--{name}", **kwargs)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return "none" if value is None else str(value)
+
+
+def settings_from(cls: type, given: dict[str, Any], *, source: str = "the command line") -> Any:
+    """An instance of ``cls`` from flat dotted keys (``sampling.flow_shift``) or a nested dict
+    (as ``dataclasses.asdict`` writes it); a key ``cls`` does not have is an error naming it."""
+    nested: dict[str, Any] = {}
+    for key, value in given.items():
+        head, _, rest = key.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            nested[head] = value
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(nested) - names)
+    if unknown:
+        raise ValueError(f"{source}: unknown settings {unknown} for {cls.__name__}; known: "
+                         f"{sorted(names)}")
+    kwargs = {}
+    for name, value in nested.items():
+        hint = hints[name]
+        if _is_dataclass_type(hint) and isinstance(value, dict):
+            value = settings_from(hint, value, source=source)
+        elif isinstance(value, list) and typing.get_origin(hint) in (typing.Union,
+                                                                     types.UnionType):
+            if any(typing.get_origin(a) is tuple for a in typing.get_args(hint)):
+                value = tuple(value)  # JSON holds a tuple as a list
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """The settings a ``--config`` file holds: a run folder's ``config.json`` (its
+    ``session``), a rollout folder's ``rollout.json`` (its ``session``), or a JSON or YAML
+    mapping of settings."""
+    from cosmos3_gym.jsonio import read_json
+
+    file = Path(path)
+    if file.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"--config: no file at {file}") from None
+        except yaml.YAMLError as err:
+            raise ValueError(f"--config {file}: not valid YAML ({err})") from None
+    else:
+        data = read_json(file, what="--config file (JSON or YAML settings)")
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {file}: expected a mapping of settings; found "
+                         f"{type(data).__name__}")
+    return dict(data.get("session", data))
+
+
+# ---------------------------------------------------------------------- the parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``cosmos3-gym`` argument parser."""
+    """The ``cosmos3-gym`` argument parser, every command's options from its settings."""
     parser = argparse.ArgumentParser(
         prog="cosmos3-gym",
         description="Cosmos3 action policies in Gymnasium envs, in one process:\n"
@@ -152,188 +229,208 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__[__doc__.index("Examples:"):],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    ev = sub.add_parser("eval", help="success-rate evaluation (resumable; torchrun-shardable)")
-    _common(ev)
-    ev.add_argument("--trials", type=_positive_int, default=None,
-                    help="episodes per task (default: 10; 50 under --protocol official)")
-    ev.add_argument("--protocol", choices=PROTOCOLS, default="default",
-                    help="default: fresh noise per chunk, --trials as given; official: the rules "
-                         "behind NVIDIA's published LIBERO numbers (50 trials per task, init "
-                         "state t, the client's budget, whole chunks, every chunk from seed 0, "
-                         "the checkpoint's sampler), recorded in results.json (docs/libero.md)")
-    ev.add_argument("--allow-normalized-actions", action="store_true",
-                    help="run a checkpoint without action statistics in an env with real units "
-                         "(LIBERO); its actions then stay in the model's normalised space")
-    ev.add_argument("--out-of-range", choices=("report", "fail"), default="report",
-                    help="actions outside the action space: count them and let the env apply "
-                         "its own handling (report), or fail the episode (fail)")
-    ev.add_argument("--env-timeout", type=float, default=300.0,
-                    help="seconds before an async env step/reset counts as hung (default: 300)")
-    ev.add_argument("--videos", nargs="?", const="env", default=None, choices=("env", "imagined"),
-                    help="write a video per episode to OUT/videos: the env's frames as a GIF, "
-                         "or with 'imagined' the model's input, its predicted future and the "
-                         "env's frames side by side (MP4 with imageio-ffmpeg, else GIF; decodes "
-                         "the future, so it costs time)")
-    ev.add_argument("--video-trials", type=int, default=None, metavar="N",
-                    help="videos for the first N trials of each task only (default: every trial)")
-    ev.add_argument("--shuffle-prompts", action="store_true",
-                    help="diagnostic: give each episode another task's prompt; a policy that "
-                         "reads its prompt should then drop to chance")
-
-    ro = sub.add_parser("rollout", help="collect policy rollouts as .npz shards")
-    _common(ro)
-    ro.add_argument("--steps", type=_positive_int, required=True,
-                    help="vector env steps to collect")
-    ro.add_argument("--shard-steps", type=_positive_int, default=256, help="steps per .npz shard")
-    ro.add_argument("--deterministic", action="store_true",
-                    help="same noise for every chunk (default: fresh noise per chunk)")
-    ro.add_argument("--format", choices=("npz", "lerobot"), default="npz",
-                    help="npz shards (default), or lerobot: the shards and, in OUT/lerobot, "
-                         "their finished episodes as a LeRobot dataset (needs LeRobot)")
-    add_sampler_arguments(ro)
-
-    # Listed for `cosmos3-gym -h`; `main` hands `train ...` to the trainer's own parser before
-    # this one runs (argparse's REMAINDER would refuse a first argument like `--out`).
-    sub.add_parser("train", add_help=False,
-                   help="train the tiny checkpoint on ColorReach demos (see train --help)")
-
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    classes = _settings_classes()
+    for name in ("eval", "rollout"):
+        p = sub.add_parser(name, help=COMMAND_HELP[name], description=COMMAND_HELP[name])
+        p.add_argument("--config", default=None, metavar="FILE",
+                       help="settings from a file (JSON or YAML): a run folder's config.json or "
+                            "rollout.json reruns that run; options given here override it")
+        p.add_argument("--out", required=True, metavar="DIR",
+                       help="where the command writes its results; the run folder (a new one, "
+                            "or one this command wrote: it resumes)")
+        add_settings(p, classes[name])
+    for name in ("bench", "size"):
+        p = sub.add_parser(name, help=COMMAND_HELP[name], description=COMMAND_HELP[name])
+        add_settings(p, classes[name], exclude=("synthetic", "progress") if name == "bench"
+                     else ())
+    train = sub.add_parser("train", help=COMMAND_HELP["train"], description=COMMAND_HELP["train"])
+    add_settings(train, classes["train"])
+    add_settings(train, ProgressSettings)
+    rl = sub.add_parser("rl", help=COMMAND_HELP["rl"], description=COMMAND_HELP["rl"])
+    algorithms = rl.add_subparsers(dest="algorithm", required=True, metavar="ALGORITHM")
+    grpo = algorithms.add_parser(
+        "grpo", help="GRPO fine-tuning of a tiny Cosmos3 policy on ColorReach (CPU): groups of "
+                     "episodes from one start state, group-relative advantages, PPO's clip",
+        description="GRPO fine-tuning of a tiny Cosmos3 policy on ColorReach (CPU).")
+    add_settings(grpo, classes["rl grpo"])
+    add_settings(grpo, ProgressSettings)
     from cosmos3_gym.eval import report
 
-    report.add_arguments(sub.add_parser(
-        "report", help="print a run's results table and redraw its plot (finished or partial "
-                       "runs; two or more runs side by side)"
-    ))
-
-    from cosmos3_gym.bench import latency, synthetic
-
-    bench = sub.add_parser(
-        "bench", help="latency/throughput of the action stack: batched vs serial, cache on/off; "
-                      "--synthetic PRESET: a published model shape without weights"
-    )
-    latency.add_arguments(bench)
-    synthetic.add_arguments(bench)
+    report.add_arguments(sub.add_parser("report", help=COMMAND_HELP["report"],
+                                        description=COMMAND_HELP["report"]))
     return parser
+
+
+def parsers(parser: argparse.ArgumentParser | None = None) -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser by its name (``rl grpo`` for the nested one)."""
+    parser = parser or build_parser()
+    found: dict[str, argparse.ArgumentParser] = {}
+
+    def walk(p: argparse.ArgumentParser, prefix: str) -> None:
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    found[f"{prefix}{name}"] = child
+                    walk(child, f"{prefix}{name} ")
+
+    walk(parser, "")
+    return found
+
+
+def cli_reference() -> str:
+    """The command line's reference page (``docs/cli.md``), generated from the parsers: every
+    command's ``--help``, as the command prints it."""
+    parser = build_parser()
+    width = {"COLUMNS": "100"}
+    old = {k: os.environ.get(k) for k in width}
+    os.environ.update(width)  # argparse wraps help to $COLUMNS: the same page on any terminal
+    try:
+        pages = [("cosmos3-gym", parser.format_help())]
+        pages += [(f"cosmos3-gym {name}", child.format_help())
+                  for name, child in parsers(parser).items()]
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    lines = ["# Command-line reference", "",
+             "Generated from the parsers (`python scripts/cli_reference.py`; a test checks it is "
+             "current). Every option is a field of the command's settings class "
+             "(`cosmos3_gym/settings.py`, `SamplerConfig`, and each command's config), so its "
+             "default and help live in one place.", ""]
+    for title, text in pages:
+        lines += [f"## `{title}`", "", "```text", text.rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- running
+
+
+# Entries of a parsed command line that are the parser's own, not the command's settings.
+PARSER_ENTRIES = ("command", "algorithm", "config")
+
+
+def given_settings(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The settings the command line gave (dotted keys) that ``cls`` holds."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in vars(args).items()
+            if k not in PARSER_ENTRIES and k.partition(".")[0] in names}
+
+
+def command_settings(args: argparse.Namespace, cls: type) -> Any:
+    """The command's settings: the class's defaults, then ``--config``'s, then the options."""
+    base = read_config_file(args.config) if getattr(args, "config", None) else {}
+    flat = {**_flatten(base), **given_settings(args, cls)}
+    return settings_from(cls, flat, source=f"--config {args.config}" if base else
+                         "the command line")
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and key in ("sampling",):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``cosmos3-gym`` console script.
 
-    Bad input (a missing checkpoint, a mismatched resume folder, an unknown task...) ends with
-    one ``error:`` line and exit status 2, like argparse's own errors; Ctrl-C ends with one line
-    saying what was saved and how to go on, exit status 130; other exceptions keep their
-    traceback, since they are bugs to report.
+    Bad input (a missing or broken checkpoint, a mismatched or busy or unwritable run folder,
+    an unknown task...) ends with one ``error:`` line and exit status 2, like argparse's own
+    errors, before anything runs; a failure during a run that is not a bug (a full disk, envs
+    that keep faulting) ends with one ``error:`` line and exit status 1, the folder resumable;
+    Ctrl-C ends with one line saying what was saved and how to go on, exit status 130; other
+    exceptions keep their traceback, since they are bugs to report.
     """
+    from cosmos3_gym.runner import FolderInUse, TooManyFaults
+
     parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    command = argv[0] if argv else None
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    command = args.command if args.command != "rl" else f"rl {args.algorithm}"
     try:
-        if command == "train":
-            from cosmos3_gym.train import main as train_main
-
-            return train_main(argv[1:])
-        return _run(parser.parse_args(argv))
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
+        return _run(args, command)
+    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError,
+            FolderInUse) as err:
         parser.exit(2, f"cosmos3-gym {command}: error: {err}\n")
+    except (OSError, TooManyFaults) as err:
+        parser.exit(1, f"cosmos3-gym {command}: error: {_failure(err)}; the run's folder keeps "
+                       "what was saved: fix the cause and rerun the same command to go on\n")
     except KeyboardInterrupt:
-        parser.exit(130, f"cosmos3-gym {command}: interrupted; {_interrupted(command, argv)}\n")
+        parser.exit(130, f"cosmos3-gym {command}: interrupted; {_interrupted(command, args)}\n")
 
 
-def _interrupted(command: str | None, argv: list[str]) -> str:
+def _failure(err: BaseException) -> str:
+    """An error during a run in one line: an ``OSError`` with its file and what the system
+    said (``No space left on device: runs/x/shard-00003.npz (OSError, errno 28)``)."""
+    if isinstance(err, OSError) and err.strerror:
+        where = f": {err.filename}" if err.filename else ""
+        return f"{err.strerror}{where} ({type(err).__name__}, errno {err.errno})"
+    return str(err)
+
+
+def _interrupted(command: str, args: argparse.Namespace) -> str:
     """What an interrupted command leaves behind and how to go on, in one line."""
+    out = getattr(args, "out", None)
+    if out is None and command in _settings_classes():  # the class's default
+        out = next(f.default for f in dataclasses.fields(_settings_classes()[command])
+                   if f.name == "out")
     if command == "train":
-        from cosmos3_gym.train.trainer import parse_args
-
-        out = parse_args(argv[1:]).out
         return (f"the checkpoint in {out} is incomplete (training does not resume); rerun the "
                 "same command to train from the start")
     if command == "report":
         return "it only reads runs; rerun the same command"
-    out = build_parser().parse_known_args(argv)[0].out
     if command == "eval":
         from cosmos3_gym.eval.results import read_episode_records
 
-        folder = Path(out)
+        folder = Path(args.out)
         finished = len(read_episode_records(folder)) if folder.is_dir() else 0
-        return (f"{out} holds {finished} finished episode{'' if finished == 1 else 's'}; rerun "
-                "the same command to resume (finished episodes are not run again)")
+        return (f"{args.out} holds {finished} finished episode{'' if finished == 1 else 's'}; "
+                "rerun the same command to resume (finished episodes are not run again)")
     if command == "rollout":
-        return (f"the shards saved in {out} are kept; rerun the same command to collect the "
-                "remaining steps")
+        return (f"the shards saved in {args.out} are kept; rerun the same command to collect "
+                "the remaining steps")
     return f"nothing written ({out} is written at the end)"
 
 
-def _check_out_folder(out: str) -> None:
-    """``--out`` must be a folder or a new path (no part of it an existing file)."""
-    path = Path(out)
-    for part in (path, *path.parents):
-        if part.exists() and not part.is_dir():
-            raise ValueError(
-                f"--out {out}: {part} is a file; expected a folder (a new one, or one this "
-                "command wrote)"
-            )
-
-
-def _check_model_arguments(args: argparse.Namespace) -> None:
-    """The model source and the device, checked before anything loads: ``--synthetic`` builds
-    a random model, so a checkpoint's options do not go with it; a device that is not there is
-    an error now, not a traceback later."""
-    if args.synthetic is not None:
-        given = [f"--{name.replace('_', '-')}" for name in ("checkpoint", "domain", "action_stats")
-                 if getattr(args, name) is not None]
-        if given:
-            raise ValueError(f"--synthetic {args.synthetic} builds a model with random weights; "
-                             f"{', '.join(given)} would not be used. Give one or the other")
-    args.checkpoint = args.checkpoint or "tiny"
-    from cosmos3_gym.devices import resolve_device, resolve_dtype
-
-    resolve_dtype(args.dtype, resolve_device(args.device))
-
-
-def _run(args: argparse.Namespace) -> int:
-    if args.command in ("eval", "rollout"):
-        _check_out_folder(args.out)
-    if args.command in ("eval", "rollout", "bench"):
-        _check_model_arguments(args)
-    if args.command == "eval":
-        from cosmos3_gym.eval.evaluate import EvalConfig, Evaluator
-        from cosmos3_gym.eval.results import format_table
-
-        config = EvalConfig(
-            checkpoint=args.checkpoint, domain=args.domain, action_stats=args.action_stats,
-            env=args.env, suite=args.suite, tasks=args.tasks,
-            trials=args.trials, seed=args.seed, num_envs=args.num_envs,
-            async_envs=args.async_envs, image_size=args.image_size,
-            max_episode_steps=args.max_episode_steps, step_budget=args.step_budget,
-            num_inference_steps=args.num_inference_steps, n_action_steps=args.n_action_steps,
-            out_of_range=args.out_of_range, env_timeout=args.env_timeout, videos=args.videos,
-            video_trials=args.video_trials,
-            shuffle_prompts=args.shuffle_prompts, progress=not args.no_progress,
-            device=args.device, dtype=args.dtype, synthetic=args.synthetic,
-            protocol=args.protocol, allow_normalized_actions=args.allow_normalized_actions,
-            precision=None if args.precision == "bf16" else args.precision,
-        )
-        evaluator = Evaluator(config, args.out)
-        results = evaluator.run()
-        if results is not None:
-            if evaluator.already_complete:
-                print(f"{args.out} is complete: its {results['episodes']} episodes were recorded "
-                      "before, nothing to run. Its results:")
-            print(format_table(results))
-        return 0
-    if args.command == "report":
+def _run(args: argparse.Namespace, command: str) -> int:
+    classes = _settings_classes()
+    if command == "report":
         from cosmos3_gym.eval import report
 
         return report.run(args)
-    if args.command == "bench":
-        from cosmos3_gym.bench import latency, synthetic
+    config = command_settings(args, classes[command])
+    if command == "eval":
+        from cosmos3_gym.eval.evaluate import run_eval_command
 
-        (synthetic if args.synthetic else latency).run(args)
+        return run_eval_command(config, args.out)
+    if command == "rollout":
+        from cosmos3_gym.eval.rollout import run_rollout_command
+
+        run_rollout_command(config, args.out)
         return 0
-    from cosmos3_gym.eval.rollout import run_rollout_command
+    if command == "bench":
+        from cosmos3_gym.bench.latency import run as run_bench
 
-    run_rollout_command(args)
+        run_bench(config)
+        return 0
+    if command == "size":
+        from cosmos3_gym.bench.synthetic import run as run_size
+
+        run_size(config)
+        return 0
+    progress = getattr(args, "progress", True)
+    if command == "train":
+        from cosmos3_gym.train.trainer import run_train_command
+
+        return run_train_command(config, progress=progress)
+    from cosmos3_gym.train.grpo import run_grpo
+
+    run_grpo(config, progress=progress)
     return 0
 
 

@@ -46,9 +46,18 @@ def check(config: Any) -> None:
         conflicts.append(f"--step-budget {config.step_budget} (official: cosmos3, the client's)")
     if config.n_action_steps is not None:
         conflicts.append(f"--n-action-steps {config.n_action_steps} (official: whole chunks)")
-    if config.num_inference_steps is not None:
-        conflicts.append(f"--num-inference-steps {config.num_inference_steps} (official: the "
-                         "checkpoint's sampler settings)")
+    sampling = config.sampling
+    for name, flag in (("num_inference_steps", "--denoising-steps"),
+                       ("guidance_scale", "--guidance-scale"),
+                       ("guidance_interval", "--guidance-interval"),
+                       ("flow_shift", "--flow-shift")):
+        if getattr(sampling, name) is not None:
+            conflicts.append(f"{flag} {getattr(sampling, name)} (official: the checkpoint's "
+                             "sampler settings)")
+    if sampling.sampler != "flow_unipc":
+        conflicts.append(f"--sampler {sampling.sampler} (official: flow_unipc)")
+    if sampling.noise == "per_chunk":
+        conflicts.append("--noise per_chunk (official: fixed, every chunk from seed 0)")
     if config.shuffle_prompts:
         conflicts.append("--shuffle-prompts (a diagnostic, not a protocol run)")
     if conflicts:
@@ -82,14 +91,22 @@ def record(config: Any, init_state_rule: str | None, policy: Any) -> dict[str, A
     settings), or ``None`` where they are not known (a pipeline without one).
     """
     name = config.protocol or "default"
+    sampling = config.sampling
     sampler = None
     if policy is not None:
-        sampler = {
-            "num_inference_steps": config.num_inference_steps or policy.num_inference_steps,
-            "guidance_scale": policy.guidance_scale,
-            "flow_shift": policy.flow_shift,
-        }
-    fixed = name == "official"
+        heads = getattr(policy, "sampler", None)  # each setting's value and its source
+        sampler, sources = {}, {}
+        for field in ("num_inference_steps", "guidance_scale", "guidance_interval", "flow_shift"):
+            given = getattr(sampling, field)
+            sampler[field] = given if given is not None else getattr(policy, field, None)
+            sources[field] = ("this run's option" if given is not None else
+                              (heads or {}).get(field, {}).get("source", "the checkpoint"))
+        # The recipe in force: the one the checkpoint's settings came from (``domain="libero"``
+        # is the LIBERO recipe without --recipe), or the one asked for.
+        named = {s.removeprefix("recipe ") for s in sources.values() if s.startswith("recipe ")}
+        recipe = named.pop() if len(named) == 1 else config.recipe
+        sampler.update(sampler_name=sampling.sampler, recipe=recipe, sources=sources)
+    fixed = sampling.noise == "fixed"
     return {
         "name": name,
         "trials_per_task": config.trials,
@@ -113,8 +130,14 @@ def describe(protocol: dict[str, Any]) -> list[str]:
     parts.append(f"noise {protocol['noise']}")
     sampler = protocol.get("sampler")
     if sampler:
-        parts.append(f"sampler {sampler['num_inference_steps']} steps, guidance "
-                     f"{sampler['guidance_scale']:g}, shift {sampler['flow_shift']:g}")
+        guidance = f"guidance {sampler['guidance_scale']:g}"
+        if sampler.get("guidance_interval") and sampler["guidance_scale"] != 1:
+            lo, hi = sampler["guidance_interval"]
+            guidance += f" on timesteps ({lo:g}, {hi:g})"
+        name = sampler.get("sampler_name", "flow_unipc")
+        recipe = f", recipe {sampler['recipe']}" if sampler.get("recipe") else ""
+        parts.append(f"sampler {name} {sampler['num_inference_steps']} steps, {guidance}, "
+                     f"shift {sampler['flow_shift']:g}{recipe}")
     lines = [f"protocol {protocol['name']}: " + ", ".join(parts)]
     if protocol.get("deviations"):
         lines.append("deviations from the official protocol: " + "; ".join(protocol["deviations"]))

@@ -190,7 +190,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         expected, config = stored["episodes_expected"], stored["config"]
         budget, protocol = stored.get("episode_budget"), stored.get("protocol")
     elif config_path.exists():
-        from cosmos3_gym.eval.tasks import make_eval_env
+        from cosmos3_gym.envs import make_eval_env
 
         stored = {}
         config = json.loads(config_path.read_text(encoding="utf-8"))["identity"]
@@ -248,8 +248,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated names of the runs in the plot (default: the "
                              "folder names)")
     parser.add_argument("--out", default=None,
-                        help="where to write the plot, as FILE.png (an .svg is written beside "
-                             "it); default RUN_DIR/results.png for one run, needed for several")
+                        help="where the command writes its results; the plot, as FILE.png (an "
+                             ".svg is written beside it); default RUN_DIR/results.png for one "
+                             "run, needed for several")
 
 
 def run(args: argparse.Namespace) -> int:

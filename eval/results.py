@@ -8,7 +8,8 @@ atomically, so it never holds a half-written state either.
 
 Layout of an output folder:
 
-- ``config.json``: the run's identity (see :mod:`cosmos3_gym.eval.evaluate`).
+- ``config.json``: the run's identity (see :mod:`cosmos3_gym.eval.evaluate`); ``.lock.rank*``:
+  the run's lock (:class:`~cosmos3_gym.runner.RunFolder`).
 - ``episodes.jsonl`` (one process) or ``episodes.rank{r}.jsonl`` (rank ``r`` of a torchrun
   launch): one :data:`EpisodeRecord` per line. All of them are read together, so a run may be
   resumed with a different number of processes.
@@ -21,44 +22,17 @@ Layout of an output folder:
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cosmos3_gym.jsonio import read_jsonl
+from cosmos3_gym.stats import _wilson, wilson_interval
+
 EpisodeRecord = dict[str, Any]
 
 SCHEMA_VERSION = 1
-Z_95 = 1.959963984540054  # two-sided 95% normal quantile
-
-
-def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95% by default).
-
-    Unlike the normal approximation it stays inside ``[0, 1]`` and is meaningful at 0 or
-    ``trials`` successes, which small per-task counts hit often. ``(0.0, 1.0)`` for no trials.
-
-    >>> [round(x, 4) for x in wilson_interval(5, 10)]
-    [0.2366, 0.7634]
-    """
-    if trials < 0 or not 0 <= successes <= trials:
-        raise ValueError(f"expected 0 <= successes <= trials; found {successes} of {trials}")
-    if trials == 0:
-        return 0.0, 1.0
-    return _wilson(successes / trials, trials, z)
-
-
-def _wilson(p: float, n: float, z: float = Z_95) -> tuple[float, float]:
-    """The Wilson score interval of a proportion ``p`` observed over ``n`` (> 0) trials."""
-    z2 = z * z
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    # At 0 or n successes the bound is exactly 0 or 1; floating point would miss it by an ulp.
-    lo = 0.0 if p == 0 else max(0.0, centre - half)
-    hi = 1.0 if p == 1 else min(1.0, centre + half)
-    return lo, hi
 
 
 def suite_average(per_suite: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
@@ -96,47 +70,6 @@ def episode_log_name(rank: int, world_size: int) -> str:
 def incident_log_name(rank: int, world_size: int) -> str:
     """``incidents.jsonl`` for a single process, ``incidents.rank{r}.jsonl`` under torchrun."""
     return "incidents.jsonl" if world_size == 1 else f"incidents.rank{rank}.jsonl"
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The complete lines of a JSONL file; a partial last line (a write cut by a crash) is
-    skipped. A corrupt line elsewhere is an error, since it means the file was edited."""
-    if not path.exists():
-        return []
-    lines = path.read_bytes().split(b"\n")
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number == len(lines):  # the unterminated tail of an interrupted append
-                continue
-            raise ValueError(
-                f"{path}:{number} is not valid JSON; expected one record per line"
-            ) from None
-    return records
-
-
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    """Append one record as a line and fsync it; first cut off any partial last line."""
-    if path.exists():
-        data = path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with path.open("r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to a temporary file and rename it over ``path``: readers never see half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def read_episode_records(out_dir: Path) -> list[EpisodeRecord]:
@@ -363,6 +296,7 @@ def merge_throughput(parts: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     for key, out in (("device", "devices"), ("dtype", "dtypes"), ("gpu", "gpus")):
         merged[out] = sorted({p[key] for p in parts if p.get(key)})
     merged["synthetic"] = parts[0].get("synthetic")
+    merged["overlap"] = parts[0].get("overlap")
     merged["options"] = parts[0].get("options")
     merged["disabled_options"] = {k: v for p in parts
                                   for k, v in (p.get("disabled_options") or {}).items()}

@@ -58,6 +58,10 @@ DEMO_IMAGINED = ["eval", "--trials", "1", "--num-envs", "4", "--videos", "imagin
                  "--out", str(DEMO_IMAGINED_OUT)]
 # The demo draws results.png (matplotlib); imagined videos are GIFs unless imageio-ffmpeg is there.
 DEMO_EXTRAS = {"plot"}
+TEST_EXTRAS = {"test", "libero", "metaworld", "gym"}
+# Installed without its dependencies after the gym extra: its own pin mujoco<3.9 would break
+# LIBERO, and it runs on the MuJoCo the extras hold (pyproject.toml, the gym extra).
+NO_DEPS = {"gym": ["gym-aloha==0.1.5"]}
 
 
 class StepFailed(Exception):
@@ -257,6 +261,10 @@ def set_up(venv: Environment, extras: set[str]) -> None:
     say(f"==> installing the project: pip install -e \"{target}\"")
     pip_install(venv, "install the project", "-e", target,
                 hint="Fix what pip reports and rerun; what is installed already is kept.")
+    for extra in sorted(extras & set(NO_DEPS)):
+        say(f"==> installing {', '.join(NO_DEPS[extra])} without dependencies ({extra} extra)")
+        pip_install(venv, f"install the {extra} extra's packages", "--no-deps", *NO_DEPS[extra],
+                    hint="Fix what pip reports and rerun.")
     check_environment(venv, gpu)
     venv.stamp.write_text(json.dumps(key, indent=2) + "\n")
 
@@ -283,7 +291,7 @@ def demo(venv: Environment, args: list[str]) -> int:
 
 
 def test(venv: Environment, args: list[str]) -> int:
-    set_up(venv, {"test", "libero", "metaworld"})
+    set_up(venv, TEST_EXTRAS)
     env = dict(os.environ)
     for name, value in LIBERO_ENV.items():
         env.setdefault(name, value)
@@ -291,6 +299,7 @@ def test(venv: Environment, args: list[str]) -> int:
     # reason to skip its tests (tests/conftest.py).
     env.setdefault("COSMOS3_GYM_REQUIRE_LIBERO", "1")
     env.setdefault("COSMOS3_GYM_REQUIRE_METAWORLD", "1")
+    env.setdefault("COSMOS3_GYM_REQUIRE_GYM", "1")
     say("==> ruff check .")
     code = venv.run("-m", "ruff", "check", ".", env=env)
     if code != 0:

@@ -9,25 +9,34 @@
 # Stages, each under its own timeout (seconds):
 #   install  30  the project beside the machine's torch (diffusers and gymnasium travel as
 #                wheels: see below)
-#   checks   80  the GPU tests: bf16 parity with diffusers, CPU/GPU agreement, batch invariance,
+#   checks   75  the GPU tests: bf16 parity with diffusers, CPU/GPU agreement, batch invariance,
 #                compiled Triton kernels (the FP8 quantising ones too) and CUDA-graph replay
 #                against eager, the CUDA default (fast path) against eager, the prompt cache, a
 #                real out-of-memory split, FP8 graphs against eager FP8
-#   libero   95  bench --synthetic: LIBERO 256x512 at B=1, 8, 10 and 30 steps (a row's calls
+#   libero   85  size --synthetic: LIBERO 256x512 at B=1, 8, 10 and 30 steps (a row's calls
 #                repeat one request: the prompt cache hits, as in an episode) and every option
 #                flipped at B=1 and 8 (10 steps), the prompt cache and fp8 among them
-#   eval    149  cosmos3-gym eval --synthetic on ColorReach at LIBERO's input, as a user runs
-#                it (default options: the fast path) at B=1, 8, 32 (36 + B s each; one episode
-#                per env slot, 8 at B=1): episodes/hour and what the loop adds around the
-#                pipeline (bar at B=32: <= 5%)
-#   droid    60  bench --synthetic: DROID 480x832 B=1, 30 steps, in FP8 beside bf16 (the fp8
-#                flip, paired calls; sglang published 1.457 s on an H200, bar <= 1.20 s)
-#   fp8     130  bench --synthetic: LIBERO 256x512 B=32, 30 steps, bf16 beside FP8 (bar: FP8
+#   eval    184  cosmos3-gym eval --synthetic on ColorReach at LIBERO's input, as a user runs
+#                it (default options: the fast path) at B=8 and 32 (35 + B s each; one episode
+#                per env slot, at least 8): episodes/hour and what the loop adds around the
+#                pipeline (bar at B=32: <= 5%); then the same evaluation with --overlap (two
+#                slot groups take turns; 17 + B s each): its episodes/hour beside the plain
+#                run's, and whether every episode is the same (observation hashes). ColorReach's
+#                steps cost little here, so this checks overlap on CUDA (threads, graphs, the
+#                same episodes) and what it costs where there is nothing to hide; the CPU
+#                benchmark in docs/benchmarks.md measures it where env steps are slow
+#   droid    70  size --synthetic: DROID 480x832 B=1, 30 steps, in FP8 beside bf16 (the fp8
+#                flip, paired calls; sglang published 1.457 s on an H200, bar <= 1.20 s); then
+#                the released Policy-DROID recipes on the official server's 540x640 view, B=1, 4
+#                steps, guidance 3, a state row, 32 actions: nano-policy-droid (guided every
+#                step: 8 forwards of B rows) and edge-policy-droid (guided on step 0 only,
+#                [2, 1, 1, 1]), bf16 and FP8 (steps 1-2 in FP8)
+#   fp8     115  size --synthetic: LIBERO 256x512 B=32, 30 steps, bf16 beside FP8 (bar: FP8
 #                1.35x faster), then the FP8 accuracy gates on the same model shape
 #                (bench/fp8_gate.py: per-layer SQNR, actions vs fp32 against bf16's), all in
 #                bench_gpu_nano_fp8.json
 #   summary      the one-screen summary
-# 2 x 15 + 80 + 95 + 149 + 60 + 90 + 40 = 544 s at most. `bash scripts/gpu_session.sh eval summary` runs
+# 2 x 15 + 75 + 85 + 184 + 70 + 80 + 35 = 559 s at most. `bash scripts/gpu_session.sh eval summary` runs
 # some stages only. On a CPU, each stage runs at a small size with
 #   PRESET=tiny DEVICE=cpu SKIP_INSTALL=1 EVAL_BATCHES="1 2" bash scripts/gpu_session.sh eval
 # (tests/test_gpu_session.py does that for every stage but the GPU tests).
@@ -47,22 +56,25 @@ DEVICE="${DEVICE:-cuda}"
 PYTHON="${PYTHON:-python3}"
 LIBERO_BATCHES="${LIBERO_BATCHES:-1,8}"
 COMPARE_BATCH="${COMPARE_BATCH:-8}"
-EVAL_BATCHES="${EVAL_BATCHES:-1 8 32}"
+EVAL_BATCHES="${EVAL_BATCHES:-8 32}"
 FP8_BATCH="${FP8_BATCH:-32}"
 STEPS="${STEPS:-30}"
 RUNS="${RUNS:-/tmp/cosmos3-gym-gpu-runs}"  # eval folders, outside $OUT (its file count is capped)
 mkdir -p "$OUT"
 stages="${*:-install checks libero eval droid fp8 summary}"
 has() { [[ " $stages " == *" $1 "* ]]; }
+# A stage's timeout, scaled by TIMEOUT_SCALE (default 1: the device budget; the CPU-size tests
+# of tests/test_gpu_session.py give a slow shared CPU more room).
+t() { echo $(( $1 * ${TIMEOUT_SCALE:-1} )); }
 log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/log.txt"; }
 CLI=("$PYTHON" -m cosmos3_gym.eval.cli)
 
 if has install && [[ -z "${SKIP_INSTALL:-}" ]]; then
   log install
-  timeout 15 "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+  timeout "$(t 15)" "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
     .whl/*.whl >> "$OUT/log.txt" 2>&1 || exit 1
   export PYTHONPATH=/tmp/site
-  timeout 15 "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation -e . \
+  timeout "$(t 15)" "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation -e . \
     >> "$OUT/log.txt" 2>&1 || exit 1
 fi
 [[ -d /tmp/site ]] && export PYTHONPATH=/tmp/site
@@ -74,63 +86,82 @@ fi
 if has checks; then
   log checks
   # test_gpu.py is marked gpu; the kernel and graph tests run compiled wherever CUDA is.
-  timeout 80 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_gpu.py \
+  timeout "$(t 75)" "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_gpu.py \
     tests/test_model_kernels.py tests/test_model_cuda_graphs.py tests/test_model_fp8.py 2>&1 \
     | tail -40 \
     > "$OUT/pytest_gpu.log"
 fi
 if has libero; then
   log "libero bench ($PRESET, B=$LIBERO_BATCHES, flips at 1 and $COMPARE_BATCH)"
-  timeout 95 "${CLI[@]}" bench --synthetic "$PRESET" --device "$DEVICE" --cases libero_256x512 \
-    --batch-sizes "$LIBERO_BATCHES" --steps "10,$STEPS" --compare-batch "$COMPARE_BATCH" \
+  timeout "$(t 85)" "${CLI[@]}" size --synthetic "$PRESET" --device "$DEVICE" --cases libero_256x512 \
+    --batch-sizes "$LIBERO_BATCHES" --step-counts "10,$STEPS" --compare-batch "$COMPARE_BATCH" \
     --warmup 1 --repeats 3 --no-reference --out "$OUT/bench_gpu_${PRESET}_libero.json" \
     >> "$OUT/log.txt" 2>&1
 fi
 if has eval; then
-  # One process per batch size, as users run it; the JSON gathers each run's results as they
-  # finish. Episodes: one per env slot (40 steps each: 3 chunks of 16), at least 8.
+  # One process per run, as users run it; the JSON gathers each run's results as they finish.
+  # Episodes: one per env slot (40 steps each: 3 chunks of 16), at least 8.
   for b in $EVAL_BATCHES; do
     trials=$(( (b + 3) / 4 )); (( trials < 2 )) && trials=2
-    log "eval --synthetic $PRESET --num-envs $b --trials $trials"
-    rm -rf "$RUNS/eval_b$b"
-    timeout $(( 36 + b )) "${CLI[@]}" eval --synthetic "$PRESET" --device "$DEVICE" \
-      --num-envs "$b" --trials "$trials" --num-inference-steps "$STEPS" --no-progress \
-      --out "$RUNS/eval_b$b" >> "$OUT/log.txt" 2>&1
-    "$PYTHON" - "$RUNS" "$OUT/eval_loop_$PRESET.json" "$PRESET" <<'PYEOF' >> "$OUT/log.txt" 2>&1
+    for mode in plain overlap; do
+      name="eval_b$b"; flag=(); limit=$(( 35 + b ))
+      if [[ $mode == overlap ]]; then name="eval_b${b}_overlap"; flag=(--overlap); limit=$(( 17 + b )); fi
+      log "eval --synthetic $PRESET --num-envs $b --trials $trials ${flag[*]}"
+      rm -rf "${RUNS:?}/$name"
+      timeout "$(t "$limit")" "${CLI[@]}" eval --synthetic "$PRESET" --device "$DEVICE" \
+        --num-envs "$b" --trials "$trials" --denoising-steps "$STEPS" --no-progress "${flag[@]}" \
+        --out "$RUNS/$name" >> "$OUT/log.txt" 2>&1
+      "$PYTHON" - "$RUNS" "$OUT/eval_loop_$PRESET.json" "$PRESET" <<'PYEOF' >> "$OUT/log.txt" 2>&1
 import json, sys
 from pathlib import Path
 
 runs_dir, target, preset = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+
+
+def episodes(folder):
+    path = folder / "episodes.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    rows = [json.loads(line) for line in lines if line.strip()]
+    return {(r["task"], r["trial"]): r["obs_sha256"] for r in rows}
+
+
 runs = {}
-for folder in sorted(runs_dir.glob("eval_b*"), key=lambda p: int(p.name[6:])):
+for folder in sorted(runs_dir.glob("eval_b*"), key=lambda p: (int(p.name[6:].split("_")[0]),
+                                                             p.name)):
     path = folder / "results.json"
     if path.exists():
         r = json.loads(path.read_text())
-        runs[folder.name.removeprefix("eval_b")] = {
-            "episodes": r["episodes"], "complete": r["complete"], "throughput": r["throughput"],
-        }
+        key = folder.name.removeprefix("eval_b")
+        runs[key] = {"episodes": r["episodes"], "complete": r["complete"],
+                     "throughput": r["throughput"]}
+        if key.endswith("_overlap"):
+            plain = runs_dir / f"eval_b{key.removesuffix('_overlap')}"
+            same = episodes(folder) == episodes(plain) if plain.exists() else None
+            runs[key]["identical_episodes"] = same
 target.write_text(json.dumps({"preset": preset, "runs": runs}, indent=2))
 PYEOF
+    done
   done
 fi
 if has droid; then
-  log "droid bench ($PRESET, B=1, fp8 beside bf16)"
-  timeout 60 "${CLI[@]}" bench --synthetic "$PRESET" --device "$DEVICE" --cases droid_480x832 \
-    --batch-sizes 1 --steps "$STEPS" --compare-batch 1 --flips fp8 --no-reference --warmup 1 \
+  log "droid bench ($PRESET, B=1, fp8 beside bf16; the released Policy-DROID recipes)"
+  timeout "$(t 70)" "${CLI[@]}" size --synthetic "$PRESET" --device "$DEVICE" \
+    --cases droid_480x832,nano-policy-droid_540x640,edge-policy-droid_540x640 \
+    --batch-sizes 1 --step-counts "$STEPS" --compare-batch 1 --flips fp8 --no-reference --warmup 1 \
     --repeats 3 --out "$OUT/bench_gpu_${PRESET}_droid.json" >> "$OUT/log.txt" 2>&1
 fi
 if has fp8; then
   # One file under OUT: the bench JSON with the gates' result merged in as "fp8_gates".
   log "fp8 bench ($PRESET, LIBERO B=$FP8_BATCH, fp8 beside bf16)"
   fp8_json="$OUT/bench_gpu_${PRESET}_fp8.json"
-  timeout 90 "${CLI[@]}" bench --synthetic "$PRESET" --device "$DEVICE" \
-    --cases libero_256x512 --batch-sizes "$FP8_BATCH" --steps "$STEPS" \
+  timeout "$(t 80)" "${CLI[@]}" size --synthetic "$PRESET" --device "$DEVICE" \
+    --cases libero_256x512 --batch-sizes "$FP8_BATCH" --step-counts "$STEPS" \
     --compare-batch "$FP8_BATCH" --flips fp8 --no-reference --warmup 1 --repeats 2 \
     --out "$fp8_json" >> "$OUT/log.txt" 2>&1
   log "fp8 accuracy gates ($PRESET)"
   mkdir -p "$RUNS" && rm -f "$RUNS/fp8_gates.json"
-  timeout 40 "$PYTHON" -m cosmos3_gym.bench.fp8_gate --preset "$PRESET" --device "$DEVICE" \
-    --batch 2 --steps "$STEPS" --fp8-bf16-steps 3 --out "$RUNS/fp8_gates.json" \
+  timeout "$(t 35)" "$PYTHON" -m cosmos3_gym.bench.fp8_gate --preset "$PRESET" --device "$DEVICE" \
+    --batch 2 --denoising-steps "$STEPS" --fp8-bf16-steps 3 --out "$RUNS/fp8_gates.json" \
     >> "$OUT/log.txt" 2>&1
   "$PYTHON" - "$fp8_json" "$RUNS/fp8_gates.json" <<'PYEOF' >> "$OUT/log.txt" 2>&1
 import json, sys

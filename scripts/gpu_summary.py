@@ -53,17 +53,34 @@ def _bench_lines(name: str, bench: dict[str, Any] | None) -> list[str]:
         if r["case"].startswith("libero") and r["batch_size"] == 1 and r["steps"] == 30:
             bar = _mark(r["call_s"] <= B1_CALL_S and (r.get("gpu_busy") or 0) >= B1_GPU_BUSY)
             bar += f" (bar: <= {B1_CALL_S} s, busy >= {B1_GPU_BUSY:.0%})"
-        lines.append(f"  B={r['batch_size']:<3} {r['steps']:>2} steps  {r['call_s']:.3f} s  "
+        case = f"{r['case']} " if r.get("recipe") else ""
+        lines.append(f"  {case}B={r['batch_size']:<3} {r['steps']:>2} steps  {r['call_s']:.3f} s  "
                      f"{r['denoise_tflops']:6.1f} TFLOP/s  busy {busy:>4}"
                      f"  prompt {1e3 * r['stages_s'].get('prompt', 0):.1f} ms{bar}")
         if r["batch_size"] == 1 and r["steps"] == 30 and r.get("top_kernels"):
             lines.append("    top kernels: " + "; ".join(
                 f"{k['name'][:40]} {k['ms']:.1f} ms x{k['count']}" for k in r["top_kernels"][:5]))
-    for per_b in (bench.get("flips") or {}).values():
+    for case, per_b in (bench.get("flips") or {}).items():
         for b, flips in per_b.items():
             shown = ", ".join(f"{k} {_ratio(v['ratio'])}" for k, v in flips.items())
-            lines.append(f"  B={b} slowdown with each option flipped: {shown}")
+            lines.append(f"  {case} B={b} slowdown with each option flipped: {shown}")
     return lines
+
+
+def _recipe_lines(droid: dict[str, Any] | None) -> list[str]:
+    """The released Policy-DROID recipes: each one's B=1 call, its guided steps, FP8 beside
+    bf16."""
+    lines = []
+    for r in (droid or {}).get("rows", []):
+        if not r.get("recipe") or r["batch_size"] != 1:
+            continue
+        pair = _fp8_flip(droid, r["case"], "1")
+        fp8 = "no FP8 result" if pair is None else (
+            f"fp8 {pair[0]:.3f} s vs bf16 {pair[1]:.3f} s ({pair[1] / pair[0]:.2f}x)")
+        lines.append(f"  recipe {r['recipe']} B=1 {r['steps']} steps, {r['guided_steps']} "
+                     f"guided: {r['call_s']:.3f} s; {fp8}")
+    return ["DROID released recipes (540x640, state row, 32 actions):",
+            *(lines or ["  no result"])]
 
 
 def _eval_lines(loop: dict[str, Any] | None) -> list[str]:
@@ -73,6 +90,18 @@ def _eval_lines(loop: dict[str, Any] | None) -> list[str]:
              "default options:"]
     for b, run in loop["runs"].items():
         t = run.get("throughput") or {}
+        if b.endswith("_overlap"):
+            plain = (loop["runs"].get(b.removesuffix("_overlap")) or {}).get("throughput") or {}
+            if not t.get("episodes_per_hour"):
+                lines.append(f"  B={b.removesuffix('_overlap')} with --overlap: no throughput")
+                continue
+            ratio = (f" ({t['episodes_per_hour'] / plain['episodes_per_hour']:.2f}x the plain "
+                     "run's)" if plain.get("episodes_per_hour") else "")
+            same = {True: "yes", False: "NO", None: "-"}[run.get("identical_episodes")]
+            lines.append(f"  B={b.removesuffix('_overlap')} with --overlap: "
+                         f"{t['episodes_per_hour']:8.0f} episodes/h{ratio}; the same episodes: "
+                         f"{same}")
+            continue
         if t.get("loop_overhead") is None:
             lines.append(f"  B={b}: {run['episodes']} episodes, no throughput (cut short)")
             continue
@@ -146,6 +175,7 @@ def summary(out: Path, preset: str = "nano") -> str:
     lines += _eval_lines(_load(out / f"eval_loop_{preset}.json"))
     droid = _load(out / f"bench_gpu_{preset}_droid.json")
     lines += _bench_lines(f"DROID bench ({preset})", droid)
+    lines += _recipe_lines(droid)
     lines += _fp8_lines(droid, _load(out / f"bench_gpu_{preset}_fp8.json"))
     return "\n".join(lines)
 

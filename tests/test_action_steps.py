@@ -12,13 +12,12 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 
-from cosmos3_gym.envs import make_color_reach_vector_env
+from cosmos3_gym.envs import ColorReachEval, make_color_reach_vector_env
 from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
-from cosmos3_gym.eval.onpolicy import collect_on_policy
 from cosmos3_gym.eval.results import read_episode_records
-from cosmos3_gym.eval.rollout import collect_rollouts, load_rollouts
-from cosmos3_gym.eval.tasks import ColorReachEval
+from cosmos3_gym.pipeline import SamplerConfig
 from cosmos3_gym.policy import VectorPolicy
+from cosmos3_gym.runner import collect_on_policy, collect_rollouts, load_rollouts
 
 STEPS = 7  # every episode runs out its budget: the coded actions move the agent too little
 ROW_CODE = 0.1  # action[1] = row * ROW_CODE; action[0] = chunk serial * 1e-3
@@ -95,7 +94,8 @@ def test_evaluator_executes_the_first_k_rows_of_each_chunk(checkpoint: Path, pip
                                  max_episode_steps=STEPS)
     config = EvalConfig(checkpoint=str(checkpoint), tasks=["red", "green", "blue"], trials=2,
                         num_envs=2, seed=3, image_size=32, max_episode_steps=STEPS,
-                        num_inference_steps=2, n_action_steps=k, progress=False)
+                        sampling=SamplerConfig(num_inference_steps=2), n_action_steps=k,
+                        progress=False)
     evaluate(config, tmp_path, pipeline=_CodedChunks(pipeline), eval_env=eval_env)
     per_chunk = k or horizon
     records = read_episode_records(tmp_path)
@@ -110,23 +110,21 @@ def test_evaluator_executes_the_first_k_rows_of_each_chunk(checkpoint: Path, pip
 
 def test_disk_rollouts_execute_the_first_k_rows_of_each_chunk(pipeline, tmp_path: Path) -> None:
     k = 3
-    envs = make_color_reach_vector_env(2, image_size=32, max_episode_steps=STEPS)
+    eval_env = ColorReachEval(image_size=32, max_episode_steps=STEPS)
     policy = VectorPolicy(_CodedChunks(pipeline), n_action_steps=k, seed=1, num_inference_steps=2)
-    collect_rollouts(policy, envs, 2 * STEPS + 2, tmp_path, seed=1)
-    envs.close()
+    collect_rollouts(policy, eval_env, 2 * STEPS + 2, tmp_path, num_envs=2, seed=1)
     data = load_rollouts(tmp_path)
-    for env in range(2):
-        valid = data["valid"][:, env]
-        episodes = np.split(np.arange(len(valid)), np.flatnonzero(~valid))  # NEXT_STEP resets
-        for steps in episodes:
-            steps = steps[data["valid"][steps, env]]
-            if len(steps) < STEPS:  # the run's last, unfinished episode
-                continue
-            ids = data["chunk_ids"][steps, env]
-            rows = data["chunk_raw_actions"][ids, np.arange(len(steps)) % k]
-            np.testing.assert_array_equal(data["raw_actions"][steps, env], rows)
-            assert _check_segment(data["actions"][steps, env], k) == math.ceil(STEPS / k)
-            assert len(set(ids.tolist())) == math.ceil(STEPS / k)
+    finished = np.flatnonzero(data["episode_finished"])
+    assert len(finished) == 4
+    for e in data["episode_id"][finished]:
+        t, env = np.nonzero(data["episode_ids"] == e)
+        assert (np.diff(t) == 1).all() and len(t) == STEPS and data["valid"][t, env].all()
+        ids = data["chunk_ids"][t, env]
+        rows = data["chunk_raw_actions"][ids, np.arange(len(t)) % k]
+        np.testing.assert_array_equal(data["raw_actions"][t, env], rows)
+        assert _check_segment(data["actions"][t, env], k) == math.ceil(STEPS / k)
+        assert len(set(ids.tolist())) == math.ceil(STEPS / k)
+        assert (data["chunk_episode"][ids] == e).all()
 
 
 def test_on_policy_batches_execute_the_first_k_rows_of_each_chunk(pipeline) -> None:

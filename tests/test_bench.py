@@ -28,7 +28,7 @@ def test_bench_writes_speedups_stages_and_optimisation_ratios(tmp_path, capsys) 
     out = tmp_path / "bench.json"
     code = main([
         "bench", "--checkpoint", str(checkpoint), "--out", str(out), "--batch-sizes", "1,2",
-        "--image-size", "64x64", "--num-inference-steps", "2", "--warmup", "0",
+        "--input-size", "64x64", "--denoising-steps", "2", "--warmup", "0",
         "--repeats", "1", "--compare-batch", "2",
     ])
     assert code == 0
@@ -103,7 +103,7 @@ def test_synthetic_bench_measures_a_preset_without_a_checkpoint(tmp_path, capsys
     GPU) writes the documented rows, the reference ratio and the option flips."""
     out = tmp_path / "synthetic.json"
     code = main([
-        "bench", "--synthetic", "tiny", "--cases", "libero_256x512", "--steps", "1,2",
+        "size", "--synthetic", "tiny", "--cases", "libero_256x512", "--step-counts", "1,2",
         "--batch-sizes", "1", "--warmup", "0", "--repeats", "1", "--compare-batch", "2",
         "--out", str(out),
     ])
@@ -211,8 +211,9 @@ def test_synthetic_bench_without_flips_or_reference(tmp_path) -> None:
     """The GPU session's DROID stage: rows only (flips and diffusers' reference skipped)."""
     out = tmp_path / "synthetic.json"
     assert main([
-        "bench", "--synthetic", "tiny", "--cases", "droid_480x832", "--steps", "1",
-        "--batch-sizes", "1", "--warmup", "0", "--repeats", "1", "--no-flips", "--no-reference",
+        "size", "--synthetic", "tiny", "--cases", "droid_480x832", "--step-counts", "1",
+        "--batch-sizes", "1", "--warmup", "0", "--repeats", "1", "--flips", "none",
+        "--no-reference",
         "--out", str(out),
     ]) == 0
     result = json.loads(out.read_text())
@@ -222,12 +223,15 @@ def test_synthetic_bench_without_flips_or_reference(tmp_path) -> None:
 
 
 def test_synthetic_bench_refuses_an_unknown_preset(tmp_path, capsys) -> None:
-    try:
-        main(["bench", "--synthetic", "mega", "--out", str(tmp_path / "x.json")])
-    except SystemExit as exit_:
-        assert exit_.code == 2
-    assert "unknown preset 'mega'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["size", "--synthetic", "mega", "--out", str(tmp_path / "x.json")])
+    assert exit_info.value.code == 2
+    assert "--synthetic: invalid choice: 'mega'" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+    from cosmos3_gym.bench.synthetic import SizeConfig
+
+    with pytest.raises(ValueError, match="unknown preset 'mega'"):  # the Python API refuses too
+        SizeConfig(synthetic="mega")
 
 
 def test_droid_case_has_sglangs_token_count() -> None:

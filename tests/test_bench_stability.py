@@ -56,7 +56,7 @@ def test_bench_flags_an_impossible_b1_ratio_in_table_and_json(tmp_path, monkeypa
     out = tmp_path / "bench.json"
     assert main([
         "bench", "--checkpoint", str(checkpoint), "--out", str(out), "--batch-sizes", "1,2",
-        "--image-size", "64x64", "--num-inference-steps", "1", "--warmup", "0",
+        "--input-size", "64x64", "--denoising-steps", "1", "--warmup", "0",
         "--repeats", "1", "--compare-batch", "2",
     ]) == 0
     assert len(calls) >= 2 * 8  # two batch sizes, five switches, mixed/equal prompts

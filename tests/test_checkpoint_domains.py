@@ -90,7 +90,8 @@ def test_libero_domain_is_the_official_recipe_and_takes_statistics(diffusers_fol
     assert (recipe.view_point, recipe.num_inference_steps, recipe.flow_shift) == (
         "concat_view", 30, 5.0)
     assert recipe.stats is None and not recipe.denormalizes
-    assert {k: getattr(recipe, k) for k in RECIPES["libero"]} == RECIPES["libero"]
+    settings = RECIPES["libero"].settings
+    assert {k: getattr(recipe, k) for k in settings} == settings
 
     with caplog.at_level(logging.WARNING):
         bare = Cosmos3ActionPipeline.from_pretrained(root, domain="libero")
@@ -126,7 +127,7 @@ def test_cli_evaluates_a_bare_diffusers_folder_by_domain(diffusers_folder, tmp_p
     root, _ = diffusers_folder
     common = ["eval", "--checkpoint", str(root), "--tasks", "red", "--trials", "1",
               "--num-envs", "1", "--image-size", "32", "--max-episode-steps", "3",
-              "--num-inference-steps", "1", "--no-progress"]
+              "--denoising-steps", "1", "--no-progress"]
     # Without --domain: one error line that lists the choices, before any episode runs.
     with pytest.raises(SystemExit) as exit_info:
         main([*common, "--out", str(tmp_path / "no_domain")])
@@ -145,13 +146,13 @@ def test_cli_evaluates_a_bare_diffusers_folder_by_domain(diffusers_folder, tmp_p
 def test_a_domain_of_another_width_is_refused_before_the_model_loads(
     diffusers_folder, tmp_path, capsys, monkeypatch
 ) -> None:
-    import cosmos3_gym.eval.evaluate as evaluate_module
     from cosmos3_gym.eval.cli import main
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
     def refused(*args, **kwargs):
         raise AssertionError("--domain's width is known without loading the model")
 
-    monkeypatch.setattr(evaluate_module, "load_pipeline", refused)
+    monkeypatch.setattr(Cosmos3ActionPipeline, "from_pretrained", refused)
     root, _ = diffusers_folder
     out = tmp_path / "droid"
     with pytest.raises(SystemExit) as exit_info:
@@ -163,14 +164,15 @@ def test_a_domain_of_another_width_is_refused_before_the_model_loads(
 
 
 def test_action_stats_file_replaces_the_policys_statistics(diffusers_folder, tmp_path) -> None:
-    from cosmos3_gym.eval.evaluate import load_pipeline
 
     root, _ = diffusers_folder
     stats = tmp_path / "stats.json"
     stats.write_text(json.dumps(tiny_action_stats(10)))
-    pipe = load_pipeline(str(root), "droid_lerobot", str(stats))
+    pipe = Cosmos3ActionPipeline.from_pretrained(str(root), domain="droid_lerobot",
+                                                action_stats=str(stats))
     assert pipe.policy.domain_id == 8 and pipe.policy.stats == tiny_action_stats(10)
     out = pipe(IMAGE, PROMPT, num_inference_steps=1, progress=False)
     assert np.abs(out.actions - out.normalized_actions).max() > 1e-3
     with pytest.raises(FileNotFoundError, match="no action statistics file at"):
-        load_pipeline(str(root), "droid_lerobot", str(tmp_path / "missing.json"))
+        Cosmos3ActionPipeline.from_pretrained(str(root), domain="droid_lerobot",
+                                              action_stats=str(tmp_path / "missing.json"))

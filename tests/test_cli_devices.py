@@ -1,4 +1,4 @@
-"""Where the model runs, as users ask for it: --device / --dtype on eval, rollout and bench,
+"""Where the model runs, as users ask for it: --device / --precision on eval, rollout and bench,
 torchrun ranks on their own GPUs, and weight-free runs of the real loop (--synthetic)."""
 
 from __future__ import annotations
@@ -33,19 +33,19 @@ def two_gpus(monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 @pytest.mark.parametrize("command", [
     ["eval", "--out", "{out}"],
-    ["rollout", "--steps", "2", "--out", "{out}"],
+    ["rollout", "--env-steps", "2", "--out", "{out}"],
     ["bench", "--out", "{out}/bench.json"],
-    ["bench", "--synthetic", "tiny", "--out", "{out}/bench.json"],
+    ["size", "--synthetic", "tiny", "--out", "{out}/bench.json"],
 ])
 def test_cuda_without_cuda_is_one_error_line_before_anything_loads(
     command, tmp_path, capsys, monkeypatch
 ) -> None:
-    import cosmos3_gym.eval.evaluate as evaluate_module
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
     def no_loading(*args, **kwargs):
         raise AssertionError("nothing may load for a device that is not there")
 
-    monkeypatch.setattr(evaluate_module, "load_pipeline", no_loading)
+    monkeypatch.setattr(Cosmos3ActionPipeline, "from_pretrained", no_loading)
     out = tmp_path / "run"
     argv = [a.format(out=out) for a in command] + ["--device", "cuda"]
     err = _error(capsys, argv)
@@ -80,7 +80,7 @@ def test_auto_precision_is_bfloat16_on_cuda_and_float32_on_the_cpu() -> None:
     assert resolve_dtype("auto", torch.device("cuda", 0)) == torch.bfloat16
     assert resolve_dtype(None, torch.device("cpu")) == torch.float32
     assert resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
-    with pytest.raises(ValueError, match="--dtype: expected one of"):
+    with pytest.raises(ValueError, match="dtype: expected one of"):
         resolve_dtype("float16", torch.device("cpu"))
 
 
@@ -91,7 +91,7 @@ def test_auto_is_the_cpu_without_cuda(monkeypatch) -> None:
 
 
 SYNTHETIC_EVAL = ["eval", "--synthetic", "tiny", "--trials", "1", "--num-envs", "4",
-                  "--num-inference-steps", "1", "--max-episode-steps", "3", "--no-progress"]
+                  "--denoising-steps", "1", "--max-episode-steps", "3", "--no-progress"]
 
 
 def test_synthetic_eval_runs_the_real_loop_and_says_its_successes_mean_nothing(
@@ -120,8 +120,8 @@ def test_synthetic_eval_runs_the_real_loop_and_says_its_successes_mean_nothing(
 def test_the_synthetic_model_sees_libero_shaped_input() -> None:
     """ColorReach's 256x256 frame is shown twice side by side: LIBERO's 256x512 model input,
     its 250 + 16 GEN tokens, LIBERO's prompt sentences, and the env's 2-D action."""
-    from cosmos3_gym.eval.synthetic import TwoViewColorReachAdapter, synthetic_policy
     from cosmos3_gym.pipeline.preprocess import latent_content_shape, plan_canvas
+    from cosmos3_gym.synthetic import TwoViewColorReachAdapter, synthetic_policy
 
     adapter = TwoViewColorReachAdapter()
     frames = np.random.default_rng(0).integers(0, 256, (3, 256, 256, 3), dtype=np.uint8)
@@ -148,8 +148,8 @@ def test_synthetic_and_a_checkpoint_are_one_or_the_other(tmp_path, capsys) -> No
 
 def test_synthetic_rollout_records_where_its_model_ran(tmp_path) -> None:
     out = tmp_path / "rollouts"
-    assert main(["rollout", "--synthetic", "tiny", "--steps", "3", "--num-envs", "2",
-                 "--num-inference-steps", "1", "--no-progress", "--out", str(out)]) == 0
+    assert main(["rollout", "--synthetic", "tiny", "--env-steps", "3", "--num-envs", "2",
+                 "--denoising-steps", "1", "--no-progress", "--out", str(out)]) == 0
     meta = json.loads((out / "meta.json").read_text())
     runtime = meta["provenance"]["runtime"]
     assert (runtime["device"], runtime["dtype"], runtime["synthetic"]) == ("cpu", "float32", "tiny")
@@ -162,8 +162,8 @@ def test_another_precision_is_another_evaluation(tmp_path, capsys) -> None:
     out = tmp_path / "run"
     base = ["eval", "--trials", "1", "--tasks", "red", "--num-envs", "1", "--no-progress",
             "--out", str(out)]
-    assert main([*base, "--dtype", "float32"]) == 0
-    err = _error(capsys, [*base, "--dtype", "bfloat16", "--trials", "2"])
+    assert main([*base, "--precision", "fp32"]) == 0
+    err = _error(capsys, [*base, "--precision", "bf16", "--trials", "2"])
     assert "holds a different evaluation" in err and "'dtype'" in err
     config = json.loads((out / "config.json").read_text())
     del config["identity"]["dtype"]  # as written before this key existed
@@ -180,7 +180,7 @@ def test_fp8_precision_runs_emulated_on_the_cpu_and_is_another_evaluation(tmp_pa
     written before the key existed resumes as bf16."""
     out = tmp_path / "run"
     base = ["eval", "--trials", "1", "--tasks", "red", "--num-envs", "1", "--no-progress",
-            "--num-inference-steps", "2", "--out", str(out)]
+            "--denoising-steps", "2", "--out", str(out)]
     assert main([*base, "--precision", "fp8"]) == 0
     config = json.loads((out / "config.json").read_text())
     assert config["identity"]["precision"] == "fp8"

@@ -14,6 +14,7 @@ import pytest
 from cosmos3_gym.eval.cli import main
 from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
 from cosmos3_gym.eval.results import format_table, read_episode_records
+from cosmos3_gym.pipeline import SamplerConfig
 
 TASKS = ["red", "green", "blue"]
 
@@ -21,7 +22,7 @@ TASKS = ["red", "green", "blue"]
 def eval_args(checkpoint: Path | str, out: Path, *extra: str) -> list[str]:
     return ["eval", "--checkpoint", str(checkpoint), "--tasks", ",".join(TASKS), "--trials", "2",
             "--num-envs", "1", "--seed", "7", "--image-size", "32", "--max-episode-steps", "6",
-            "--num-inference-steps", "2", "--no-progress", "--out", str(out), *extra]
+            "--denoising-steps", "2", "--no-progress", "--out", str(out), *extra]
 
 
 def one_error_line(capsys: pytest.CaptureFixture, exit_info: pytest.ExceptionInfo) -> str:
@@ -39,9 +40,11 @@ def test_a_failed_start_does_not_block_the_corrected_rerun(checkpoint, tmp_path,
     with pytest.raises(SystemExit) as exit_info:  # a wrong checkpoint path
         main(eval_args(tmp_path / "no_such_checkpoint", out))
     assert "no checkpoint folder at" in one_error_line(capsys, exit_info)
-    stored = json.loads((out / "config.json").read_text())["identity"]
-    assert stored["checkpoint"] == str(tmp_path / "no_such_checkpoint")
-    # What an attempt that recorded nothing left besides its config goes too.
+    assert not (out / "config.json").exists()  # refused before the folder was written
+    # An attempt that failed later, after binding the folder but before recording an episode
+    # (its envs would not build, say), left its config and an incident: both go.
+    out.mkdir(exist_ok=True)
+    (out / "config.json").write_text(json.dumps({"identity": {"checkpoint": "elsewhere"}}))
     (out / "incidents.jsonl").write_text(json.dumps({"time": 0, "kind": "crash"}) + "\n")
 
     assert main(eval_args(checkpoint, out)) == 0
@@ -130,7 +133,8 @@ def test_out_naming_a_file_is_one_error_line(checkpoint, tmp_path, capsys) -> No
     taken = tmp_path / "notes.txt"
     taken.write_text("not a folder")
     for out in (taken, taken / "run"):
-        for command in (eval_args(checkpoint, out), ["rollout", "--steps", "2", "--out", str(out)]):
+        rollout = ["rollout", "--env-steps", "2", "--out", str(out)]
+        for command in (eval_args(checkpoint, out), rollout):
             with pytest.raises(SystemExit) as exit_info:
                 main(command)
             line = one_error_line(capsys, exit_info)
@@ -140,18 +144,18 @@ def test_out_naming_a_file_is_one_error_line(checkpoint, tmp_path, capsys) -> No
 
 def test_rollout_into_a_folder_with_rollouts_is_refused_before_loading(tmp_path, capsys,
                                                                         monkeypatch) -> None:
-    import cosmos3_gym.eval.evaluate as evaluate_module
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model must not load for a folder that is refused")
 
-    monkeypatch.setattr(evaluate_module, "load_pipeline", no_loading)
+    monkeypatch.setattr(Cosmos3ActionPipeline, "from_pretrained", no_loading)
     for held in ("meta.json", "shard-00000.npz"):  # a finished, or an interrupted, collection
         out = tmp_path / held.split(".")[0]
         out.mkdir()
         (out / held).write_bytes(b"{}")
         with pytest.raises(SystemExit) as exit_info:
-            main(["rollout", "--steps", "2", "--out", str(out)])
+            main(["rollout", "--env-steps", "2", "--out", str(out)])
         line = one_error_line(capsys, exit_info)
         assert f"{out} already holds rollouts ({held}); expected a new or empty folder" in line
 
@@ -171,10 +175,15 @@ def test_step_limits_below_one_are_refused_up_front(checkpoint, tmp_path, capsys
         EvalConfig(max_episode_steps=0)
 
 
-def test_summary_table_shows_out_of_range_and_invalid_actions(checkpoint, tmp_path) -> None:
+def test_summary_table_shows_out_of_range_and_invalid_actions(checkpoint, tmp_path,
+                                                              capsys) -> None:
     config = EvalConfig(checkpoint=str(checkpoint), tasks=TASKS, trials=2, num_envs=3, seed=7,
-                        image_size=32, max_episode_steps=6, num_inference_steps=2, progress=False)
+                        image_size=32, max_episode_steps=6,
+                        sampling=SamplerConfig(num_inference_steps=2), progress=False)
     results = evaluate(config, tmp_path)
+    assert capsys.readouterr().out == format_table(results) + "\n"  # Python prints it too
+    assert evaluate(config, tmp_path, summary=False) == results  # complete: nothing reran
+    assert capsys.readouterr().out == ""
     # The tiny random checkpoint steps outside the [-1, 1] box (the env clips): counted.
     assert results["out_of_range_episodes"] > 0
     table = format_table(results)
@@ -194,9 +203,9 @@ def test_help_reads_as_text_and_every_train_option_says_what_it_does(capsys) -> 
     text = capsys.readouterr().out
     assert "``" not in text and "cosmos3-gym eval --trials 10" in text
 
-    from cosmos3_gym.train.trainer import build_parser
+    from cosmos3_gym.eval.cli import parsers
 
-    options = [a for a in build_parser()._actions if a.option_strings and a.dest != "help"]
+    options = [a for a in parsers()["train"]._actions if a.option_strings and a.dest != "help"]
     assert len(options) > 20
     assert [a.option_strings[0] for a in options if not (a.help or "").strip()] == []
     with pytest.raises(SystemExit):
@@ -207,18 +216,18 @@ def test_help_reads_as_text_and_every_train_option_says_what_it_does(capsys) -> 
 
 
 def test_the_interrupted_line_of_every_command_says_how_to_go_on(tmp_path) -> None:
-    from cosmos3_gym.eval.cli import _interrupted
+    from cosmos3_gym.eval.cli import _interrupted, build_parser
 
-    assert _interrupted("report", ["report", str(tmp_path)]) == (
-        "it only reads runs; rerun the same command"
-    )
+    def said(argv: list[str]) -> str:
+        args = build_parser().parse_args(argv)
+        return _interrupted(argv[0], args)
+
+    assert said(["report", str(tmp_path)]) == "it only reads runs; rerun the same command"
     out = tmp_path / "b.json"
-    assert _interrupted("bench", ["bench", "--out", str(out)]) == (
-        f"nothing written ({out} is written at the end)"
+    assert said(["bench", "--out", str(out)]) == f"nothing written ({out} is written at the end)"
+    assert "are kept; rerun the same command to collect the remaining steps" in said(
+        ["rollout", "--env-steps", "8", "--out", str(tmp_path / "r")]
     )
-    assert "are kept; rerun the same command to collect the remaining steps" in _interrupted(
-        "rollout", ["rollout", "--steps", "8", "--out", str(tmp_path / "r")]
-    )
-    assert "holds 0 finished episodes; rerun the same command to resume" in _interrupted(
-        "eval", ["eval", "--out", str(tmp_path / "e")]
+    assert "holds 0 finished episodes; rerun the same command to resume" in said(
+        ["eval", "--out", str(tmp_path / "e")]
     )

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cosmos3_gym.envs import ColorReachEnv, EpisodeEndHold
-from cosmos3_gym.eval.evaluate import EvalConfig, evaluate, load_pipeline
+from cosmos3_gym.envs import ColorReachEnv, ColorReachEval, EpisodeEndHold, derive_seed
+from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
 from cosmos3_gym.eval.results import read_episode_records
-from cosmos3_gym.eval.tasks import ColorReachEval, derive_seed
+from cosmos3_gym.pipeline import Cosmos3ActionPipeline, SamplerConfig
 from cosmos3_gym.tiny import write_tiny_checkpoint
 
 # What an episode is, independent of where and when it ran.
@@ -27,7 +27,8 @@ TASKS = ["red", "green", "blue"]
 
 def small_config(checkpoint: Path, **overrides) -> EvalConfig:
     fields = dict(checkpoint=str(checkpoint), tasks=TASKS, trials=2, num_envs=3, seed=7,
-                  image_size=32, max_episode_steps=6, num_inference_steps=2, progress=False)
+                  image_size=32, max_episode_steps=6,
+                  sampling=SamplerConfig(num_inference_steps=2), progress=False)
     return EvalConfig(**{**fields, **overrides})
 
 
@@ -122,7 +123,7 @@ def test_killed_run_resumes_without_losing_or_repeating(
 ) -> None:
     args = ["eval", "--checkpoint", str(checkpoint), "--tasks", ",".join(TASKS), "--trials", "2",
             "--num-envs", "1", "--seed", "7", "--image-size", "32", "--max-episode-steps", "6",
-            "--num-inference-steps", "2", "--no-progress", "--out", str(tmp_path)]
+            "--denoising-steps", "2", "--no-progress", "--out", str(tmp_path)]
     log = tmp_path / "episodes.jsonl"
     proc = subprocess.Popen(
         [sys.executable, "-c", _CLI_THAT_BLOCKS_AFTER_TWO_EPISODES, str(log), *args],
@@ -155,12 +156,12 @@ def test_rerun_with_other_settings_is_refused(reference: Path, checkpoint: Path)
 
 
 def test_finished_run_rerun_does_nothing(reference: Path, checkpoint: Path, monkeypatch) -> None:
-    import cosmos3_gym.eval.evaluate as evaluate_module
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
     def no_loading(path: str, *args, **kwargs):
         raise AssertionError(f"a complete folder must not load the checkpoint; loaded {path}")
 
-    monkeypatch.setattr(evaluate_module, "load_pipeline", no_loading)
+    monkeypatch.setattr(Cosmos3ActionPipeline, "from_pretrained", no_loading)
     before = (reference / "episodes.jsonl").read_text()
     results = evaluate(small_config(checkpoint), reference)
     assert results["episodes"] == 6
@@ -169,14 +170,14 @@ def test_finished_run_rerun_does_nothing(reference: Path, checkpoint: Path, monk
 
 def test_missing_checkpoints_are_clear_errors(tmp_path: Path, monkeypatch) -> None:
     with pytest.raises(FileNotFoundError, match="no checkpoint folder at .*nope"):
-        load_pipeline(str(tmp_path / "nope"))
+        Cosmos3ActionPipeline.from_pretrained(str(tmp_path / "nope"))
     import cosmos3_gym.checkpoint as layout
 
     # An install without the shipped checkpoint: the error says what is missing and what to do.
     monkeypatch.setattr(layout, "__file__", str(tmp_path / "checkpoint.py"))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match="tiny checkpoint is not shipped"):
-        load_pipeline("tiny")
+        Cosmos3ActionPipeline.from_pretrained("tiny")
 
 
 def _crashing_env(marker: str, image_size: int, max_episode_steps: int,
@@ -405,13 +406,13 @@ def test_a_checkpoint_of_another_action_width_is_refused_before_anything_runs(
 ) -> None:
     import time
 
-    import cosmos3_gym.eval.evaluate as evaluate_module
     from cosmos3_gym.eval.cli import main
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
     def refused(*args, **kwargs):
         raise AssertionError("a mismatched checkpoint must be refused before this runs")
 
-    monkeypatch.setattr(evaluate_module, "load_pipeline", refused)
+    monkeypatch.setattr(Cosmos3ActionPipeline, "from_pretrained", refused)
     monkeypatch.setattr(ColorReachEnv, "reset", refused)
     checkpoint = write_tiny_checkpoint(tmp_path / "ckpt10")  # a LIBERO-style 10-D head
     out = tmp_path / "out"
@@ -451,10 +452,11 @@ def test_a_pipeline_of_another_action_width_is_refused_before_any_env_runs(
     assert not (tmp_path / "out").exists()
     # A checkpoint folder that does not describe its head (no action_policy.json) is checked
     # once loaded, still before any env runs.
-    import cosmos3_gym.eval.evaluate as evaluate_module
+    import cosmos3_gym.checkpoint as layout
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
-    monkeypatch.setattr(evaluate_module, "checkpoint_action_head", lambda *a: None)
-    monkeypatch.setattr(evaluate_module, "load_pipeline", lambda *a, **kw: pipeline)
+    monkeypatch.setattr(layout, "checkpoint_policy", lambda *a: None)
+    monkeypatch.setattr(Cosmos3ActionPipeline, "from_pretrained", lambda *a, **kw: pipeline)
     with pytest.raises(ValueError, match=message):
         evaluate(small_config(checkpoint), tmp_path / "loaded",
                  eval_env=LiberoAdapted(TASKS, image_size=32, max_episode_steps=6))
@@ -466,14 +468,14 @@ def test_libero_with_a_checkpoint_of_another_width_fails_before_any_simulator(
 ) -> None:
     import time
 
-    import cosmos3_gym.eval.evaluate as evaluate_module
     from cosmos3_gym.envs import LiberoEnv
     from cosmos3_gym.eval.cli import main
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
     def refused(*args, **kwargs):
         raise AssertionError("a mismatched checkpoint must be refused before this runs")
 
-    monkeypatch.setattr(evaluate_module, "load_pipeline", refused)
+    monkeypatch.setattr(Cosmos3ActionPipeline, "from_pretrained", refused)
     monkeypatch.setattr(LiberoEnv, "_build_sim", refused)
     start = time.perf_counter()
     with pytest.raises(SystemExit) as exit_info:
@@ -500,7 +502,7 @@ def test_two_runs_of_a_libero_eval_command_record_identical_episodes(
     checkpoint = write_tiny_checkpoint(tmp_path / "ckpt")  # LIBERO-like 10-D head
     command = ["eval", "--checkpoint", str(checkpoint), "--env", "libero",
                "--suite", "libero_spatial", "--tasks", "0", "--trials", "2", "--num-envs", "2",
-               "--image-size", "64", "--max-episode-steps", "3", "--num-inference-steps", "1",
+               "--image-size", "64", "--max-episode-steps", "3", "--denoising-steps", "1",
                "--no-progress"]
     assert main([*command, "--out", str(tmp_path / "first")]) == 0
     summary = capsys.readouterr().out

@@ -1,5 +1,5 @@
-"""On-policy collection in memory (eval/onpolicy.py): GRPO groups, task coverage, and the
-log-probabilities a learner recomputes."""
+"""On-policy collection in memory (cosmos3_gym/runner/onpolicy.py): GRPO groups, task
+coverage, and the log-probabilities a learner recomputes."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 from gymnasium.vector import AutoresetMode
 
-from cosmos3_gym.eval.onpolicy import EpisodeSchedule, collect_on_policy, stochastic_record
-from cosmos3_gym.eval.tasks import ColorReachEval
+from cosmos3_gym.envs import ColorReachEval
 from cosmos3_gym.pipeline import chunk_log_prob
 from cosmos3_gym.policy import VectorPolicy
+from cosmos3_gym.runner import TaskRotation, collect_on_policy, stochastic_record
 
 
 def _collect(pipeline, num_envs: int, steps: int, group_size: int = 1, **policy_kwargs):
@@ -57,8 +57,8 @@ def test_a_group_shares_its_start_state(pipeline) -> None:
 
 
 def test_a_run_covers_its_tasks_evenly_and_records_them() -> None:
-    schedule = EpisodeSchedule(ColorReachEval(), seed=0, num_envs=3)
-    tasks = [schedule.start(slot % 3)[0].task for slot in range(22)]
+    schedule = TaskRotation(ColorReachEval(), seed=0, num_envs=3)
+    tasks = [schedule.next(slot % 3).tag.episode.task for slot in range(22)]
     counts = Counter(tasks)
     assert set(counts) == {"red", "green", "blue", "yellow"}
     assert max(counts.values()) - min(counts.values()) <= 1

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from cosmos3_gym.envs import ColorReachEval, canonical_suites
 from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
 from cosmos3_gym.eval.results import format_table, summarize
-from cosmos3_gym.eval.tasks import ColorReachEval, canonical_suites
+from cosmos3_gym.pipeline import SamplerConfig
 from cosmos3_gym.tiny import tiny_action_stats, write_tiny_checkpoint
 
 FOUR = ["libero_spatial", "libero_object", "libero_goal", "libero_10"]
@@ -61,7 +62,9 @@ def test_the_official_protocol_refuses_options_that_change_its_rules() -> None:
     assert EvalConfig(**official, trials=3).trials == 3
     for option, message in (
         ({"n_action_steps": 4}, "--n-action-steps 4 (official: whole chunks)"),
-        ({"num_inference_steps": 10}, "--num-inference-steps 10 (official: the checkpoint's"),
+        ({"sampling": SamplerConfig(num_inference_steps=10)},
+         "--denoising-steps 10 (official: the checkpoint's"),
+        ({"sampling": SamplerConfig(noise="per_chunk")}, "--noise per_chunk (official: fixed"),
         ({"step_budget": "openpi"}, "--step-budget openpi (official: cosmos3"),
         ({"shuffle_prompts": True}, "--shuffle-prompts"),
     ):
@@ -96,12 +99,18 @@ def test_official_protocol_samples_every_chunk_from_seed_0_and_records_its_rules
     assert len(set(seeds["default"])) == len(seeds["default"])  # fresh noise per chunk
     results = json.loads((tmp_path / "official" / "results.json").read_text())
     assert results["config"]["protocol"] == "official"
+    sampler = results["protocol"].pop("sampler")
     assert results["protocol"] == {
         "name": "official", "trials_per_task": 2, "init_state": None,
         "actions_per_chunk": "whole chunk", "noise": "every chunk from seed 0",
-        "sampler": {"num_inference_steps": 8, "guidance_scale": 1.0, "flow_shift": 5.0},
         "deviations": ["trials 2 per task (official: 50)"],
     }
+    assert {k: sampler[k] for k in ("num_inference_steps", "guidance_scale", "flow_shift",
+                                    "guidance_interval", "sampler_name", "recipe")} == {
+        "num_inference_steps": 8, "guidance_scale": 1.0, "flow_shift": 5.0,
+        "guidance_interval": None, "sampler_name": "flow_unipc", "recipe": None}
+    assert set(sampler["sources"]) == {"num_inference_steps", "guidance_scale",
+                                       "guidance_interval", "flow_shift"}
     default = json.loads((tmp_path / "default" / "results.json").read_text())["protocol"]
     assert default["name"] == "default" and default["deviations"] == []
     assert default["noise"] == "fresh per (task, trial, chunk), derived from seed 0"
@@ -120,13 +129,13 @@ def libero_without_stats(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_libero_eval_without_action_statistics_is_refused_in_seconds(
     libero_without_stats: Path, tmp_path: Path, capsys, monkeypatch
 ) -> None:
-    import cosmos3_gym.eval.evaluate as evaluate_module
     from cosmos3_gym.eval.cli import main
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
     def loaded(*args, **kwargs):
         raise RuntimeError("past the statistics check")
 
-    monkeypatch.setattr(evaluate_module, "load_pipeline", loaded)
+    monkeypatch.setattr(Cosmos3ActionPipeline, "from_pretrained", loaded)
     command = ["eval", "--env", "libero", "--suite", "libero_4", "--protocol", "official",
                "--checkpoint", str(libero_without_stats), "--out", str(tmp_path / "out")]
     start = time.perf_counter()
@@ -188,3 +197,22 @@ def test_the_documented_command_reports_four_suites_and_their_average(
     for suite in FOUR:
         assert f"suite {suite}" in summary
     assert "average of 4 suites" in summary and "protocol official: 1 trial per task" in summary
+
+
+def test_the_record_names_the_recipe_the_checkpoints_settings_came_from() -> None:
+    """``domain="libero"`` (or a folder whose settings a recipe wrote) runs a recipe without
+    ``--recipe``; results.json and the summary name it all the same."""
+    from cosmos3_gym.checkpoint import SAMPLER_FIELDS, PolicyConfig
+    from cosmos3_gym.eval import protocol
+
+    # What from_pretrained(folder, domain="libero") resolves (cosmos3_gym.checkpoint).
+    policy = PolicyConfig.for_domain("libero", sampler_sources={name: "recipe libero"
+                                                                for name in SAMPLER_FIELDS})
+    recorded = protocol.record(EvalConfig(), None, policy)["sampler"]
+    assert recorded["recipe"] == "libero"
+    assert "shift 5, recipe libero" in protocol.describe({**protocol.record(
+        EvalConfig(), None, policy), "sampler": recorded})[0]
+    given = PolicyConfig(sampler_sources={name: "action_policy.json" for name in SAMPLER_FIELDS})
+    assert protocol.record(EvalConfig(), None, given)["sampler"]["recipe"] is None
+    assert protocol.record(EvalConfig(recipe="libero"), None, given)["sampler"]["recipe"] == \
+        "libero"

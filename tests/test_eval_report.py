@@ -17,6 +17,7 @@ from cosmos3_gym.eval import report
 from cosmos3_gym.eval.cli import main
 from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
 from cosmos3_gym.eval.results import format_table
+from cosmos3_gym.pipeline import SamplerConfig
 from cosmos3_gym.plotting import INSTALL_HINT
 
 TASKS = ["red", "green", "blue"]
@@ -24,7 +25,8 @@ TASKS = ["red", "green", "blue"]
 
 def config(checkpoint: Path, **overrides) -> EvalConfig:
     fields = dict(checkpoint=str(checkpoint), tasks=TASKS, trials=2, num_envs=2, seed=3,
-                  image_size=32, max_episode_steps=6, num_inference_steps=2, progress=False)
+                  image_size=32, max_episode_steps=6,
+                  sampling=SamplerConfig(num_inference_steps=2), progress=False)
     return EvalConfig(**{**fields, **overrides})
 
 

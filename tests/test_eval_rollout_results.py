@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cosmos3_gym.envs import make_color_reach_vector_env
-from cosmos3_gym.eval.results import append_jsonl, read_jsonl, wilson_interval
-from cosmos3_gym.eval.rollout import collect_rollouts, load_rollouts
-from cosmos3_gym.eval.tasks import derive_seed
+from cosmos3_gym.envs import ColorReachEval, derive_seed
+from cosmos3_gym.eval.results import wilson_interval
+from cosmos3_gym.jsonio import append_jsonl, read_jsonl
 from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 from cosmos3_gym.policy import VectorPolicy
+from cosmos3_gym.runner import collect_rollouts, load_rollouts
 from cosmos3_gym.tiny import COLOR_REACH_POLICY, write_tiny_checkpoint
 
 
@@ -48,11 +48,8 @@ def test_rollouts_round_trip_through_the_loader(tmp_path: Path) -> None:
     ckpt = write_tiny_checkpoint(tmp_path / "ckpt", policy_overrides=COLOR_REACH_POLICY)
     policy = VectorPolicy(Cosmos3ActionPipeline.from_pretrained(ckpt), n_action_steps=2,
                           seed=3, num_inference_steps=2)
-    envs = make_color_reach_vector_env(2, image_size=32, max_episode_steps=3)
-    try:
-        collect_rollouts(policy, envs, 7, tmp_path / "roll", shard_steps=4)
-    finally:
-        envs.close()
+    eval_env = ColorReachEval(image_size=32, max_episode_steps=3)
+    collect_rollouts(policy, eval_env, 7, tmp_path / "roll", num_envs=2, shard_steps=4)
     data = load_rollouts(tmp_path / "roll")
     meta = json.loads((tmp_path / "roll" / "meta.json").read_text())
     assert meta["shards"] == ["shard-00000.npz", "shard-00001.npz"] == data["meta"]["shards"]
@@ -60,17 +57,20 @@ def test_rollouts_round_trip_through_the_loader(tmp_path: Path) -> None:
     assert data["last_obs"].shape == (2, 32, 32, 3)
     assert data["actions"].shape == (7, 2, 2) and data["raw_actions"].shape == (7, 2, 2)
     assert data["prompts"].shape == (7, 2) and data["prompts"][0, 0].startswith("reach the")
-    # Episodes of 3 steps under NEXT_STEP: step 3 is the reset step, its action ignored.
-    assert data["truncations"][2].all() and not data["valid"][3].any() and data["valid"][4].all()
-    # Every valid action points at the chunk it came from; the chunk's raw actions contain it
-    # and its seed is the policy's recorded seed.
+    # Episodes of 3 steps, each slot restarted at once: step 3 is the next episode's first.
+    assert data["truncations"][2].all() and data["valid"].all()
+    assert (data["episode_ids"][3] != data["episode_ids"][2]).all()
+    # Every action points at the chunk it came from; the chunk's raw actions contain it and
+    # its seed is the policy's recorded seed.
     for t, env in zip(*np.nonzero(data["valid"]), strict=True):
         c = data["chunk_ids"][t, env]
         assert c >= 0 and data["chunk_env"][c] == env
         assert any(np.array_equal(data["raw_actions"][t, env], row)
                    for row in data["chunk_raw_actions"][c])
     assert (data["chunk_seed"] >= 0).all() and data["chunk_noise"].shape[1:] == (4, 64)
-    assert not data["valid"][3].any() and (data["chunk_ids"][3] == -1).all()
+    # The episode table: one row per episode, finished ones with their 3 steps.
+    assert (data["episode_id"] == np.arange(len(data["episode_id"]))).all()
+    assert (data["episode_length"][data["episode_finished"]] == 3).all()
 
 
 @pytest.mark.slow
@@ -82,7 +82,7 @@ def test_libero_rollout_command_saves_dict_observations_and_both_tasks(tmp_path)
     out = tmp_path / "rollouts"
     assert main(["rollout", "--checkpoint", str(checkpoint), "--env", "libero",
                  "--suite", "libero_spatial", "--tasks", "0,1", "--num-envs", "2",
-                 "--async-envs", "--steps", "3", "--num-inference-steps", "1",
+                 "--async-envs", "--env-steps", "3", "--denoising-steps", "1",
                  "--no-progress", "--out", str(out)]) == 0
     data = load_rollouts(out)
     assert data["obs.agentview_image"].shape == (3, 2, 256, 256, 3)
@@ -94,9 +94,9 @@ def test_libero_rollout_command_saves_dict_observations_and_both_tasks(tmp_path)
 def _rollout(out: Path, checkpoint: Path, *extra: str) -> int:
     from cosmos3_gym.eval.cli import main
 
-    return main(["rollout", "--checkpoint", str(checkpoint), "--steps", "9", "--shard-steps",
+    return main(["rollout", "--checkpoint", str(checkpoint), "--env-steps", "9", "--shard-steps",
                  "3", "--num-envs", "2", "--image-size", "32", "--max-episode-steps", "2",
-                 "--num-inference-steps", "2", "--no-progress", "--out", str(out), *extra])
+                 "--denoising-steps", "2", "--no-progress", "--out", str(out), *extra])
 
 
 def test_rollout_command_rotates_tasks_and_records_provenance(checkpoint: Path,
@@ -105,10 +105,10 @@ def test_rollout_command_rotates_tasks_and_records_provenance(checkpoint: Path,
     assert _rollout(out, checkpoint, "--sampler", "flow_sde", "--n-action-steps", "1") == 0
     data = load_rollouts(out)
     meta = data["meta"]
-    assert meta["schema_version"] == 2 and len(meta["shards"]) == 3
+    assert meta["schema_version"] == 3 and len(meta["shards"]) == 3
     prov = meta["provenance"]
     assert prov["checkpoint"] == str(checkpoint) and len(prov["weights_sha256_16"]) == 16
-    assert prov["policy"]["sampler"] == "flow_sde" and prov["raw_action_dim"] == 2
+    assert prov["policy"]["sampling"]["sampler"] == "flow_sde" and prov["raw_action_dim"] == 2
     assert prov["env"]["tasks"] == ["red", "green", "blue", "yellow"]
     assert prov["packages"]["torch"] and prov["seed"] == 0
     # Episodes of 2 steps on 2 slots for 9 steps: the 4 tasks in turn, each recorded.
@@ -123,7 +123,7 @@ def test_rollout_command_rotates_tasks_and_records_provenance(checkpoint: Path,
     np.testing.assert_array_equal(data["chunk_episode"][ids], data["episode_ids"])
     np.testing.assert_array_equal(data["chunk_actions"][ids, 0], data["actions"])
     # A shard read alone points at run-wide chunks.
-    from cosmos3_gym.eval.rollout import iter_rollout_shards
+    from cosmos3_gym.runner import iter_rollout_shards
 
     shard = list(iter_rollout_shards(out))[1]
     assert shard["chunk_ids"].min() == int(shard["chunk_first"])

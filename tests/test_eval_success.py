@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cosmos3_gym.envs import ColorReachEnv, ColorReachExpert, ColorReachState
+from cosmos3_gym.envs import ColorReachEnv, ColorReachExpert, ColorReachState, derive_seed
 from cosmos3_gym.envs.color_reach import AGENT_COLOR, COLORS, prompt_for
-from cosmos3_gym.eval.evaluate import EvalConfig, evaluate, hash_observation
+from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
 from cosmos3_gym.eval.results import read_episode_records
-from cosmos3_gym.eval.tasks import derive_seed
 from cosmos3_gym.pipeline.output import ActionOutput
+from cosmos3_gym.runner import hash_observation
 
 TASKS = ["red", "green", "blue"]
 TRIALS = 3

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cosmos3_gym.eval import tasks
+from cosmos3_gym.envs import EVAL_ENVS, ColorReachEval, make_eval_env
+from cosmos3_gym.envs import families as tasks
 from cosmos3_gym.eval.cli import build_parser
-from cosmos3_gym.eval.tasks import EVAL_ENVS, ColorReachEval, make_eval_env
 
 
 def test_the_cli_offers_exactly_the_registered_envs() -> None:
@@ -57,7 +57,7 @@ def test_metaworld_tasks_are_names_and_trials_pick_layouts() -> None:
 
 def test_the_step_budget_option_is_libero_only_and_excludes_an_explicit_length() -> None:
     parser = build_parser()
-    for command in (["eval"], ["rollout", "--steps", "1"]):
+    for command in (["eval"], ["rollout", "--env-steps", "1"]):
         args = [*command, "--out", "x", "--step-budget", "openpi"]
         assert parser.parse_args(args).step_budget == "openpi"
     with pytest.raises(SystemExit):

@@ -28,7 +28,7 @@ def test_two_rank_torchrun_matches_single_process(tmp_path: Path) -> None:
     ckpt = write_tiny_checkpoint(tmp_path / "ckpt", policy_overrides=COLOR_REACH_POLICY)
     args = ["eval", "--checkpoint", str(ckpt), "--tasks", "red,blue", "--trials", "2",
             "--num-envs", "2", "--seed", "5", "--image-size", "32", "--max-episode-steps", "5",
-            "--num-inference-steps", "2", "--no-progress"]
+            "--denoising-steps", "2", "--no-progress"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     single, multi = tmp_path / "single", tmp_path / "multi"
     # Each run is waited for to its end, however long a busy machine makes it: torchrun ends

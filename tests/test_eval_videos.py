@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from cosmos3_gym.envs import derive_seed
 from cosmos3_gym.eval import evaluate as evaluate_module
 from cosmos3_gym.eval import videos
 from cosmos3_gym.eval.cli import build_parser
 from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
 from cosmos3_gym.eval.results import read_episode_records
-from cosmos3_gym.eval.tasks import derive_seed
 from cosmos3_gym.eval.videos import ImaginedChunk, ImaginedLayout, imagined_frames
+from cosmos3_gym.pipeline import SamplerConfig
 
 SEED = 7
 HORIZON = 4  # the tiny checkpoint's action chunk
@@ -45,8 +46,8 @@ class SpyPipeline:
 
 def config(checkpoint: Path, **overrides) -> EvalConfig:
     fields = dict(checkpoint=str(checkpoint), tasks=["red", "blue"], trials=2, num_envs=3,
-                  seed=SEED, image_size=32, max_episode_steps=6, num_inference_steps=2,
-                  progress=False)
+                  seed=SEED, image_size=32, max_episode_steps=6,
+                  sampling=SamplerConfig(num_inference_steps=2), progress=False)
     return EvalConfig(**{**fields, **overrides})
 
 
@@ -56,12 +57,18 @@ def chunk_steps(record: dict) -> list[int]:
 
 
 def test_the_videos_flag_takes_an_optional_kind() -> None:
+    from cosmos3_gym.eval.cli import command_settings
+
     parser = build_parser()
     base = ["eval", "--out", "x"]
-    assert parser.parse_args([*base, "--videos"]).videos == "env"
-    assert parser.parse_args(["eval", "--videos", "imagined", "--out", "x"]).videos == "imagined"
-    assert parser.parse_args(base).videos is None
-    assert parser.parse_args([*base, "--videos", "--video-trials", "2"]).video_trials == 2
+
+    def parsed(argv: list[str]) -> EvalConfig:
+        return command_settings(parser.parse_args(argv), EvalConfig)
+
+    assert parsed([*base, "--videos"]).videos == "env"
+    assert parsed(["eval", "--videos", "imagined", "--out", "x"]).videos == "imagined"
+    assert parsed(base).videos is None
+    assert parsed([*base, "--videos", "--video-trials", "2"]).video_trials == 2
     assert EvalConfig(videos=True).videos == "env" and EvalConfig(videos=False).videos is None
     with pytest.raises(ValueError, match="videos must be one of .*; found 'future'"):
         EvalConfig(videos="future")

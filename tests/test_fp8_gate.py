@@ -21,8 +21,8 @@ def test_mcnemar_and_the_docstring_examples() -> None:
 @pytest.mark.slow
 def test_the_gates_run_at_cpu_size_and_pair_their_episodes(tmp_path, capsys) -> None:
     out = tmp_path / "gates.json"
-    result = fp8_gate.main(["--batch", "2", "--steps", "4", "--trials", "1", "--num-envs", "4",
-                            "--runs", str(tmp_path / "runs"), "--out", str(out)])
+    result = fp8_gate.main(["--batch", "2", "--denoising-steps", "4", "--trials", "1",
+                            "--num-envs", "4", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     sqnr = result["sqnr"]["per_layer_db"]
     assert set(sqnr) == set(fp8_gate.GEMMS) and all(len(v) == 2 for v in sqnr.values())

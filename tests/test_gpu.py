@@ -314,7 +314,7 @@ def test_synthetic_eval_on_gpu_runs_the_fast_path(tmp_path) -> None:
 
     out = tmp_path / "eval"
     assert main(["eval", "--synthetic", "tiny", "--trials", "1", "--num-envs", "4",
-                 "--num-inference-steps", "2", "--max-episode-steps", "6", "--no-progress",
+                 "--denoising-steps", "2", "--max-episode-steps", "6", "--no-progress",
                  "--out", str(out)]) == 0
     t = json.loads((out / "results.json").read_text())["throughput"]
     assert t["devices"] == ["cuda:0"] and t["dtypes"] == ["bfloat16"] and t["gpus"]
@@ -384,3 +384,69 @@ def test_fp8_pipeline_on_gpu_runs_both_kinds_of_step_as_graphs(tmp_path) -> None
     reference = bf16(images, prompts, **kwargs).actions
     assert np.isfinite(got).all() and not np.array_equal(got, reference)
     assert np.abs(got - reference).max() < 0.1 * np.abs(reference).max()
+
+
+def test_guidance_interval_on_gpu_runs_each_row_set_as_its_own_graph(tmp_path) -> None:
+    """On the CUDA default, a first-step guidance interval replays a graph of the [cond;
+    uncond] rows on step 0 and one of the conditional rows after it (the [2, 1, 1, 1] forwards
+    of the Edge-Policy-DROID recipe); an interval over every step is today's guidance and one
+    over none is guidance 1, bit for bit, and the actions track the CPU's."""
+    path = write_tiny_checkpoint(tmp_path / "tiny")
+    images, prompts = _tiny_inputs()
+    kwargs = dict(seed=[1, 2, 3], num_inference_steps=4, flow_shift=5.0, guidance_scale=3.0,
+                  progress=False)
+    pipe = Cosmos3ActionPipeline.from_pretrained(path, device="cuda")
+    first = pipe(images, prompts, guidance_interval=(960.0, 1001.0), **kwargs).actions
+    assert pipe.disabled_options == {} and pipe.denoise.graphs.captures == 2
+    every = pipe(images, prompts, **kwargs).actions
+    np.testing.assert_array_equal(
+        pipe(images, prompts, guidance_interval=(-1.0, 1001.0), **kwargs).actions, every)
+    unguided = pipe(images, prompts, **{**kwargs, "guidance_scale": 1.0}).actions
+    np.testing.assert_array_equal(
+        pipe(images, prompts, guidance_interval=(1001.0, 2000.0), **kwargs).actions, unguided)
+    cpu = Cosmos3ActionPipeline.from_pretrained(path)
+    reference = cpu(images, prompts, guidance_interval=(960.0, 1001.0), **kwargs).actions
+    bf16_error = np.abs(first - reference).max()
+    assert bf16_error < 0.1 * np.abs(reference).max(), bf16_error
+    assert np.abs(first - every).max() > bf16_error  # the interval is not lost in bf16 noise
+
+
+def test_state_rows_on_gpu_track_the_cpu_and_stay_batch_invariant(tmp_path) -> None:
+    """A state-conditioned head (one clean state row) on the CUDA fast path: fp32 on the GPU
+    equals the CPU's actions, bf16 rows equal each item alone within bf16's tiling bound."""
+    path = write_tiny_checkpoint(tmp_path / "tiny", policy_overrides={"history_length": 1})
+    images, prompts = _tiny_inputs()
+    state = np.random.default_rng(4).uniform(-0.4, 0.6, (3, 1, 10)).astype(np.float32)
+    kwargs = dict(seed=[1, 2, 3], num_inference_steps=8, progress=False)
+    cpu = Cosmos3ActionPipeline.from_pretrained(path)(images, prompts, state=state, **kwargs)
+    fp32 = Cosmos3ActionPipeline.from_pretrained(path, device="cuda", dtype=torch.float32)
+    np.testing.assert_allclose(fp32(images, prompts, state=state, **kwargs).actions,
+                               cpu.actions, rtol=1e-3, atol=1e-3)
+    bf16 = Cosmos3ActionPipeline.from_pretrained(path, device="cuda")
+    batched = bf16(images, prompts, state=state, **kwargs)
+    assert bf16.disabled_options == {} and bf16.denoise.graphs.captures >= 1
+    assert batched.actions.shape == (3, bf16.action_horizon, 10)
+    for i in range(3):
+        alone = bf16(images[i : i + 1], prompts[i : i + 1], state=state[i : i + 1],
+                     seed=[i + 1], num_inference_steps=8, progress=False)
+        np.testing.assert_allclose(batched.actions[i], alone.actions[0], rtol=5e-2, atol=5e-2)
+    moved = bf16(images, prompts, state=state + 0.5, **kwargs).actions
+    assert np.abs(moved - batched.actions).max() > 5e-2  # the state conditions the actions
+
+
+def test_cuda_tensor_observations_reach_the_pipeline_without_a_host_copy(tmp_path) -> None:
+    """A GPU simulator's uint8 CUDA tensors (ManiSkill3's) give the actions of the same frames
+    as numpy, and admission keeps them on the device (no host round trip)."""
+    from cosmos3_gym import VectorPolicy
+    from cosmos3_gym.pipeline.admission import admit_images
+
+    frames = np.random.default_rng(0).integers(0, 256, (3, 96, 128, 3), dtype=np.uint8)
+    on_gpu = torch.from_numpy(frames).cuda()
+    assert all(image.is_cuda for image in admit_images(on_gpu))
+    pipe = Cosmos3ActionPipeline.from_pretrained(write_tiny_checkpoint(tmp_path / "c"),
+                                                 device="cuda", dtype=torch.float32)
+    prompts = ["pick up the cube"] * 3
+    from_numpy = VectorPolicy(pipe, seed=2)({"rgb": frames}, prompts)
+    from_cuda = VectorPolicy(pipe, seed=2)({"rgb": on_gpu, "qpos": torch.zeros(3, 7).cuda()},
+                                           prompts)
+    np.testing.assert_array_equal(from_cuda, from_numpy)

@@ -19,7 +19,7 @@ def test_the_eval_stage_and_the_summary_run_at_cpu_size(tmp_path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "PRESET": "tiny", "DEVICE": "cpu", "SKIP_INSTALL": "1",
            "EVAL_BATCHES": "2", "STEPS": "1", "OUT": str(out), "RUNS": str(tmp_path / "runs"),
-           "PYTHON": sys.executable}
+           "PYTHON": sys.executable, "TIMEOUT_SCALE": "5"}
     done = subprocess.run(["bash", "scripts/gpu_session.sh", "eval", "summary"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -28,9 +28,13 @@ def test_the_eval_stage_and_the_summary_run_at_cpu_size(tmp_path) -> None:
     assert run["complete"] and run["episodes"] == 8  # 2 trials of each of the 4 colours
     t = run["throughput"]
     assert t["synthetic"] == "tiny" and t["devices"] == ["cpu"] and t["pipeline_s"] > 0
+    overlapped = loop["runs"]["2_overlap"]
+    assert overlapped["complete"] and overlapped["identical_episodes"] is True
+    assert overlapped["throughput"]["overlap"] is True
     summary = (out / "summary.txt").read_text()
     assert done.stdout.endswith(summary)  # stage lines, then the summary
     assert "eval --synthetic tiny on ColorReach" in summary and "B=2" in summary
+    assert "B=2 with --overlap" in summary and "the same episodes: yes" in summary
     assert "episodes/h" in summary and "LIBERO bench (tiny): no result" in summary
     assert sorted(p.name for p in out.iterdir()) == [
         "eval_loop_tiny.json", "log.txt", "summary.txt"]  # the eval folders stay outside OUT
@@ -43,7 +47,7 @@ def test_the_fp8_stage_runs_at_cpu_size(tmp_path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "PRESET": "tiny", "DEVICE": "cpu", "SKIP_INSTALL": "1", "STEPS": "1",
            "FP8_BATCH": "2", "OUT": str(out), "RUNS": str(tmp_path / "runs"),
-           "PYTHON": sys.executable}
+           "PYTHON": sys.executable, "TIMEOUT_SCALE": "5"}
     done = subprocess.run(["bash", "scripts/gpu_session.sh", "fp8", "summary"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -57,3 +61,47 @@ def test_the_fp8_stage_runs_at_cpu_size(tmp_path) -> None:
     assert bench["fp8_gates"]["sqnr"]["min_db"].keys() == {"qkv", "out", "gate_up", "down"}
     summary = (out / "summary.txt").read_text()
     assert "LIBERO B=2 1 steps: fp8" in summary and "per-layer SQNR" in summary
+
+
+def test_the_stage_timeouts_fit_the_device_budget() -> None:
+    """Every stage's timeout, the eval stage's per batch size, sum to at most 560 s."""
+    import re
+
+    script = (ROOT / "scripts" / "gpu_session.sh").read_text()
+    fixed = [int(t) for t in re.findall(r'^\s*timeout "\$\(t (\d+)\)" ', script, flags=re.M)]
+    batches = re.search(r'EVAL_BATCHES="\$\{EVAL_BATCHES:-([\d ]+)\}"', script).group(1).split()
+    per_run = [int(t) for t in re.findall(r"limit=\$\(\( (\d+) \+ b \)\)", script)]
+    assert len(per_run) == 2  # the plain run and the overlapped one, per batch size
+    total = sum(fixed) + sum(t + int(b) for t in per_run for b in batches)
+    assert total <= 560, (fixed, batches, total)
+    assert f"= {total} s at most" in script  # the header states the sum
+
+
+@pytest.mark.slow
+def test_the_droid_stage_runs_the_released_recipes_at_cpu_size(tmp_path) -> None:
+    """The 30-step DROID row, then both Policy-DROID recipes at their 4 steps with a state
+    row, FP8 beside bf16 for each, in one file, and their summary lines."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PRESET": "tiny", "DEVICE": "cpu", "SKIP_INSTALL": "1", "STEPS": "1",
+           "OUT": str(out), "RUNS": str(tmp_path / "runs"), "PYTHON": sys.executable,
+           "TIMEOUT_SCALE": "5"}
+    done = subprocess.run(["bash", "scripts/gpu_session.sh", "droid", "summary"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "bench_gpu_tiny_droid.json", "log.txt", "summary.txt"]
+    bench = json.loads((out / "bench_gpu_tiny_droid.json").read_text())
+    assert bench["complete"], (out / "log.txt").read_text()[-2000:]
+    rows = {r["case"]: r for r in bench["rows"]}
+    assert rows["droid_480x832"]["steps"] == 1 and rows["droid_480x832"]["guided_steps"] == 0
+    for case, guided in (("nano-policy-droid_540x640", 4), ("edge-policy-droid_540x640", 1)):
+        assert (rows[case]["steps"], rows[case]["guided_steps"]) == (4, guided)
+        assert rows[case]["tokens"]["action"] == 33  # the state row and 32 actions
+        flip = bench["flips"][case]["1"]["fp8"]
+        assert flip["flipped_to"] is True and flip["fp8_bf16_steps"] == 1
+        assert flip["flipped_call_s"] > 0
+    assert bench["samplers"]["edge-policy-droid_540x640"]["guidance_interval"]["value"] == [
+        960.0, 1001.0]
+    summary = (out / "summary.txt").read_text()
+    assert "recipe nano-policy-droid B=1 4 steps, 4 guided" in summary
+    assert "recipe edge-policy-droid B=1 4 steps, 1 guided" in summary

@@ -1,53 +1,48 @@
-"""Double-buffered rollouts change the timing, never the trajectories."""
+"""Overlapping inference with env stepping changes the timing, never the episodes."""
 
 from __future__ import annotations
 
-import numpy as np
-from gymnasium.vector import AutoresetMode
+from pathlib import Path
 
-from cosmos3_gym import Cosmos3ActionPipeline, VectorPolicy
-from cosmos3_gym.bench.overlap import DoubleBufferedRollout, measure_overlap
-from cosmos3_gym.envs import ChunkedActionWrapper, make_color_reach_vector_env
+import pytest
+
+from cosmos3_gym import Cosmos3ActionPipeline
+from cosmos3_gym.bench.overlap import measure_overlap
+from cosmos3_gym.eval.evaluate import EvalConfig, evaluate
+from cosmos3_gym.eval.results import read_episode_records
 from cosmos3_gym.tiny import COLOR_REACH_POLICY, write_tiny_checkpoint
 
 
-def _pipe(tmp_path):
+@pytest.fixture(scope="module")
+def pipe(tmp_path_factory: pytest.TempPathFactory) -> Cosmos3ActionPipeline:
     path = write_tiny_checkpoint(
-        tmp_path / "tiny2d",
+        tmp_path_factory.mktemp("tiny2d"),
         policy_overrides={**COLOR_REACH_POLICY, "num_inference_steps": 2},
     )
     return Cosmos3ActionPipeline.from_pretrained(path)
 
 
-def _runner(pipe):
-    groups = []
-    for index in range(2):
-        vec = make_color_reach_vector_env(2, image_size=64, max_episode_steps=6,
-                                          autoreset_mode=AutoresetMode.SAME_STEP)
-        policy = VectorPolicy(pipe, seed=index)
-        groups += [policy.predict_action_chunk, policy.attach(ChunkedActionWrapper(vec))]
-    return DoubleBufferedRollout(*groups), groups
+def _episodes(folder: Path) -> dict:
+    return {(r["task"], r["trial"]): (r["obs_sha256"], r["steps"], r["chunks"], r["success"])
+            for r in read_episode_records(folder)}
 
 
-def test_overlapped_rollout_plans_exactly_the_same_chunks(tmp_path) -> None:
-    pipe = _pipe(tmp_path)
-    sequential_runner, groups_a = _runner(pipe)
-    overlapped_runner, groups_b = _runner(pipe)
-    try:
-        sequential = sequential_runner.run(3, overlap=False, keep_trace=True)
-        overlapped = overlapped_runner.run(3, overlap=True, keep_trace=True)
-    finally:
-        for envs in (groups_a[1], groups_a[3], groups_b[1], groups_b[3]):
-            envs.close()
-    assert len(sequential.trace) == len(overlapped.trace) == 6
-    for (g1, c1), (g2, c2) in zip(sequential.trace, overlapped.trace, strict=True):
-        assert g1 == g2
-        np.testing.assert_array_equal(c1, c2)
-    assert sequential.env_steps == overlapped.env_steps > 0
-    assert sequential.episodes == overlapped.episodes > 0
+@pytest.mark.parametrize("async_envs", [False, True])
+def test_an_overlapped_evaluation_records_the_same_episodes(pipe, tmp_path, async_envs) -> None:
+    config = EvalConfig(trials=3, num_envs=3, seed=4, image_size=32, max_episode_steps=8,
+                        n_action_steps=2, async_envs=async_envs, progress=False)
+    evaluate(config, tmp_path / "plain", pipeline=pipe)
+    from dataclasses import replace
+
+    results = evaluate(replace(config, overlap=True), tmp_path / "overlap", pipeline=pipe)
+    assert results["complete"] and results["throughput"]["episodes"] == 12
+    assert _episodes(tmp_path / "overlap") == _episodes(tmp_path / "plain")
+    slots = {r["env_slot"] for r in read_episode_records(tmp_path / "overlap")}
+    assert slots == {0, 1, 2}  # both groups ran episodes
 
 
-def test_measure_overlap_reports_both_throughputs(tmp_path) -> None:
-    result = measure_overlap(_pipe(tmp_path), num_envs=2, num_rounds=2, image_size=64)
+def test_measure_overlap_reports_both_throughputs_and_the_same_episodes(pipe) -> None:
+    result = measure_overlap(pipe, num_envs=2, trials=1, image_size=32, async_envs=False)
+    assert result["identical_episodes"] and result["episodes"] == 4
     assert result["sequential_steps_per_s"] > 0 and result["overlapped_steps_per_s"] > 0
     assert result["overlap_speedup"] > 0

@@ -301,7 +301,8 @@ def test_get_adapter_by_name_or_object():
     assert isinstance(get_adapter("generic"), GenericAdapter)
     custom = TopCameraAdapter()
     assert get_adapter(custom) is custom
-    message = r"unknown adapter 'robocasa'; expected one of \['generic', 'libero', 'metaworld'\]"
+    message = (r"unknown adapter 'robocasa'; expected one of \['droid', 'generic', 'libero', "
+               r"'metaworld'\]")
     with pytest.raises(ValueError, match=message):
         get_adapter("robocasa")
     with pytest.raises(TypeError, match=r"lacks the methods \['images', 'prompt', 'actions'\]"):

@@ -8,6 +8,7 @@ import pytest
 
 from cosmos3_gym import Cosmos3ActionPipeline, VectorPolicy
 from cosmos3_gym.envs import make_color_reach_vector_env
+from cosmos3_gym.pipeline import SamplerConfig
 from cosmos3_gym.tiny import COLOR_REACH_POLICY, write_tiny_checkpoint
 
 STEPS = 2
@@ -35,7 +36,7 @@ PROMPTS = ["reach the red target", "reach the green target, then stop on it and 
 def test_mixed_tasks_give_each_env_its_own_prompts_chunk(pipe) -> None:
     lengths = [len(pipe.tokenizer(p).input_ids) for p in PROMPTS]
     assert len(set(lengths)) == 3, lengths
-    policy = VectorPolicy(pipe, n_action_steps=2, seed=3, stochastic=False,
+    policy = VectorPolicy(pipe, n_action_steps=2, seed=3, noise="fixed",
                           num_inference_steps=STEPS)
     obs = _obs()
     chunks = policy(obs, PROMPTS)
@@ -47,7 +48,7 @@ def test_mixed_tasks_give_each_env_its_own_prompts_chunk(pipe) -> None:
 
 
 def test_swapping_two_envs_prompts_swaps_their_chunks(pipe) -> None:
-    policy = VectorPolicy(pipe, seed=3, stochastic=False, num_inference_steps=STEPS)
+    policy = VectorPolicy(pipe, seed=3, noise="fixed", num_inference_steps=STEPS)
     obs = np.repeat(_obs(n=1), 3, axis=0)  # same image everywhere: only the prompt differs
     chunks = policy(obs, PROMPTS)
     swapped = policy(obs, [PROMPTS[1], PROMPTS[0], PROMPTS[2]])
@@ -106,7 +107,7 @@ def test_planner_video_rows_hold_the_pipelines_clips_and_leave_actions_alone(pip
     from cosmos3_gym.policy import ChunkPlanner, GenericAdapter, SeedRule
 
     planner = ChunkPlanner(pipe, GenericAdapter(), SeedRule.per_chunk(9),
-                           num_inference_steps=STEPS)
+                           sampling=SamplerConfig(num_inference_steps=STEPS))
     obs, envs = _obs(n=3), np.array([0, 1, 2])
     plain = planner.plan(obs, envs, PROMPTS, episodes=[0, 0, 0], chunks=[1, 2, 3])
     asked = planner.plan(obs, envs, PROMPTS, episodes=[0, 0, 0], chunks=[1, 2, 3],
@@ -133,6 +134,6 @@ def test_planner_refuses_a_pipeline_that_returns_no_clip_for_an_asked_row(pipe) 
         return out
 
     planner = ChunkPlanner(no_video, GenericAdapter(), SeedRule.fixed(0),
-                           num_inference_steps=STEPS)
+                           sampling=SamplerConfig(num_inference_steps=STEPS))
     with pytest.raises(ValueError, match=r"video row 0 as NoneType; expected uint8 \[5, h, w, 3\]"):
         planner.plan(_obs(n=1), np.array([0]), PROMPTS[:1], [0], [0], video=[True])

@@ -63,8 +63,8 @@ def test_call_and_predict_action_chunk_return_float32_chunks_per_env():
 
 def test_swapping_two_envs_prompts_swaps_their_chunks():
     obs = np.full((2, 4, 4, 3), 5, np.uint8)  # identical observations
-    a = VectorPolicy(StandInPipeline(), stochastic=False)(obs, ["open the drawer", "push it"])
-    b = VectorPolicy(StandInPipeline(), stochastic=False)(obs, ["push it", "open the drawer"])
+    a = VectorPolicy(StandInPipeline(), noise="fixed")(obs, ["open the drawer", "push it"])
+    b = VectorPolicy(StandInPipeline(), noise="fixed")(obs, ["push it", "open the drawer"])
     np.testing.assert_array_equal(a[0], b[1])
     np.testing.assert_array_equal(a[1], b[0])
     assert not np.array_equal(a[0], a[1])
@@ -75,10 +75,10 @@ def test_mixed_task_batch_gives_each_env_its_own_prompts_chunk():
     obs = rng.integers(0, 255, (3, 8, 8, 3), dtype=np.uint8)
     prompts = ["pick up the cube", "open the drawer", "turn on the stove"]
     pipe = StandInPipeline()
-    batched = VectorPolicy(pipe, stochastic=False)(obs, prompts)
+    batched = VectorPolicy(pipe, noise="fixed")(obs, prompts)
     assert pipe.calls[0]["prompts"] == prompts
     for i in range(3):
-        single = VectorPolicy(StandInPipeline(), stochastic=False)(obs[i : i + 1], [prompts[i]])
+        single = VectorPolicy(StandInPipeline(), noise="fixed")(obs[i : i + 1], [prompts[i]])
         np.testing.assert_array_equal(batched[i], single[0])
 
 
@@ -438,10 +438,10 @@ def test_stochastic_seeds_differ_per_env_and_chunk_and_deterministic_ones_do_not
     assert len(set(seeds)) == 3 and seeds == [chunk_seed(SEED, e, 0, 1) for e in range(3)]
     first_noise = {first[e, 0, NOISE] for e in range(3)}
     assert len(first_noise | {second[e, 0, NOISE] for e in range(3)}) == 6
-    policy.stochastic = False
+    policy.sampling = policy.sampling.with_changes(noise="fixed")
     third = policy(images(3), "a")
     fourth = policy(images(3), "a")
-    assert policy.last_chunk_record.seeds == [SEED] * 3 and not policy.last_chunk_record.stochastic
+    assert policy.last_chunk_record.seeds == [SEED] * 3 and not policy.last_chunk_record.fresh_noise
     np.testing.assert_array_equal(third[:, :, NOISE], fourth[:, :, NOISE])
     np.testing.assert_array_equal(third[0, :, NOISE], third[2, :, NOISE])
 
@@ -494,7 +494,7 @@ def test_chunk_record_holds_what_a_learner_needs_and_replays():
     np.testing.assert_array_equal(replayed, record.actions)
     # The recorded seeds reach the pipeline (they draw the video noise) alongside the noise.
     assert pipe.calls[-1]["seeds"] == policy.last_chunk_record.seeds == record.seeds
-    assert not policy.last_chunk_record.stochastic
+    assert not policy.last_chunk_record.fresh_noise
     with pytest.raises(ValueError, match="expected 3 seeds, one per planned env; found 2"):
         policy.predict_action_chunk(obs, "a", seeds=record.seeds[:2])
     message = r"action_noise must be \[B=3, 4, 64\]; found \[2, 4, 64\]"

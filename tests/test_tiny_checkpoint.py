@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from cosmos3_gym.checkpoint import resolve_checkpoint
 from cosmos3_gym.eval.cli import main as cli_main
-from cosmos3_gym.eval.results import read_jsonl
+from cosmos3_gym.jsonio import read_jsonl
 from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 from cosmos3_gym.tiny import build_tiny_transformer
 from cosmos3_gym.train import (
@@ -192,7 +192,7 @@ def test_training_progress_shows_its_loss_and_changes_nothing(tmp_path: Path, ca
 
 def test_train_command_writes_a_loadable_checkpoint(tmp_path: Path, capsys) -> None:
     out = tmp_path / "ckpt"
-    argv = ["--out", str(out), "--seed", "1", "--episodes", "1", "--steps", "2",
+    argv = ["--out", str(out), "--seed", "1", "--episodes", "1", "--train-steps", "2",
             "--batch-size", "2", "--hidden-size", "64", "--head-dim", "16",
             "--intermediate-size", "64", "--warmup-steps", "1", "--log-every", "1",
             "--vae-steps", "1", "--vae-batch-size", "2", "--vae-holdout-episodes", "1"]

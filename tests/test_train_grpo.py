@@ -10,13 +10,13 @@ import pytest
 import torch
 from gymnasium.vector import AutoresetMode
 
-from cosmos3_gym.eval import onpolicy
-from cosmos3_gym.eval.tasks import ColorReachEval
+from cosmos3_gym.envs import ColorReachEval
 from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions, chunk_log_prob, sde
+from cosmos3_gym.runner import onpolicy, schedule
 from cosmos3_gym.train import grpo
 
 
-@pytest.mark.parametrize("module", [sde, onpolicy, grpo], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [sde, schedule, grpo], ids=lambda m: m.__name__)
 def test_docstring_examples_run(module) -> None:
     result = doctest.testmod(module)
     assert result.failed == 0 and result.attempted > 0
@@ -59,10 +59,10 @@ def onpolicy_policy(pipe):
 
 
 def test_grpo_command_writes_its_curve_and_checkpoint(checkpoint: Path, tmp_path: Path) -> None:
-    from cosmos3_gym.train import main
+    from cosmos3_gym.eval.cli import main
 
     out = tmp_path / "grpo"
-    assert main(["--rl", "grpo", "--init", str(checkpoint), "--out", str(out), "--iterations",
+    assert main(["rl", "grpo", "--init", str(checkpoint), "--out", str(out), "--iterations",
                  "1", "--groups", "1", "--group-size", "2", "--eval-episodes", "4",
                  "--eval-envs", "4", "--no-progress"]) == 0
     curve = json.loads((out / "curve.json").read_text())
@@ -73,7 +73,7 @@ def test_grpo_command_writes_its_curve_and_checkpoint(checkpoint: Path, tmp_path
 
 
 def test_grpo_without_a_starting_checkpoint_says_how_to_make_one(tmp_path: Path) -> None:
-    from cosmos3_gym.train import main
+    from cosmos3_gym.train.grpo import GRPOConfig, run_grpo
 
     with pytest.raises(FileNotFoundError, match="cosmos3-gym train --out"):
-        main(["--rl", "grpo", "--init", str(tmp_path / "none"), "--out", str(tmp_path / "o")])
+        run_grpo(GRPOConfig(init=str(tmp_path / "none"), out=str(tmp_path / "o")))

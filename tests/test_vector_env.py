@@ -1,4 +1,4 @@
-"""The vector-env helpers shared by the chunk wrapper, the policy's feed and rollouts."""
+"""The vector-env helpers shared by the chunk wrapper, the policy's feed and the runner."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from cosmos3_gym import VectorPolicy, vector_env
-from cosmos3_gym.envs import ChunkedActionWrapper, make_color_reach_vector_env
-from cosmos3_gym.eval.rollout import collect_rollouts
+from cosmos3_gym.envs import ChunkedActionWrapper, ColorReachEval, make_color_reach_vector_env
+from cosmos3_gym.runner import collect_on_policy
 
 
 def test_every_wrapper_reads_the_autoreset_mode_the_same_way(tmp_path) -> None:
@@ -22,7 +22,7 @@ def test_every_wrapper_reads_the_autoreset_mode_the_same_way(tmp_path) -> None:
     with pytest.raises(ValueError, match=message):
         VectorPolicy(lambda *a, **k: None).attach(envs)
     with pytest.raises(ValueError, match=message):
-        collect_rollouts(VectorPolicy(lambda *a, **k: None), envs, 1, tmp_path / "roll")
+        collect_on_policy(VectorPolicy(lambda *a, **k: None), envs, 1, eval_env=ColorReachEval())
     envs.close()
 
 

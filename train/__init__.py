@@ -7,6 +7,7 @@ folder, deterministically on CPU; see :mod:`~cosmos3_gym.train.trainer` for the 
 
 from cosmos3_gym.train.config import TrainConfig, transformer_overrides
 from cosmos3_gym.train.success import evaluate_success
-from cosmos3_gym.train.trainer import main, train
+from cosmos3_gym.train.trainer import run_train_command, train
 
-__all__ = ["TrainConfig", "evaluate_success", "main", "train", "transformer_overrides"]
+__all__ = ["TrainConfig", "evaluate_success", "run_train_command", "train",
+           "transformer_overrides"]

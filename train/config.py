@@ -3,25 +3,28 @@ the transformer and policy-head configs it writes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from cosmos3_gym.settings import setting
 
 VIEW_POINT = "ego_view"
 DOMAIN_NAME = "color_reach"
 DOMAIN_ID = 0  # ColorReach is no released embodiment; row 0 of the DomainAwareLinear tables
 
 
-def _knob(default: Any, text: str) -> Any:
+def _knob(default: Any, text: str, flag: str | None = None) -> Any:
     """A field with its default and its one-line help (``cosmos3-gym train --help``)."""
-    return field(default=default, metadata={"help": text})
+    return setting(default, text, group="train", flag=flag)
 
 
 @dataclass
 class TrainConfig:
     """Every knob of a training run, with its default (the shipped ``tiny`` checkpoint's)."""
 
-    out: str = _knob("tiny", "checkpoint folder to write")
-    seed: int = _knob(0, "seed of the demos, the initial weights and the data order")
+    out: str = _knob("tiny", "where the command writes its results; the checkpoint folder")
+    seed: int = _knob(0, "the run's root seed; the demos, the initial weights and the data "
+                      "order derive from it")
     # Demo collection: episodes, the chance of a random detour per step, and the chance that
     # a visited state is kept as a sample (fewer samples per layout, more layouts per VAE second).
     episodes: int = _knob(1400, "expert ColorReach episodes collected as demos")
@@ -29,7 +32,8 @@ class TrainConfig:
         0.3, "chance per step that a random velocity replaces the expert's (off-expert states)"
     )
     keep_prob: float = _knob(0.3, "chance that a visited state is kept as a training sample")
-    image_size: int = _knob(128, "ColorReach image size in pixels")
+    image_size: int = _knob(128, "the env's square image size in pixels; ColorReach's, for the "
+                            "demos")
     # Model: the real architecture at tiny widths.
     hidden_size: int = _knob(128, "transformer width")
     num_layers: int = _knob(2, "transformer layers")
@@ -39,12 +43,15 @@ class TrainConfig:
     intermediate_size: int = _knob(256, "MLP width")
     # Policy head.
     action_horizon: int = _knob(4, "actions per chunk (a multiple of 4)")
-    num_inference_steps: int = _knob(8, "denoising steps the policy head asks for at inference")
-    flow_shift: float = _knob(1.0, "sampler flow shift the policy head asks for at inference")
+    num_inference_steps: int = _knob(8, "denoising steps the trained head asks for at inference",
+                                     flag="head-denoising-steps")
+    flow_shift: float = _knob(1.0, "the flow shift the trained head asks for at inference",
+                              flag="head-flow-shift")
     # Optimisation.
-    steps: int = _knob(2400, "optimiser steps")
+    steps: int = _knob(2400, "optimiser steps of the transformer", flag="train-steps")
     batch_size: int = _knob(64, "samples per optimiser step")
-    lr: float = _knob(2e-3, "peak learning rate (AdamW)")
+    lr: float = _knob(2e-3, "the optimiser's learning rate (AdamW); the peak of a warmup and "
+                      "cosine schedule")
     weight_decay: float = _knob(0.01, "AdamW weight decay")
     warmup_steps: int = _knob(150, "linear warmup steps before the cosine decay")
     video_loss_weight: float = _knob(
@@ -85,7 +92,8 @@ class TrainConfig:
     )
     # One intra-op thread: the result does not depend on how busy a shared machine is, and
     # two threads on two shared cores are slower than one.
-    threads: int = _knob(1, "torch intra-op threads")
+    threads: int = _knob(1, "torch intra-op CPU threads; 1 keeps the result independent of how "
+                         "busy a shared machine is")
 
 
 def transformer_overrides(cfg: TrainConfig) -> dict[str, Any]:

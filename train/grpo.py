@@ -1,4 +1,4 @@
-"""``cosmos3-gym train --rl grpo``: on-policy GRPO fine-tuning of a tiny policy on ColorReach.
+"""``cosmos3-gym rl grpo``: on-policy GRPO fine-tuning of a tiny policy on ColorReach.
 
 The reference loop, end to end, on a CPU:
 
@@ -9,7 +9,7 @@ The reference loop, end to end, on a CPU:
    trained model: it samples under ``torch.inference_mode`` and is scored and updated with
    gradients outside it.
 2. **Collect.** Each iteration rolls ``groups x group_size`` ColorReach envs for one episode
-   budget with :func:`~cosmos3_gym.eval.onpolicy.collect_on_policy`: every group's G envs start
+   budget with :func:`~cosmos3_gym.runner.collect_on_policy`: every group's G envs start
    from the same seed (layout and target), the action tokens are sampled with Flow-SDE (one
    random stochastic denoising step per chunk, ``noise_level``), and every chunk records its
    log-probability over the executed actions.
@@ -27,51 +27,69 @@ The reference loop, end to end, on a CPU:
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import shutil
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from cosmos3_gym.settings import positive_int, setting
+
 
 @dataclass
 class GRPOConfig:
-    """Every knob of the GRPO run, with its default and why."""
+    """Every knob of the GRPO run, with its default and why (``cosmos3-gym rl grpo``'s
+    options are generated from these fields)."""
 
-    # The starting checkpoint: a folder or a shipped name. The shipped tiny policy reaches
-    # 100% at ColorReach's own speed; at max_speed below it overshoots near its target.
-    init: str = "tiny"
-    out: str = "runs/grpo"
-    # The harder ColorReach setting: 3.5 times the env's 0.08 arena units per step.
-    max_speed: float = 0.28
-    seed: int = 0
-    iterations: int = 200
-    # G episodes from one start state; GRPO compares them with each other.
-    group_size: int = 8
-    groups: int = 2
-    # Flow-SDE noise level (RLinf's default 0.5) and the chunk's executed actions (H = 4).
-    noise_level: float = 0.5
-    n_action_steps: int = 4
-    lr: float = 1e-4
-    clip: float = 0.2
-    epochs: int = 2
-    minibatch: int = 64
-    # Held-out success: this many episodes (a multiple of eval_envs) from eval_seed on, with
-    # the deterministic sampler.
-    eval_episodes: int = 80
-    eval_envs: int = 16
-    eval_seed: int = 1_000_000
-    eval_every: int = 10
-    # Stop early (after an evaluation) once this many seconds have passed; 0 = no limit.
-    time_budget_s: float = 1200.0
-    threads: int = 1
+    init: str = setting(
+        "tiny", "the checkpoint to fine-tune: a folder or a shipped name; the shipped tiny "
+        "policy reaches 100% at ColorReach's own speed and overshoots at --max-speed",
+        group="rl")
+    out: str = setting("runs/grpo", "where the command writes its results; curve.json, "
+                       "curve.png and the fine-tuned checkpoint/", group="rl")
+    max_speed: float = setting(
+        0.28, "ColorReach's arena units per step at full action (the env's own is 0.08: a "
+        "harder setting)", group="rl")
+    seed: int = setting(
+        0, "the run's root seed; the training episodes, their noise and the minibatch order "
+        "derive from it", group="rl", parse=int)
+    iterations: int = setting(200, "GRPO iterations (collect, then update)", group="rl",
+                              parse=positive_int)
+    group_size: int = setting(
+        8, "episodes per group, from one start state; GRPO compares them with each other",
+        group="rl", parse=positive_int)
+    groups: int = setting(2, "groups collected per iteration", group="rl", parse=positive_int)
+    noise_level: float = setting(
+        0.5, "the stochastic steps' noise level (flow_sde, flow_cps); GRPO samples with flow_sde "
+        "(RLinf's default 0.5)", group="rl")
+    n_action_steps: int = setting(
+        4, "actions executed per chunk before replanning; their log-probability is the chunk's",
+        group="rl", parse=positive_int)
+    lr: float = setting(1e-4, "the optimiser's learning rate (AdamW); constant", group="rl")
+    clip: float = setting(0.2, "PPO's clip on the chunk probability ratio", group="rl")
+    epochs: int = setting(2, "passes over each iteration's chunks", group="rl",
+                          parse=positive_int)
+    minibatch: int = setting(64, "chunks per update step", group="rl", parse=positive_int)
+    eval_episodes: int = setting(
+        80, "held-out episodes of the success measurement (a multiple of --eval-envs), with the "
+        "deterministic sampler", group="rl", parse=positive_int)
+    eval_envs: int = setting(16, "env slots of the held-out measurement", group="rl",
+                             parse=positive_int)
+    eval_seed: int = setting(1_000_000, "the held-out episodes' first seed", group="rl",
+                             parse=int)
+    eval_every: int = setting(10, "iterations between held-out measurements", group="rl",
+                              parse=positive_int)
+    time_budget_s: float = setting(
+        1200.0, "stop early (after a measurement) once this many seconds have passed; 0: no "
+        "limit", group="rl")
+    threads: int = setting(
+        1, "torch intra-op CPU threads; 1 keeps the result independent of how busy a shared "
+        "machine is", group="rl", parse=positive_int)
 
     def __post_init__(self) -> None:
         for name in ("iterations", "group_size", "groups", "epochs", "minibatch",
@@ -114,24 +132,24 @@ def run_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     from gymnasium.vector import AutoresetMode
 
     from cosmos3_gym.checkpoint import resolve_checkpoint
-    from cosmos3_gym.eval.onpolicy import collect_on_policy, stochastic_record
-    from cosmos3_gym.eval.tasks import ColorReachEval
+    from cosmos3_gym.envs import ColorReachEval
     from cosmos3_gym.model.weights import save_transformer
-    from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions, chunk_log_prob
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline, chunk_log_prob
     from cosmos3_gym.policy import VectorPolicy
     from cosmos3_gym.progress import progress_bar
+    from cosmos3_gym.runner import collect_on_policy, stochastic_record
 
+    check_init(cfg)
     start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    # Unfused projections: the sampling transformer is the trained one (fused weights are
-    # plain tensors autograd does not reach). The single-frame encoder (default) gives the
-    # causal VAE encode's latents to ~1e-5 at a third of its time.
-    pipe = Cosmos3ActionPipeline.from_pretrained(
-        cfg.init, options=InferenceOptions(fuse_projections=False))
-    model = pipe.transformer.train().requires_grad_(True)
+    # trainable: unfused projections, so the sampling transformer is the trained one (fused
+    # weights are plain tensors autograd does not reach). The single-frame encoder (default)
+    # gives the causal VAE encode's latents to ~1e-5 at a third of its time.
+    pipe = Cosmos3ActionPipeline.from_pretrained(cfg.init, trainable=True)
+    model = pipe.transformer
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     eval_env = ColorReachEval(max_speed=cfg.max_speed)
     num_envs = cfg.groups * cfg.group_size
@@ -237,7 +255,7 @@ def _update(model, pipe, optimizer, batch, cfg, generator, stochastic_record, ch
 
 def _write_curve(out: Path, cfg: GRPOConfig, curve: list[dict[str, Any]],
                  summary: dict[str, Any] | None = None) -> None:
-    from cosmos3_gym.eval.results import write_json_atomic
+    from cosmos3_gym.jsonio import write_json_atomic
 
     write_json_atomic(out / "curve.json", {"curve": curve, **(summary or {})})
     try:
@@ -265,24 +283,8 @@ def _write_curve(out: Path, cfg: GRPOConfig, curve: list[dict[str, Any]],
     save_figure(fig, out / "curve")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="cosmos3-gym train --rl grpo",
-        description="GRPO fine-tuning of a tiny Cosmos3 policy on ColorReach (CPU).",
-    )
-    parser.add_argument("--rl", choices=("grpo",), required=True,
-                        help="the RL algorithm (grpo)")
-    for knob in fields(GRPOConfig):
-        parser.add_argument("--" + knob.name.replace("_", "-"), type=type(knob.default),
-                            default=knob.default, dest=knob.name,
-                            help=f"(default: {knob.default})")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    cfg = GRPOConfig(**{k.name: getattr(args, k.name) for k in fields(GRPOConfig)})
+def check_init(cfg: GRPOConfig) -> None:
+    """Refuse a starting checkpoint that is not there, saying how to make one."""
     from cosmos3_gym.checkpoint import resolve_checkpoint
 
     try:
@@ -292,6 +294,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"--init {cfg.init}: no checkpoint there; give a checkpoint folder (one written by "
             f"`cosmos3-gym train --out {cfg.init}`) or a shipped name (tiny)"
         ) from None
-    run_grpo(cfg, progress=not args.no_progress)
-    return 0
-

@@ -42,19 +42,17 @@ The recipe, end to end:
 
 Run::
 
-    python -m cosmos3_gym.train --out /tmp/tiny --seed 0
+    cosmos3-gym train --out /tmp/tiny --seed 0
 
 writes the checkpoint folder and ``train_log.json`` (loss curve, wall time) inside it.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -307,40 +305,9 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
     return log
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """``cosmos3-gym train``'s options: one per :class:`TrainConfig` field, and the bars."""
-    parser = argparse.ArgumentParser(
-        prog="cosmos3-gym train",
-        description="Train a tiny Cosmos3 policy on ColorReach expert demos (CPU, deterministic).",
-    )
-    for knob in fields(TrainConfig):
-        parser.add_argument(
-            "--" + knob.name.replace("_", "-"), type=type(knob.default), default=knob.default,
-            dest=knob.name, help=f"{knob.metadata['help']} (default: {knob.default})",
-        )
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    return parser
-
-
-def _config(args: argparse.Namespace) -> TrainConfig:
-    return TrainConfig(**{knob.name: getattr(args, knob.name) for knob in fields(TrainConfig)})
-
-
-def parse_args(argv: Sequence[str] | None) -> TrainConfig:
-    return _config(build_parser().parse_args(argv))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    import sys
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if any(a == "--rl" or a.startswith("--rl=") for a in argv):  # RL fine-tuning: train/grpo.py
-        from cosmos3_gym.train.grpo import main as grpo_main
-
-        return grpo_main(argv)
-    args = build_parser().parse_args(argv)
-    cfg = _config(args)
-    log = train(cfg, progress=not args.no_progress)
+def run_train_command(cfg: TrainConfig, progress: bool = True) -> int:
+    """``cosmos3-gym train``: train, then say what was written."""
+    log = train(cfg, progress=progress)
     print(f"wrote {cfg.out}: {log['num_samples']} samples, {cfg.steps} steps, final loss "
           f"{log['final_loss']:.4f}, {log['wall_s']:.0f}s")
     return 0

@@ -44,7 +44,7 @@ class RolloutEpisode:
 
 
 def finished_episodes(rollouts: dict[str, Any]) -> Iterator[RolloutEpisode]:
-    """The finished episodes of :func:`~cosmos3_gym.eval.rollout.load_rollouts`'s arrays, env
+    """The finished episodes of :func:`~cosmos3_gym.runner.load_rollouts`'s arrays, env
     by env, in time order. An episode ends at a terminated or truncated step; the steps it
     spans are the valid ones since the previous end."""
     done = np.logical_or(rollouts["terminations"], rollouts["truncations"])  # [T, B]
@@ -105,7 +105,7 @@ def write_lerobot_dataset(
 ) -> Any:
     """Write the rollouts in ``rollout_dir`` (npz shards) as a LeRobot dataset in ``root`` (a
     new folder); returns the ``LeRobotDataset``. ``fps`` is the env's control rate."""
-    from cosmos3_gym.eval.rollout import load_rollouts
+    from cosmos3_gym.runner import load_rollouts
 
     try:
         from lerobot.datasets.lerobot_dataset import LeRobotDataset

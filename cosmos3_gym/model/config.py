@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +10,14 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+# The keys whose values set the published models apart (Nano, Super, Edge): a config.json
+# must state them (a default here would load as a shape mismatch against the checkpoint, not
+# as the missing key it is). The others (latent layout, vocabulary) are the same in every
+# Cosmos3 and default to it.
+ARCHITECTURE_KEYS = (
+    "hidden_size", "intermediate_size", "head_dim", "num_attention_heads", "num_key_value_heads",
+    "num_hidden_layers",
+)
 # Keys a real config.json carries that do not change the generator's math here: bookkeeping of
 # diffusers, the load-time dtype hint, and dropout (inference only).
 _IGNORED_KEYS = {"dtype", "attention_dropout", "backbone_type"}
@@ -83,19 +90,37 @@ class Cosmos3Config:
             raise ValueError("sound_dim must be set when sound_gen is true")
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> Cosmos3Config:
+    def from_dict(cls, raw: dict[str, Any], source: str = "config") -> Cosmos3Config:
+        """The config of a parsed ``config.json``; values of the wrong JSON type are refused
+        (naming ``source``), unused keys logged."""
+        from cosmos3_gym.checkpoint import check_types
+
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in raw.items() if k in known}
+        check_types(cls, kwargs, source)
         unknown = sorted(k for k in raw if k not in known and not k.startswith("_"))
         unknown = [k for k in unknown if k not in _IGNORED_KEYS]
         if unknown:
             logger.warning("Cosmos3 config keys not used by cosmos3-gym: %s", unknown)
-        return cls(**kwargs)
+        try:
+            return cls(**kwargs)
+        except ValueError as err:
+            raise ValueError(f"{source}: {err}") from None
 
     @classmethod
     def from_json_file(cls, path: str | Path) -> Cosmos3Config:
-        with open(path) as f:
-            return cls.from_dict(json.load(f))
+        """A checkpoint's ``transformer/config.json``. The keys that fix the generator's shape
+        (:data:`ARCHITECTURE_KEYS`) must be there: a default in their place would only show
+        later, as tensors of the wrong shape."""
+        from cosmos3_gym.jsonio import read_json_object
+
+        raw = read_json_object(path, what="transformer config.json")
+        missing = [k for k in ARCHITECTURE_KEYS if k not in raw]
+        if missing:
+            raise ValueError(f"{path}: missing {missing}; a Cosmos3 transformer config.json "
+                             f"states every key that fixes the model's shape "
+                             f"({', '.join(ARCHITECTURE_KEYS)})")
+        return cls.from_dict(raw, source=str(path))
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

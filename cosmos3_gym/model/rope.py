@@ -8,7 +8,10 @@ Layout of one item with ``L`` text tokens (text first, then the GEN stream):
 - vision latent frame f, patch row r, column c: ``(f * base_fps / fps + L + margin, r, c)``
   (fps modulation, only when the clip has more than one latent frame);
 - action step i: ``((i + 1) * (base_fps / 4) / action_fps + L + margin, 0, 0)``, so action i
-  lines up with pixel frame i + 1, the frame it drives.
+  lines up with pixel frame i + 1, the frame it drives. With S clean state rows leading the
+  actions (a state-conditioned head) the first row sits at frame ``1 − S``: the current state at
+  frame 0, the predicted actions at frames 1.. as before (cosmos-framework's
+  ``action_start_frame_offset``).
 """
 
 from __future__ import annotations
@@ -48,11 +51,13 @@ def gen_position_ids(
     num_actions: int,
     fps: float,
     action_fps: float | None = None,
+    action_start: int = 1,
 ) -> torch.Tensor:
     """Positions of the GEN stream ``[vision (T*Hp*Wp) | action (num_actions)]``: ``[3, B, N]``.
 
     ``text_lengths`` ``[B]`` are the real (unpadded) prompt lengths; each item's GEN positions
-    start after its own prompt, so padding a prompt never moves them.
+    start after its own prompt, so padding a prompt never moves them. ``action_start`` is the
+    pixel frame the first action row lines up with (1; ``1 − S`` with S leading state rows).
     """
     t, hp, wp = grid
     fps_mod = fps if config.enable_fps_modulation else None
@@ -78,8 +83,8 @@ def gen_position_ids(
 
     act_t = _temporal_ids(
         num_actions, offsets, fps=act_fps_mod, base_fps=config.base_fps, tokens_per_step=1,
-        base_tokens_per_step=VAE_TEMPORAL_FACTOR, start=1,
-    )  # [B, H]
+        base_tokens_per_step=VAE_TEMPORAL_FACTOR, start=action_start,
+    )  # [B, S + H]
     act_hw = torch.zeros_like(act_t)
     if not config.unified_3d_mrope_reset_spatial_ids:
         act_hw = act_hw + offsets.floor()[:, None]

@@ -526,19 +526,23 @@ class Cosmos3Transformer(nn.Module):
         num_actions: int,
         fps: float,
         action_fps: float | None = None,
+        action_start: int = 1,
         preallocate_kv: bool = False,
     ) -> GenLayout:
         """RoPE tables and key mask for a GEN stream of ``latent_shape`` (T, h, w) + actions.
 
-        ``preallocate_kv`` builds per-layer K/V buffers holding the text prefix once, which
-        every denoising step then fills in place (no autograd: inference only).
+        ``num_actions`` counts every action row, leading state rows included; ``action_start``
+        is the pixel frame the first row lines up with (:func:`~cosmos3_gym.model.rope.
+        gen_position_ids`). ``preallocate_kv`` builds per-layer K/V buffers holding the text
+        prefix once, which every denoising step then fills in place (no autograd: inference
+        only).
         """
         p = self.config.latent_patch_size
         t, h, w = latent_shape
         grid = (t, -(-h // p), -(-w // p))
         positions = gen_position_ids(
             self.config, text.lengths, grid=grid, num_actions=num_actions, fps=fps,
-            action_fps=action_fps,
+            action_fps=action_fps, action_start=action_start,
         )
         cos, sin = rope_tables(positions, self.config, self.dtype)
         key_mask = None

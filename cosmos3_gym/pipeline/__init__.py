@@ -2,7 +2,7 @@
 
 Stages (one module each): admission -> preprocess -> prompt -> encode -> noise -> denoise ->
 decode, assembled and timed by ``Cosmos3ActionPipeline``; ``InferenceOptions`` fixes how it
-computes when it is built.
+computes when it is built; ``SamplerConfig`` how each call samples.
 """
 
 # First, before diffusers or Triton load: Triton's library must keep its own LLVM.
@@ -12,7 +12,8 @@ from cosmos3_gym import native_libs  # noqa: F401  (see cosmos3_gym/native_libs.
 from cosmos3_gym.pipeline.options import InferenceOptions
 from cosmos3_gym.pipeline.output import ActionOutput
 from cosmos3_gym.pipeline.pipeline import Cosmos3ActionPipeline
+from cosmos3_gym.pipeline.sampling import SamplerConfig
 from cosmos3_gym.pipeline.sde import StochasticRecord, StochasticSampling, chunk_log_prob
 
-__all__ = ["ActionOutput", "Cosmos3ActionPipeline", "InferenceOptions", "StochasticRecord",
-           "StochasticSampling", "chunk_log_prob"]
+__all__ = ["ActionOutput", "Cosmos3ActionPipeline", "InferenceOptions", "SamplerConfig",
+           "StochasticRecord", "StochasticSampling", "chunk_log_prob"]

@@ -3,11 +3,13 @@
 The rules follow sglang's Cosmos3 action batching (PR #36301), tightened where sglang was loose:
 
 * Images come as a uint8 ``[B, H, W, C]`` array, a list/tuple of ``[H, W, C]`` / ``[H, W]``
-  arrays, PIL images or file paths, or one such image (B = 1). A dict observation is accepted
-  too: the first present of ``image``, ``image_path``, ``input_reference`` is used, otherwise
-  ``images`` must be a dict with exactly one entry. Any field value may be any of the forms
-  above; strings (and ``os.PathLike``) are local file paths opened with PIL. URLs and base64
-  payloads are a server's job and are not decoded here.
+  arrays, PIL images or file paths, or one such image (B = 1). Every array form may also be a
+  torch tensor (a GPU simulator's observation): it stays a tensor on its own device, so images
+  already on the pipeline's device reach preprocessing without a host round trip. A dict
+  observation is accepted too: the first present of ``image``, ``image_path``,
+  ``input_reference`` is used, otherwise ``images`` must be a dict with exactly one entry. Any
+  field value may be any of the forms above; strings (and ``os.PathLike``) are local file paths
+  opened with PIL. URLs and base64 payloads are a server's job and are not decoded here.
 * Pixels must be uint8 (no silent rescaling of float images), rank 2 or 3, with 1, 3 or 4
   channels and non-zero height and width. Grayscale is repeated to RGB; RGBA drops its alpha
   channel (the same as PIL's ``convert("RGB")``: alpha is ignored, not composited).
@@ -15,7 +17,8 @@ The rules follow sglang's Cosmos3 action batching (PR #36301), tightened where s
   non-empty string per image. Unlike sglang, a whitespace-only prompt is rejected as empty.
 
 Every error is a ``ValueError`` that names what was expected and what was found. Nothing the
-caller passed is modified: each returned image is a fresh C-contiguous ``[H, W, 3]`` copy.
+caller passed is modified: each returned image is a fresh C-contiguous ``[H, W, 3]`` copy (a
+numpy array, or a tensor on the device it came on).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image
 
 IMAGE_FIELDS = ("image", "image_path", "input_reference")
@@ -35,11 +39,15 @@ BATCH_IMAGE_FIELD = "images"
 _PIL_8BIT_MODES = frozenset({"RGB", "RGBA", "L", "LA", "P", "PA", "1", "CMYK", "YCbCr", "RGBX"})
 
 
+AdmittedImage = np.ndarray | torch.Tensor  # one admitted image: uint8 [H, W, 3]
+
+
 @dataclass(frozen=True)
 class Admitted:
-    """B validated observations: ``images[i]`` is uint8 ``[H_i, W_i, 3]``, ``prompts[i]`` a str."""
+    """B validated observations: ``images[i]`` is uint8 ``[H_i, W_i, 3]`` (a numpy array or a
+    tensor on its own device), ``prompts[i]`` a str."""
 
-    images: list[np.ndarray]
+    images: list[AdmittedImage]
     prompts: list[str]
 
     @property
@@ -61,11 +69,12 @@ def admit(images: Any, prompts: str | Sequence[str]) -> Admitted:
     return Admitted(images=admitted_images, prompts=admitted_prompts)
 
 
-def admit_images(images: Any) -> list[np.ndarray]:
-    """Return B fresh uint8 ``[H, W, 3]`` C-contiguous arrays from any accepted image form."""
+def admit_images(images: Any) -> list[AdmittedImage]:
+    """Return B fresh uint8 ``[H, W, 3]`` C-contiguous arrays (or tensors, on their device) from
+    any accepted image form."""
     if isinstance(images, Mapping):
         images = _image_field(images)
-    if isinstance(images, np.ndarray) and images.ndim == 4:
+    if isinstance(images, (np.ndarray, torch.Tensor)) and images.ndim == 4:
         if images.shape[0] == 0:
             raise ValueError("expected at least one image, got a [B, H, W, C] array with B=0")
         return [_to_rgb_uint8(images[i], f"image {i}") for i in range(images.shape[0])]
@@ -76,6 +85,13 @@ def admit_images(images: Any) -> list[np.ndarray]:
             _to_rgb_uint8(_load_one(item, f"image {i}"), f"image {i}")
             for i, item in enumerate(images)
         ]
+    if isinstance(images, np.ndarray) and images.ndim == 3 and images.shape[2] not in (1, 3, 4):
+        # [B, H, W] or one image with an impossible channel count: say which shapes are taken.
+        raise ValueError(
+            f"image 0: expected 1, 3 or 4 channels, got {images.shape[2]} (a 3-D array is one "
+            f"[H, W, C] image; found shape {list(images.shape)}: a batch of B grayscale images "
+            "is [B, H, W, 1])"
+        )
     return [_to_rgb_uint8(_load_one(images, "image 0"), "image 0")]
 
 
@@ -141,7 +157,7 @@ def _load_one(item: Any, where: str) -> np.ndarray:
             return _pil_to_array(opened, where)
     if isinstance(item, Image.Image):
         return _pil_to_array(item, where)
-    if isinstance(item, np.ndarray):
+    if isinstance(item, (np.ndarray, torch.Tensor)):
         if item.ndim not in (2, 3):
             raise ValueError(
                 f"{where}: expected an [H, W] or [H, W, C] array, got shape {item.shape}"
@@ -160,8 +176,11 @@ def _pil_to_array(image: Image.Image, where: str) -> np.ndarray:
     return np.asarray(image)
 
 
-def _to_rgb_uint8(array: np.ndarray, where: str) -> np.ndarray:
-    """Validate one image and return a fresh C-contiguous uint8 ``[H, W, 3]`` copy."""
+def _to_rgb_uint8(array: AdmittedImage, where: str) -> AdmittedImage:
+    """Validate one image and return a fresh C-contiguous uint8 ``[H, W, 3]`` copy (a tensor's
+    on its own device)."""
+    if isinstance(array, torch.Tensor):
+        return _tensor_to_rgb_uint8(array, where)
     if array.dtype != np.uint8:
         raise ValueError(f"{where}: expected uint8, got {array.dtype}")
     if array.ndim == 2:
@@ -176,3 +195,25 @@ def _to_rgb_uint8(array: np.ndarray, where: str) -> np.ndarray:
     if channels == 1:
         return np.ascontiguousarray(np.repeat(array, 3, axis=2))  # repeat always copies
     return np.array(array[:, :, :3], dtype=np.uint8, order="C", copy=True)
+
+
+def _tensor_to_rgb_uint8(tensor: torch.Tensor, where: str) -> torch.Tensor:
+    """:func:`_to_rgb_uint8` for a tensor: the same checks, the copy on the tensor's device."""
+    if tensor.dtype != torch.uint8:
+        raise ValueError(
+            f"{where}: expected uint8, got {tensor.dtype} (a tensor on {tensor.device})"
+        )
+    if tensor.ndim == 2:
+        tensor = tensor[:, :, None]  # [H, W, 1]
+    if tensor.ndim != 3:
+        raise ValueError(f"{where}: expected an [H, W] or [H, W, C] tensor, got shape "
+                         f"{tuple(tensor.shape)}")
+    height, width, channels = tensor.shape
+    if height == 0 or width == 0:
+        raise ValueError(f"{where}: expected non-zero height and width, got shape "
+                         f"{tuple(tensor.shape)}")
+    if channels not in (1, 3, 4):
+        raise ValueError(f"{where}: expected 1, 3 or 4 channels, got {channels}")
+    if channels == 1:
+        return tensor.expand(height, width, 3).contiguous()  # a copy
+    return tensor[:, :, :3].clone(memory_format=torch.contiguous_format)

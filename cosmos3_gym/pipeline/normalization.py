@@ -22,7 +22,6 @@ clipping makes the round trip lossy; pass ``clip=True`` for sglang's behaviour.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -65,9 +64,9 @@ class ActionStats:
     @classmethod
     def from_json(cls, path: str | Path) -> ActionStats:
         """Load a cosmos-framework action stats JSON file."""
-        with open(path) as f:
-            data = json.load(f)
-        return cls.from_dict(data, source=str(path))
+        from cosmos3_gym.jsonio import read_json
+
+        return cls.from_dict(read_json(path, what="action statistics JSON"), source=str(path))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "stats") -> ActionStats:
@@ -105,11 +104,21 @@ def _block(data: Any, where: str) -> StatsBlock:
     missing = [k for k in STAT_KEYS if k not in data]
     if missing:
         raise ValueError(f"{where}: expected keys {list(STAT_KEYS)}, missing {missing}")
-    vectors = {k: np.asarray(data[k], dtype=np.float32) for k in STAT_KEYS}
+    try:
+        vectors = {k: np.asarray(data[k], dtype=np.float32) for k in STAT_KEYS}
+    except (TypeError, ValueError):
+        found = {k: type(data[k]).__name__ for k in STAT_KEYS}
+        raise ValueError(f"{where}: expected vectors of numbers for {list(STAT_KEYS)}, got "
+                         f"{found}") from None
     lengths = {k: v.shape for k, v in vectors.items()}
     first = vectors["mean"].shape
     if len(first) != 1 or first[0] == 0 or any(s != first for s in lengths.values()):
         raise ValueError(f"{where}: expected non-empty 1-D vectors of one length, got {lengths}")
+    bad = {k: np.flatnonzero(~np.isfinite(v)).tolist() for k, v in vectors.items()
+           if not np.isfinite(v).all()}
+    if bad:
+        raise ValueError(f"{where}: expected finite numbers; found NaN or infinity in (key: "
+                         f"dims) {bad}")
     return StatsBlock(**vectors)
 
 

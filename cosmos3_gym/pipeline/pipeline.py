@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from cosmos3_gym import checkpoint as layout
 from cosmos3_gym.checkpoint import PolicyConfig
 from cosmos3_gym.model import Cosmos3Transformer
 from cosmos3_gym.pipeline.admission import admit
-from cosmos3_gym.pipeline.normalization import ActionStats
+from cosmos3_gym.pipeline.normalization import ActionStats, normalize_actions
 from cosmos3_gym.pipeline.options import InferenceOptions
 from cosmos3_gym.pipeline.output import ActionOutput
 from cosmos3_gym.pipeline.preprocess import plan_canvas
@@ -132,6 +133,36 @@ class Cosmos3ActionPipeline:
         return self.policy.action_horizon
 
     @property
+    def history_length(self) -> int:
+        """S, the clean state rows each call takes (``state=[B, S, D]``); 0: no state input."""
+        return self.policy.history_length
+
+    @property
+    def recipe(self) -> str | None:
+        """The recipe (:mod:`cosmos3_gym.recipes`) the sampler settings come from, if any."""
+        names = {source.removeprefix("recipe ") for source in self.sampler_source.values()
+                 if source.startswith("recipe ")}
+        return names.pop() if len(names) == 1 else None
+
+    @property
+    def sampler_source(self) -> dict[str, str]:
+        """Where each sampler default in force came from: ``{"num_inference_steps": "recipe
+        nano-policy-droid", "flow_shift": "scheduler/scheduler_config.json", ...}`` (the order
+        is in :mod:`cosmos3_gym.checkpoint`)."""
+        return {name: s["source"] for name, s in self.policy.sampler.items()}
+
+    @property
+    def sampler_record(self) -> dict[str, Any]:
+        """The sampler defaults for a run's record (``results.json``): the recipe, and each
+        setting's value and source."""
+        return {"recipe": self.recipe, **self.policy.sampler}
+
+    def describe_sampler(self) -> str:
+        """One summary line: the sampler defaults and where they came from."""
+        line = self.policy.describe_sampler()
+        return line if self.recipe is None else f"recipe {self.recipe}: {line}"
+
+    @property
     def action_dim(self) -> int:
         return self.policy.raw_action_dim
 
@@ -145,7 +176,10 @@ class Cosmos3ActionPipeline:
         *,
         policy: PolicyConfig | None = None,
         domain: str | None = None,
+        action_stats: str | Path | dict[str, Any] | None = None,
+        recipe: str | None = None,
         options: InferenceOptions | None = None,
+        trainable: bool = False,
     ) -> Cosmos3ActionPipeline:
         """Load a diffusers-layout checkpoint folder (or the name of a shipped checkpoint).
 
@@ -156,29 +190,58 @@ class Cosmos3ActionPipeline:
         :data:`~cosmos3_gym.checkpoint.DOMAINS` (``"droid_lerobot"``, ...; ``"libero"`` is the
         official LIBERO recipe), for folders that have no ``action_policy.json``, like the ones
         diffusers' ``Cosmos3OmniPipeline.save_pretrained`` writes; the folder's
-        ``action_policy.json``. Without action statistics the actions stay normalised (one
-        warning). ``options`` (:class:`InferenceOptions`, default: as shipped) says how to
-        compute: the transformer is fused, folded and compiled here as they ask, the stages get
-        the rest.
+        ``action_policy.json``. ``recipe`` names a released checkpoint's published settings
+        (:data:`~cosmos3_gym.recipes.RECIPES`: ``"nano-policy-droid"``, ...), over the folder's
+        ``action_policy.json`` where it has one. Sampler defaults that none of these states
+        come from the folder's ``scheduler/scheduler_config.json`` (its flow shift), else
+        :class:`PolicyConfig`'s; :attr:`sampler_source` says which, and
+        :mod:`cosmos3_gym.checkpoint` gives the whole order. ``action_stats`` (a statistics
+        JSON file, or its parsed dict) replaces the head's statistics, checked against it;
+        without statistics the actions stay normalised (one warning). ``options``
+        (:class:`InferenceOptions`, default: as shipped) says how to compute: the transformer is
+        fused, folded and compiled here as they ask, the stages get the rest.
+
+        ``trainable=True`` gives a pipeline to fine-tune with: the transformer's projections
+        stay unfused (autograd reaches every weight; fused copies are plain tensors), it is in
+        train mode with ``requires_grad=True`` on every parameter, and sampling and
+        :func:`~cosmos3_gym.pipeline.chunk_log_prob` run on those same weights.
         """
         from diffusers import AutoencoderKLWan
         from transformers import AutoTokenizer
 
         from cosmos3_gym.devices import resolve_device, resolve_dtype
+        from cosmos3_gym.model.weights import safetensors_files
 
         root = layout.resolve_checkpoint(path)
         layout.check_layout(root)
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
-        options = (options or InferenceOptions()).resolve(device.type)
-        policy = layout.resolve_policy(root, policy, domain)
+        options = options or InferenceOptions()
+        if trainable:
+            # Fused (and FP8) weights are copies autograd does not reach.
+            options = replace(options, fuse_projections=False, fp8=False)
+        options = options.resolve(device.type)
+        policy = layout.resolve_policy(root, policy, domain, recipe=recipe)
+        if action_stats is not None:
+            source = "action statistics"
+            if not isinstance(action_stats, dict):
+                source = f"action statistics {action_stats}"
+                action_stats = layout.read_action_stats(action_stats)
+            layout.check_action_stats(action_stats, policy, source)
+            policy = replace(policy, stats=action_stats)
+        # Safetensors only, checked whole, before anything is built (never diffusers' pickled
+        # .bin fallback: pickle can run code).
+        safetensors_files(root / layout.VAE)
         transformer = Cosmos3Transformer.from_pretrained(
             root / layout.TRANSFORMER, device=device, dtype=dtype
         )
         _prepare_transformer(transformer, options)
+        if trainable:
+            transformer.train().requires_grad_(True)
         # The VAE encodes one frame per request; fp32 keeps the conditioning latent exact.
         vae = AutoencoderKLWan.from_pretrained(
-            root / layout.VAE, torch_dtype=torch.float32, low_cpu_mem_usage=False
+            root / layout.VAE, torch_dtype=torch.float32, low_cpu_mem_usage=False,
+            use_safetensors=True,
         )
         vae = vae.to(device).eval().requires_grad_(False)
         tokenizer = AutoTokenizer.from_pretrained(root / layout.TEXT_TOKENIZER)
@@ -234,7 +297,9 @@ class Cosmos3ActionPipeline:
         seed: int | Sequence[int] | None = None,
         num_inference_steps: int | None = None,
         guidance_scale: float | None = None,
+        guidance_interval: tuple[float, float] | None = None,
         flow_shift: float | None = None,
+        state: np.ndarray | torch.Tensor | None = None,
         action_noise: torch.Tensor | np.ndarray | None = None,
         video_noise: torch.Tensor | np.ndarray | None = None,
         progress: bool = True,
@@ -253,6 +318,14 @@ class Cosmos3ActionPipeline:
             prompts: one task per image, or one string for all.
             seed: one int for every item, or one per item (default 0). Item i's noise depends
                 only on its own seed.
+            num_inference_steps / guidance_scale / guidance_interval / flow_shift: this call's
+                sampler settings (None: the checkpoint's, :attr:`sampler_source`).
+                ``guidance_interval=(lo, hi)`` applies guidance only on the steps whose model
+                timestep t has ``lo < t < hi``; the other steps run the conditional rows alone.
+            state: for a state-conditioned head (``history_length`` S > 0): ``[B, S, D]`` float
+                robot state rows in the action representation and units (``D =
+                raw_action_dim``), normalised here like the actions and fed as clean leading
+                action rows; the returned chunks are the H predicted rows only.
             action_noise / video_noise: ``[B, H, 64]`` / ``[B, 48, T, h, w]`` float noise that
                 replaces the seeded draw (RL replay, parity tests).
             progress: show the denoising progress bar (rank 0 only).
@@ -279,6 +352,22 @@ class Cosmos3ActionPipeline:
                 (self.policy.action_horizon, self.noise.action_dim),
             )
             video_noise = _noise_tensor("video_noise", video_noise, count, ("C", "T", "h", "w"))
+            state_rows = self._state_rows(state, count)
+            interval = self.policy.guidance_interval if guidance_interval is None else (
+                layout.check_guidance_interval(guidance_interval))
+            # The log-probability recomputation (sde.chunk_log_prob) guides every step and
+            # knows no state rows, so a stochastic chunk with either could not be scored.
+            unscorable = [what for what, used in (
+                (f"state rows (history_length {self.history_length})", state_rows is not None),
+                (f"a guidance interval {interval}", interval is not None and float(
+                    self.policy.guidance_scale if guidance_scale is None else guidance_scale
+                ) != 1.0),
+            ) if used]
+            if sampler != DEFAULT_SAMPLER and unscorable:
+                raise ValueError(
+                    f"sampler {sampler!r} does not take {' and '.join(unscorable)} yet; use the "
+                    f"deterministic {DEFAULT_SAMPLER!r}"
+                )
             params = SamplingParams(
                 num_inference_steps=_positive_int(
                     "num_inference_steps", num_inference_steps, self.policy.num_inference_steps
@@ -289,6 +378,7 @@ class Cosmos3ActionPipeline:
                 flow_shift=float(self.policy.flow_shift if flow_shift is None else flow_shift),
                 progress=progress,
                 stochastic=stochastic_sampling(sampler, noise_level, sde_steps, executed_actions),
+                guidance_interval=interval,
             )
             if params.stochastic is not None:  # refuse step indices outside the schedule now
                 params.stochastic.steps_for(0, params.num_inference_steps)
@@ -301,6 +391,8 @@ class Cosmos3ActionPipeline:
                     mb.action_noise = action_noise[mb.indices]
                 if video_noise is not None:
                     mb.video_noise = video_noise[mb.indices]
+                if state_rows is not None:
+                    mb.state = state_rows[mb.indices]
 
         cache = self.prompt.cache
         hits, misses = (cache.hits, cache.misses) if cache is not None else (0, 0)
@@ -331,6 +423,39 @@ class Cosmos3ActionPipeline:
                 weights=weights_digest(self.transformer),
             ),
         )
+
+    def _state_rows(self, state: Any, count: int) -> torch.Tensor | None:
+        """The call's state as the head's clean leading action rows: ``[B, S, 64]`` float32,
+        normalised with the head's statistics like the actions (taken as given without
+        statistics, as the actions then come back normalised), zero beyond the raw width."""
+        rows, raw = self.history_length, self.policy.raw_action_dim
+        if rows == 0:
+            if state is not None:
+                raise ValueError(
+                    f"state: this {self.policy.domain_name!r} head takes no state "
+                    "(history_length 0); found a state input"
+                )
+            return None
+        if state is None:
+            raise ValueError(
+                f"state: this {self.policy.domain_name!r} head is conditioned on the robot state "
+                f"(history_length {rows}); pass state=[{count}, {rows}, {raw}] rows"
+            )
+        if isinstance(state, torch.Tensor):
+            state = state.detach().cpu().numpy()
+        array = np.asarray(state)
+        if (array.dtype.kind != "f" or array.shape != (count, rows, raw)
+                or not np.isfinite(array).all()):
+            raise ValueError(
+                f"state: expected finite float [{count}, {rows}, {raw}] (B, history_length, "
+                f"raw_action_dim); found {array.dtype} {list(array.shape)}"
+            )
+        array = array.astype(np.float32)
+        if self.decode.stats is not None:
+            array = normalize_actions(array, self.decode.stats, self.policy.normalization)
+        padded = torch.zeros(count, rows, self.noise.action_dim)
+        padded[..., :raw] = torch.from_numpy(np.asarray(array, dtype=np.float32))
+        return padded
 
     def _run(
         self, batches: list[MicroBatch], params: SamplingParams, timer: StageTimer

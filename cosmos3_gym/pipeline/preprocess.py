@@ -106,26 +106,31 @@ def crop_latent_to_content(latent: torch.Tensor, plan: CanvasPlan) -> torch.Tens
 
 
 def preprocess(
-    images: Sequence[np.ndarray],
+    images: Sequence[np.ndarray | torch.Tensor],
     plan: CanvasPlan,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Resize and pad B uint8 ``[H, W, 3]`` images of the plan's size to ``[B, 3, H_c, W_c]``.
 
-    All images must have the plan's source size (group images by plan before calling). The
-    arithmetic runs in float32 on ``device``; the result is cast to ``dtype`` at the end.
+    All images must have the plan's source size (group images by plan before calling). Each is
+    a numpy array or a tensor; a tensor already on ``device`` is used there (no host round
+    trip). The arithmetic runs in float32 on ``device``; the result is cast to ``dtype`` at the
+    end.
     """
     if len(images) == 0:
         raise ValueError("images: expected at least one image, got 0")
     sizes = [tuple(int(s) for s in img.shape) for img in images]
     expected = (plan.source_h, plan.source_w, 3)
-    if any(s != expected for s in sizes) or any(img.dtype != np.uint8 for img in images):
+    uint8 = [img.dtype in (np.uint8, torch.uint8) for img in images]
+    if any(s != expected for s in sizes) or not all(uint8):
         raise ValueError(
             f"images: expected uint8 {expected} for this plan (group images by size), got "
             f"{[(s, str(img.dtype)) for s, img in zip(sizes, images, strict=True)]}"
         )
-    pixels = torch.from_numpy(np.stack(images)).to(device)  # [B, H, W, 3] uint8, a copy
+    pixels = torch.stack([  # [B, H, W, 3] uint8, a copy
+        torch.as_tensor(img).to(device) for img in images
+    ])
     pixels = pixels.permute(0, 3, 1, 2).float()  # [B, 3, H, W] in [0, 255]
     if (plan.content_h, plan.content_w) != (plan.source_h, plan.source_w):
         pixels = F.interpolate(

@@ -7,7 +7,9 @@ official LIBERO recipe) see the task wrapped in a JSON object whose keys, in thi
 and ``aspect_ratio``, serialised with ``json.dumps`` defaults. That is what cosmos-framework's
 action JSON formatter and its LIBERO policy server produce; sglang's and diffusers' builders omit
 ``idle_frame`` (and RLinf's sglang config uses ``ego_view`` for a concatenated two-camera image),
-so their captions differ from the training captions. We follow the official one.
+so their captions differ from the training captions. We follow the official one. The official
+DROID server sends no idle-frame count (its entry is dropped) and appends its camera layout to
+the framing sentence (``with_idle_frame=False``, ``view_description=...``).
 
 Tokens. Per caption: ``apply_chat_template([{"role": "user", "content": caption}],
 add_generation_prompt=True)`` with no system message, then ``eos`` and ``<|vision_start|>``
@@ -70,6 +72,8 @@ def build_action_caption(
     canvas_h: int,
     canvas_w: int,
     idle_frames: int = 0,
+    with_idle_frame: bool = True,
+    view_description: str | None = None,
 ) -> str:
     """The official JSON action caption for one policy query, as a string.
 
@@ -83,6 +87,10 @@ def build_action_caption(
         fps: the clip's frame rate (LIBERO: 20).
         canvas_h, canvas_w: the padded canvas the VAE sees (e.g. 192 x 320).
         idle_frames: idle steps announced in ``idle_frame``; 0 asks for continuous motion.
+        with_idle_frame: include the ``idle_frame`` entry at all (False: the DROID server's
+            caption, which has none).
+        view_description: text appended to the view point's framing sentence (the official
+            formatter's ``additional_view_description``), or None.
 
     Example:
         >>> build_action_caption("pick up the bowl", view_point="ego_view", num_frames=17,
@@ -114,15 +122,18 @@ def build_action_caption(
     description = task.strip()
     if not description.endswith((".", "!", "?")):
         description += "."
+    framing = VIEWPOINT_TEMPLATES[view_point]
+    if view_description:
+        framing += (" " if framing.endswith(".") else ". ") + view_description.rstrip()
+    action: dict[str, str] = {
+        "time": f"0:00-{end // 60}:{end % 60:02d}",
+        "description": description,
+    }
+    if with_idle_frame:
+        action["idle_frame"] = f"{idle_frames} out of {action_steps}."
     caption: dict[str, Any] = {
-        "cinematography": {"framing": VIEWPOINT_TEMPLATES[view_point]},
-        "actions": [
-            {
-                "time": f"0:00-{end // 60}:{end % 60:02d}",
-                "description": description,
-                "idle_frame": f"{idle_frames} out of {action_steps}.",
-            }
-        ],
+        "cinematography": {"framing": framing},
+        "actions": [action],
         "duration": f"{int(seconds)}s",
         "fps": float(fps),
         "resolution": {"H": canvas_h, "W": canvas_w},

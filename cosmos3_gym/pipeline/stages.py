@@ -26,7 +26,7 @@ from cosmos3_gym.pipeline.options import InferenceOptions
 from cosmos3_gym.pipeline.preprocess import CanvasPlan, crop_latent_to_content, preprocess
 from cosmos3_gym.pipeline.prompt import build_action_caption, tokenize_captions
 from cosmos3_gym.pipeline.prompt_cache import PromptCache
-from cosmos3_gym.pipeline.scheduler import FlowUniPCScheduler
+from cosmos3_gym.pipeline.scheduler import FlowUniPCScheduler, flow_unipc_sigmas
 from cosmos3_gym.pipeline.sde import StochasticActionSampler, StochasticSampling
 from cosmos3_gym.pipeline.vae import decode_latents, encode_conditioning_frames
 from cosmos3_gym.progress import progress
@@ -47,6 +47,25 @@ class SamplingParams:
     progress: bool
     # Stochastic action steps (RL, pipeline/sde.py); None: FlowUniPC throughout.
     stochastic: StochasticSampling | None = None
+    # Guidance only on the steps whose model timestep t has lo < t < hi; None: every step.
+    guidance_interval: tuple[float, float] | None = None
+
+    def guided_steps(self) -> tuple[bool, ...]:
+        """Per denoising step, whether it applies classifier-free guidance (and so runs the
+        unconditional rows): ``guidance_scale != 1`` and, with an interval, the step's model
+        timestep strictly inside it, as cosmos-framework's ``generate_samples_from_batch``
+        decides.
+
+        >>> SamplingParams(4, 3.0, 5.0, False, guidance_interval=(960, 1001)).guided_steps()
+        (True, False, False, False)
+        """
+        if self.guidance_scale == 1.0:
+            return (False,) * self.num_inference_steps
+        if self.guidance_interval is None:
+            return (True,) * self.num_inference_steps
+        lo, hi = self.guidance_interval
+        _, timesteps = flow_unipc_sigmas(self.num_inference_steps, self.flow_shift)
+        return tuple(bool(lo < float(t) < hi) for t in timesteps)
 
 
 @dataclass
@@ -60,16 +79,20 @@ class MicroBatch:
     plan: CanvasPlan
     action_noise: torch.Tensor | None = None  # caller-supplied [b, H, 64] float32
     video_noise: torch.Tensor | None = None  # caller-supplied [b, 48, T, h, w] float32
+    # The clean leading action rows of a state-conditioned head: [b, S, 64] float32, normalised
+    # like the actions, zero beyond raw_action_dim; None when the head takes no state.
+    state: torch.Tensor | None = None
     # Per item, when the call asks for video: decode its predicted future clip (the VAE
     # decoder runs for these rows only); empty when no video is asked for.
     video_rows: list[bool] = field(default_factory=list)
     pixels: torch.Tensor | None = None  # [b, 3, Hc, Wc] in [-1, 1]
-    # Token rows: the b conditional prompts, then (with CFG) b negative prompts; right-padded.
+    # Token rows: the b conditional prompts, then (with CFG on some step) b negative prompts;
+    # right-padded.
     text_inputs: tuple[torch.Tensor, torch.Tensor] | None = None  # ids, mask [b or 2b, L]
     text: TextKVCache | None = None  # the UND pathway's K/V over text_inputs
     cond_latent: torch.Tensor | None = None  # [b, 48, 1, h, w] normalised
     vision: torch.Tensor | None = None  # [b, 48, T, h, w] float32 sampler state
-    actions: torch.Tensor | None = None  # [b, H, 64] float32 sampler state
+    actions: torch.Tensor | None = None  # [b, S + H, 64] float32 sampler state
     initial_action_noise: torch.Tensor | None = None
     stochastic: dict[str, np.ndarray] | None = None  # sde_* arrays of the stochastic steps
     result: dict[str, Any] = field(default_factory=dict)  # arrays; "video" a list of clips
@@ -89,6 +112,7 @@ class MicroBatch:
                 seeds=self.seeds[rows], plan=self.plan,
                 action_noise=None if self.action_noise is None else self.action_noise[rows],
                 video_noise=None if self.video_noise is None else self.video_noise[rows],
+                state=None if self.state is None else self.state[rows],
                 video_rows=self.video_rows[rows],
             ))
         return parts
@@ -149,16 +173,18 @@ class PromptStage(Stage):
             build_action_caption(
                 prompt, view_point=p.view_point, num_frames=p.num_frames, fps=p.fps,
                 canvas_h=batch.plan.target_h, canvas_w=batch.plan.target_w,
+                with_idle_frame=p.idle_frame, view_description=p.view_description,
             )
             for prompt in batch.prompts
         ]
-        if params.guidance_scale != 1.0:
+        guided = any(params.guided_steps())
+        if guided:
             # The unconditional rows use the raw negative prompt (chat-templated, no JSON
             # caption), as diffusers does; both halves run through UND in one batch.
             captions += [p.negative_prompt] * batch.size
         tokens = tokenize_captions(
             self.tokenizer, captions, max_sequence_length=p.max_sequence_length,
-            allow_empty=params.guidance_scale != 1.0,
+            allow_empty=guided,
         )
         return tokens.input_ids, tokens.attention_mask
 
@@ -200,7 +226,13 @@ def _item_noise(seed: int, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 class NoiseStage(Stage):
-    """Per-item initial noise: item i's noise depends only on its own seed."""
+    """Per-item initial noise: item i's noise depends only on its own seed.
+
+    A state-conditioned head's action sequence is S clean state rows, then the H noisy
+    actions; as in cosmos-framework the seeded draw covers all S + H rows and the state
+    replaces the first S (so the actions start from the draw's rows S..). Caller noise and the
+    returned ``action_noise`` are the H predicted rows'.
+    """
 
     name = "noise"
 
@@ -219,6 +251,7 @@ class NoiseStage(Stage):
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
         p = self.policy
+        rows = p.history_length
         _, c, _, h, w = batch.cond_latent.shape
         vision_shape = (c, self.num_latent_frames, h, w)
         action_shape = (p.action_horizon, self.action_dim)
@@ -229,11 +262,23 @@ class NoiseStage(Stage):
             vision = torch.stack([_item_noise(s, vision_shape) for s in batch.seeds])
         if batch.action_noise is not None:
             check_noise(batch.action_noise.cpu().numpy(), "action_noise", batch.size, action_shape)
-            actions = batch.action_noise.float().clone()
+            actions = torch.cat([
+                torch.zeros(batch.size, rows, self.action_dim), batch.action_noise.float()
+            ], dim=1)
         else:
-            actions = torch.stack([_item_noise(s, action_shape) for s in batch.seeds])
+            sequence = (rows + p.action_horizon, self.action_dim)
+            actions = torch.stack([_item_noise(s, sequence) for s in batch.seeds])
         actions[..., p.raw_action_dim :] = 0.0  # padding channels carry nothing
-        batch.initial_action_noise = actions.clone()
+        batch.initial_action_noise = actions[:, rows:].clone()
+        if rows:
+            if batch.state is None or tuple(batch.state.shape) != (batch.size, rows,
+                                                                   self.action_dim):
+                found = None if batch.state is None else list(batch.state.shape)
+                raise ValueError(
+                    f"state: expected [{batch.size}, {rows}, {self.action_dim}] rows for a head "
+                    f"with history_length {rows}; found {found}"
+                )
+            actions[:, :rows] = batch.state.float()
         vision = vision.to(self.device)
         vision[:, :, :1] = batch.cond_latent  # latent frame 0 is the clean observation
         batch.vision = vision
@@ -321,92 +366,134 @@ class DenoiseStage(Stage):
 
     def _denoise(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
         model, p = self.model, self.policy
-        b = batch.size
+        b, s = batch.size, p.history_length
         device, dtype = model.device, model.dtype
         vision, actions = batch.vision, batch.actions
-        t = vision.shape[2]
         cond = batch.cond_latent.to(device)
-        vision_noisy = (torch.arange(t, device=device) > 0)[None].expand(b, t)
-        action_noisy = torch.ones(b, p.action_horizon, dtype=torch.bool, device=device)
-        domain_ids = torch.full((b,), p.domain_id, dtype=torch.long, device=device)
-
-        cfg = params.guidance_scale != 1.0
-        text = batch.text
-        if cfg:
-            # Conditional and unconditional passes share one forward of 2B items; prompts of
-            # different lengths are fine because padded text keys are masked.
-            vision_noisy = vision_noisy.repeat(2, 1)
-            action_noisy = action_noisy.repeat(2, 1)
-            domain_ids = domain_ids.repeat(2)
-
-        def model_inputs(vision: torch.Tensor, actions: torch.Tensor):
-            model_vision, model_actions = vision.to(dtype), actions.to(dtype)
-            if cfg:
-                return model_vision.repeat(2, 1, 1, 1, 1), model_actions.repeat(2, 1, 1)
-            return model_vision, model_actions
-
-        def layout_for(preallocate_kv: bool) -> GenLayout:
-            return model.gen_layout(
-                text, latent_shape=tuple(vision.shape[2:]), num_actions=p.action_horizon,
-                fps=p.fps, action_fps=p.action_fps, preallocate_kv=preallocate_kv,
-            )
-
-        # With fp8, the steps in fp8_steps run the FP8 ops (and their own graphs).
-        fp8_steps = ()
-        if self.fp8_ops is not None:
-            patch = model.config.latent_patch_size
-            tokens = t * -(-vision.shape[3] // patch) * -(-vision.shape[4] // patch)
-            gen_tokens = vision_noisy.shape[0] * (tokens + p.action_horizon)
-            fp8_steps = self.options.fp8_steps(params.num_inference_steps, gen_tokens)
-        graphed = fp8_graphed = None
-        if self.graphs is not None:  # the graph owns its K/V buffers
-            layout = layout_for(preallocate_kv=False)
-            model_vision, model_actions = model_inputs(vision, actions)
-            graphed = self.graphs.bind(text, layout, model_vision, vision_noisy, model_actions,
-                                       action_noisy, domain_ids)
-            if self.fp8_graphs is not None and fp8_steps:
-                fp8_graphed = self.fp8_graphs.bind(text, layout, model_vision, vision_noisy,
-                                                   model_actions, action_noisy, domain_ids)
-            self._replaying = graphed is not None or fp8_graphed is not None
-        if graphed is None or (fp8_steps and fp8_graphed is None):
-            # eager steps (also where a shape could not be captured)
-            layout = layout_for(preallocate_kv=self.preallocate_kv)
+        state = actions[:, :s].clone()  # [b, S, 64] the clean state rows, re-imposed every step
         scheduler = FlowUniPCScheduler(params.num_inference_steps, params.flow_shift)
         if params.stochastic is not None:  # the action tokens' Gaussian steps (pipeline/sde.py)
             scheduler = StochasticActionSampler(
                 scheduler, params.stochastic, batch.seeds, horizon=p.action_horizon,
                 action_dim=actions.shape[-1], raw_action_dim=p.raw_action_dim,
             )
+        # Steps with classifier-free guidance run the [cond; uncond] rows of batch.text, the
+        # others the b conditional rows alone: one forward layout per row set in use.
+        guided = params.guided_steps()
+        forwards: dict[bool, _RowForward] = {}
+        for with_cfg in sorted(set(guided)):
+            forwards[with_cfg] = self._row_forward(batch, with_cfg, vision, actions, params)
+        self._replaying = any(f.graphed is not None or f.fp8_graphed is not None
+                              for f in forwards.values())
+
         timesteps = scheduler.timesteps.to(device=device, dtype=torch.float32)
         raw = p.raw_action_dim
         for i in progress(range(params.num_inference_steps), enabled=params.progress,
                           desc="denoise", leave=False):
-            step_t = timesteps[i].expand(vision_noisy.shape[0])
+            step = forwards[guided[i]]
+            text = step.text
             if not self.text_cache:
                 text = model.encode_text(*batch.text_inputs)
-            model_vision, model_actions = model_inputs(vision, actions)
-            fp8 = i in fp8_steps
-            step_graph = fp8_graphed if fp8 else graphed
+                if step.text_rows is not None:
+                    text = text.rows(step.text_rows)
+            model_vision, model_actions = vision.to(dtype), actions.to(dtype)
+            if step.rows != b:  # the unconditional rows see the same latents
+                model_vision = model_vision.repeat(2, 1, 1, 1, 1)
+                model_actions = model_actions.repeat(2, 1, 1)
+            step_t = timesteps[i].expand(step.rows)
+            fp8 = i in step.fp8_steps
+            step_graph = step.fp8_graphed if fp8 else step.graphed
             if step_graph is not None:
                 v_vision, v_action = step_graph(model_vision, model_actions, step_t)
             else:
                 v_vision, v_action = model.forward_gen(
-                    text, layout, model_vision, vision_noisy, model_actions, action_noisy,
-                    domain_ids, step_t, ops=self.fp8_ops if fp8 else self.ops,
+                    text, step.layout, model_vision, step.vision_noisy, model_actions,
+                    step.action_noisy, step.domain_ids, step_t,
+                    ops=self.fp8_ops if fp8 else self.ops,
                 )
             v_vision, v_action = v_vision.float(), v_action.float()
-            if cfg:
+            if guided[i]:
                 g = params.guidance_scale
                 v_vision = v_vision[b:] + g * (v_vision[:b] - v_vision[b:])
                 v_action = v_action[b:] + g * (v_action[:b] - v_action[b:])
             v_action[..., raw:] = 0.0
             vision, actions = scheduler.step((v_vision, v_action), i, (vision, actions))
             vision[:, :, :1] = cond
+            actions[:, :s] = state
             actions[..., raw:] = 0.0
         batch.vision, batch.actions = vision, actions
         if params.stochastic is not None:
             batch.stochastic = scheduler.record([image.shape[:2] for image in batch.images])
         return batch
+
+    def _row_forward(
+        self, batch: MicroBatch, with_cfg: bool, vision: torch.Tensor, actions: torch.Tensor,
+        params: SamplingParams,
+    ) -> _RowForward:
+        """The fixed inputs of the GEN forward over ``2b`` rows ([cond; uncond] prompts, for
+        guided steps: one forward, prompts of different lengths sharing it since padded text
+        keys are masked) or the ``b`` conditional rows: masks, domain ids, RoPE layout, K/V
+        buffers, and the step bound to a CUDA graph (eager where it cannot be)."""
+        model, p = self.model, self.policy
+        b, s = batch.size, p.history_length
+        device = model.device
+        rows = 2 * b if with_cfg else b
+        text, text_rows = batch.text, None
+        if not with_cfg and text.keys[0].shape[0] != b:  # the conditional half of the prompts
+            text_rows = torch.arange(b, device=text.lengths.device)
+            text = text.rows(text_rows)
+        t = vision.shape[2]
+        vision_noisy = (torch.arange(t, device=device) > 0)[None].expand(rows, t)
+        action_noisy = torch.ones(rows, s + p.action_horizon, dtype=torch.bool, device=device)
+        action_noisy[:, :s] = False  # the state rows are clean conditioning
+        domain_ids = torch.full((rows,), p.domain_id, dtype=torch.long, device=device)
+
+        def layout_for(preallocate_kv: bool) -> GenLayout:
+            return model.gen_layout(
+                text, latent_shape=tuple(vision.shape[2:]), num_actions=s + p.action_horizon,
+                fps=p.fps, action_fps=p.action_fps, action_start=1 - s,
+                preallocate_kv=preallocate_kv,
+            )
+
+        # With fp8, the steps in fp8_steps run the FP8 ops (and their own graphs).
+        fp8_steps = range(0)
+        if self.fp8_ops is not None:
+            patch = model.config.latent_patch_size
+            tokens = t * -(-vision.shape[3] // patch) * -(-vision.shape[4] // patch)
+            gen_tokens = rows * (tokens + s + p.action_horizon)
+            fp8_steps = self.options.fp8_steps(params.num_inference_steps, gen_tokens)
+        graphed = fp8_graphed = None
+        if self.graphs is not None:  # the graph owns its K/V buffers
+            layout = layout_for(preallocate_kv=False)
+            repeat = rows // b
+            model_vision = vision.to(model.dtype).repeat(repeat, 1, 1, 1, 1)
+            model_actions = actions.to(model.dtype).repeat(repeat, 1, 1)
+            graphed = self.graphs.bind(text, layout, model_vision, vision_noisy, model_actions,
+                                       action_noisy, domain_ids)
+            if self.fp8_graphs is not None and fp8_steps:
+                fp8_graphed = self.fp8_graphs.bind(text, layout, model_vision, vision_noisy,
+                                                   model_actions, action_noisy, domain_ids)
+        if graphed is None or (fp8_steps and fp8_graphed is None):
+            # eager steps (also where a shape could not be captured)
+            layout = layout_for(preallocate_kv=self.preallocate_kv)
+        return _RowForward(rows, text, text_rows, layout, vision_noisy, action_noisy, domain_ids,
+                           fp8_steps, graphed, fp8_graphed)
+
+
+@dataclass
+class _RowForward:
+    """What every denoising step over one row set shares (see ``DenoiseStage._row_forward``)."""
+
+    rows: int  # b, or 2b with the unconditional rows
+    text: TextKVCache  # the text K/V of those rows
+    text_rows: torch.Tensor | None  # rows of batch.text they are; None: all of them
+    layout: GenLayout
+    vision_noisy: torch.Tensor  # [rows, T] bool
+    action_noisy: torch.Tensor  # [rows, S + H] bool, False on the state rows
+    domain_ids: torch.Tensor  # [rows]
+    fp8_steps: range
+    graphed: Any = None  # the step replayed from a CUDA graph, or None (eager)
+    fp8_graphed: Any = None
 
 
 class DecodeStage(Stage):
@@ -420,7 +507,9 @@ class DecodeStage(Stage):
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
         p = self.policy
-        normalized = batch.actions[..., : p.raw_action_dim].float().cpu().numpy()
+        # The H predicted rows; the state rows that led them are the caller's own input.
+        predicted = batch.actions[:, p.history_length :, : p.raw_action_dim]
+        normalized = predicted.float().cpu().numpy()
         if self.stats is None:  # no statistics: the normalised actions themselves
             actions = normalized.copy()
         else:

@@ -8,6 +8,7 @@ only through the Gymnasium vector API; benchmark conventions live in the adapter
 
 from cosmos3_gym.policy.adapters import (
     Adapter,
+    DroidAdapter,
     GenericAdapter,
     LiberoAdapter,
     MetaWorldAdapter,
@@ -21,6 +22,7 @@ from cosmos3_gym.policy.planner import (
     SeedRule,
     chunk_seed,
     pipeline_action_head,
+    pipeline_state_rows,
 )
 from cosmos3_gym.policy.queues import ActionQueues, ActionSource
 from cosmos3_gym.policy.vector_policy import PolicyFeed, VectorPolicy, VectorPolicyConfig
@@ -31,6 +33,7 @@ __all__ = [
     "Adapter",
     "ChunkPlanner",
     "ChunkRecord",
+    "DroidAdapter",
     "GenericAdapter",
     "LiberoAdapter",
     "MetaWorldAdapter",
@@ -42,5 +45,6 @@ __all__ = [
     "chunk_seed",
     "get_adapter",
     "pipeline_action_head",
+    "pipeline_state_rows",
     "take_envs",
 ]

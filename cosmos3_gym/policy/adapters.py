@@ -21,7 +21,9 @@ differs from the identity::
     'The robot arm must stack the blocks.'
 
 Pass the instance as ``VectorPolicy(pipeline, adapter=MyArmAdapter())``. The policy checks what
-an adapter returns (dtype, rank, batch size) and names the adapter in its errors.
+an adapter returns (dtype, rank, batch size) and names the adapter in its errors. A fourth hook,
+``state(obs)``, reads the robot state for heads conditioned on it (``history_length`` > 0): as
+``[B, S, D]`` rows in the head's action representation, the current state last.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import numpy as np
 from gymnasium.spaces import Box
 from PIL import Image
 
-from cosmos3_gym.policy.observations import describe
+from cosmos3_gym.policy.observations import describe, is_tensor, to_numpy
 from cosmos3_gym.policy.rotations import rot6d_to_axis_angle
 
 
@@ -60,6 +62,12 @@ class Adapter:
     def actions(self, raw: np.ndarray) -> np.ndarray:
         """Raw model actions ``[B, H, D]`` -> env actions ``[B, H, D_env]``."""
         return raw
+
+    def state(self, obs: Any) -> np.ndarray | None:
+        """Observation batch -> the robot state as float ``[B, S, D]`` rows in the action
+        representation of the checkpoint's head (the current state last), for heads conditioned
+        on it; ``None``: this benchmark's observations give no state (the default)."""
+        return None
 
     def env_action_dim(self, raw_action_dim: int) -> int:
         """``D_env``, the width of the env actions :meth:`actions` makes of ``raw_action_dim``-wide
@@ -89,53 +97,98 @@ def _leaves(obs: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any
             yield path, value
 
 
+def is_uint8(value: Any) -> bool:
+    """A uint8 numpy array or torch tensor."""
+    if is_tensor(value):
+        return str(value.dtype) == "torch.uint8"
+    return isinstance(value, np.ndarray) and value.dtype == np.uint8
+
+
 def _is_image_batch(value: Any) -> bool:
-    return isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 4
+    return is_uint8(value) and value.ndim == 4
 
 
-def _check_image_batch(value: Any, what: str) -> np.ndarray:
-    if not isinstance(value, np.ndarray):
+def _check_image_batch(value: Any, what: str) -> Any:
+    """``value`` if it is a uint8 ``[B, H, W, C]`` numpy array or torch tensor (a tensor stays on
+    its device), else one ``ValueError`` saying what was found."""
+    if not isinstance(value, np.ndarray) and not is_tensor(value):
         raise ValueError(
-            f"{what}: expected a uint8 numpy array [B, H, W, C]; found {describe(value)}"
+            f"{what}: expected a uint8 numpy array or torch tensor [B, H, W, C]; found "
+            f"{describe(value)}"
         )
-    if value.dtype != np.uint8:
+    if not is_uint8(value):
         raise ValueError(
             f"{what}: expected uint8 images [B, H, W, C] as Gymnasium returns them; found "
             f"{describe(value)} (convert float images with (x * 255).round().astype(np.uint8))"
         )
     if value.ndim != 4:
+        hint = ("; a batch of grayscale images [B, H, W] takes a channel axis: [B, H, W, 1]"
+                if value.ndim == 3 else "")
         raise ValueError(
             f"{what}: expected rank 4 [B, H, W, C]; found rank {value.ndim} {list(value.shape)}"
+            f"{hint}"
         )
     return value
+
+
+def _side_by_side(batches: list[Any], what: str) -> Any:
+    """Image batches ``[B, H, W_k, C]`` joined along the width (the first on the left)."""
+    if len(batches) == 1:
+        return batches[0]
+    first = batches[0]
+    if any(b.shape[:2] != first.shape[:2] or b.shape[3] != first.shape[3] for b in batches):
+        raise ValueError(
+            f"{what}: images side by side must share [B, H, :, C]; found "
+            f"{[list(b.shape) for b in batches]}"
+        )
+    if all(is_tensor(b) for b in batches):
+        import torch
+
+        return torch.cat(batches, dim=2)
+    return np.concatenate([to_numpy(b) for b in batches], axis=2)
 
 
 class GenericAdapter(Adapter):
     """Images straight from the observation, prompts and actions unchanged.
 
     An array observation is the image batch. A dict observation (nested dicts allowed) must hold
-    exactly one uint8 ``[B, H, W, C]`` array, or name it with ``image_key`` (``"a/b"`` for nested).
+    exactly one uint8 ``[B, H, W, C]`` array, or name it with ``image_key`` (``"a/b"`` for
+    nested; several keys put their images side by side, the first on the left). Images may be
+    numpy arrays or torch tensors; a tensor stays on its device (the pipeline takes it there).
 
     Args:
-        image_key: the dict key of the image batch, when the observation has several.
+        image_key: the dict key(s) of the image batch, when the observation has several.
+        state_key: the dict key of the robot state (``[B, D]``, or ``[B, S, D]`` with history),
+            e.g. ``"state"`` (LeRobot's ``observation.state``, as
+            :mod:`cosmos3_gym.integrations.lerobot` hands it over) or ``"agent_pos"`` in a
+            gym-style observation; None: no state.
+
+    >>> obs = {"pixels": np.zeros((2, 8, 8, 3), np.uint8), "agent_pos": np.ones((2, 3))}
+    >>> GenericAdapter(state_key="agent_pos").state(obs).shape
+    (2, 1, 3)
     """
 
     name = "generic"
 
-    def __init__(self, image_key: str | None = None) -> None:
+    def __init__(self, image_key: str | tuple[str, ...] | None = None,
+                 state_key: str | None = None) -> None:
         self.image_key = image_key
+        self.state_key = state_key
 
-    def images(self, obs: Any) -> np.ndarray:
+    def images(self, obs: Any) -> Any:
         if not isinstance(obs, Mapping):
             return _check_image_batch(obs, "generic adapter, array observation")
         leaves = dict(_leaves(obs))
         if self.image_key is not None:
-            if self.image_key not in leaves:
+            keys = (self.image_key,) if isinstance(self.image_key, str) else self.image_key
+            missing = [k for k in keys if k not in leaves]
+            if missing:
                 raise ValueError(
-                    f"generic adapter: image_key {self.image_key!r} not in the observation; "
-                    f"found keys {sorted(leaves)}"
+                    f"generic adapter: image_key {', '.join(map(repr, missing))} not in the "
+                    f"observation; found keys {sorted(leaves)}"
                 )
-            return _check_image_batch(leaves[self.image_key], f"observation[{self.image_key!r}]")
+            batches = [_check_image_batch(leaves[k], f"observation[{k!r}]") for k in keys]
+            return _side_by_side(batches, "generic adapter")
         found = {k: describe(v) for k, v in leaves.items()}
         images = [k for k, v in leaves.items() if _is_image_batch(v)]
         if len(images) != 1:
@@ -149,6 +202,28 @@ class GenericAdapter(Adapter):
 
     def actions(self, raw: np.ndarray) -> np.ndarray:
         return np.array(raw, dtype=np.float32, copy=True)
+
+    def state(self, obs: Any) -> np.ndarray | None:
+        if self.state_key is None:
+            return None
+        leaves = dict(_leaves(obs)) if isinstance(obs, Mapping) else {}
+        if self.state_key not in leaves:
+            raise ValueError(
+                f"generic adapter: state_key {self.state_key!r} not in the observation; found "
+                f"keys { {k: describe(v) for k, v in leaves.items()} }"
+            )
+        return _state_rows(leaves[self.state_key], f"observation[{self.state_key!r}]")
+
+
+def _state_rows(value: Any, what: str) -> np.ndarray:
+    """A state batch ``[B, D]`` (one row: the current state) or ``[B, S, D]`` as float32
+    ``[B, S, D]``; a ``ValueError`` naming ``what`` otherwise."""
+    array = np.asarray(value)
+    if array.dtype.kind not in "fiu" or array.ndim not in (2, 3):
+        raise ValueError(f"{what}: expected a numeric state [B, D] or [B, S, D]; found "
+                         f"{describe(array)}")
+    array = array.astype(np.float32)
+    return array[:, None, :] if array.ndim == 2 else array
 
 
 # The official closed-loop client appends these two sentences to the task (cosmos-framework
@@ -177,6 +252,9 @@ class LiberoAdapter(Adapter):
     - Actions: raw 10-D ``[dpos(3), rot6d(6), gripper(1)]`` -> 7-D ``[dpos, axis-angle, gripper]``;
       rot6d is projected onto SO(3) by SVD; the gripper goes from the data's ``[0, 1]`` to
       LIBERO's ``[-1, 1]`` with -1 = open: ``g' = -clip(2g - 1, -1, 1)``.
+    - State: the env's 8-D ``state_key`` (end-effector position, axis-angle, the two gripper
+      finger positions: LeRobot's and openpi's LIBERO state) as one ``[B, 1, 8]`` row. The
+      official LIBERO recipe takes no state; a head conditioned on it must be 8-D-state trained.
 
     Args:
         agentview_key: observation key of the third-person camera batch.
@@ -196,11 +274,13 @@ class LiberoAdapter(Adapter):
         wrist_key: str = "wrist_image",
         binarize_gripper: bool = False,
         view_size: int | None = 256,
+        state_key: str = "state",
     ) -> None:
         self.agentview_key = agentview_key
         self.wrist_key = wrist_key
         self.binarize_gripper = binarize_gripper
         self.view_size = view_size
+        self.state_key = state_key
 
     def images(self, obs: Any) -> np.ndarray:
         if not isinstance(obs, Mapping):
@@ -214,8 +294,11 @@ class LiberoAdapter(Adapter):
                 f"libero adapter: observation lacks {missing}; found keys "
                 f"{ {k: describe(v) for k, v in obs.items()} }"
             )
-        agent = _check_image_batch(obs[self.agentview_key], f"observation[{self.agentview_key!r}]")
-        wrist = _check_image_batch(obs[self.wrist_key], f"observation[{self.wrist_key!r}]")
+        # The 180-degree rotation and PIL's resize work on host arrays.
+        agent = to_numpy(_check_image_batch(obs[self.agentview_key],
+                                            f"observation[{self.agentview_key!r}]"))
+        wrist = to_numpy(_check_image_batch(obs[self.wrist_key],
+                                            f"observation[{self.wrist_key!r}]"))
         if agent.shape[:2] != wrist.shape[:2] or agent.shape[3] != wrist.shape[3]:
             raise ValueError(
                 f"libero adapter: agentview and wrist batches must share [B, H, :, C] to sit side "
@@ -240,6 +323,16 @@ class LiberoAdapter(Adapter):
             task = _append_sentence(task, sentence)
         return task
 
+    def state(self, obs: Any) -> np.ndarray | None:
+        if not isinstance(obs, Mapping) or self.state_key not in obs:
+            found = {k: describe(v) for k, v in obs.items()} if isinstance(obs, Mapping) else (
+                describe(obs))
+            raise ValueError(
+                f"libero adapter: expected the state under {self.state_key!r} (render the env "
+                f"with its state); found {found}"
+            )
+        return _state_rows(obs[self.state_key], f"observation[{self.state_key!r}]")
+
     def actions(self, raw: np.ndarray) -> np.ndarray:
         raw = np.asarray(raw)
         if raw.ndim != 3 or raw.shape[-1] != self.raw_action_dim:
@@ -252,6 +345,95 @@ class LiberoAdapter(Adapter):
             gripper = np.sign(gripper)
         out = np.concatenate([raw[..., 0:3], rot6d_to_axis_angle(raw[..., 3:9]), gripper], axis=-1)
         return out.astype(np.float32)
+
+
+class DroidAdapter(Adapter):
+    """The official DROID server's conventions (cosmos-framework
+    ``action_policy_server_robolab.py``) for ``nvidia/Cosmos3-{Nano,Edge}-Policy-DROID``
+    (``recipe="nano-policy-droid"`` / ``"edge-policy-droid"``), with the RoboArena/openpi DROID
+    observation keys.
+
+    - Images: ``observation/image`` if the observation has it, else the wrist camera on top of
+      both exterior cameras, each resized (bilinear) to half the wrist image's height and width
+      and side by side; then resized to ``image_size`` (540 x 640) where it differs.
+    - State: one row ``[joint_position(7), 1 - gripper_position]`` (the last of a history).
+    - Actions: raw 8-D ``[7 joint positions, gripper]`` -> the gripper flipped back, ``1 - g``.
+
+    >>> adapter = DroidAdapter()
+    >>> float(adapter.actions(np.array([[[0.0] * 7 + [0.25]]], np.float32))[0, 0, -1])
+    0.75
+    """
+
+    name = "droid"
+    domain = "droid_lerobot"
+    raw_action_dim = 8
+    WRIST, EXTERIOR_1, EXTERIOR_2 = (
+        "observation/wrist_image_left", "observation/exterior_image_1_left",
+        "observation/exterior_image_2_left",
+    )
+    IMAGE = "observation/image"
+    JOINTS, GRIPPER = "observation/joint_position", "observation/gripper_position"
+
+    def __init__(self, image_size: tuple[int, int] = (540, 640)) -> None:
+        self.image_size = image_size
+
+    def images(self, obs: Any) -> np.ndarray:
+        if isinstance(obs, Mapping) and self.IMAGE in obs:
+            image = _check_image_batch(obs[self.IMAGE], f"observation[{self.IMAGE!r}]")
+        else:
+            missing = [k for k in (self.WRIST, self.EXTERIOR_1, self.EXTERIOR_2)
+                       if not isinstance(obs, Mapping) or k not in obs]
+            if missing:
+                raise ValueError(
+                    f"droid adapter: observation lacks {missing} (or {self.IMAGE!r}); found "
+                    f"{describe(obs) if not isinstance(obs, Mapping) else sorted(obs)}"
+                )
+            wrist = _check_image_batch(obs[self.WRIST], f"observation[{self.WRIST!r}]")
+            half = (wrist.shape[1] // 2, wrist.shape[2] // 2)
+            exteriors = [_resize_bilinear(_check_image_batch(obs[k], f"observation[{k!r}]"), half)
+                         for k in (self.EXTERIOR_1, self.EXTERIOR_2)]
+            image = np.concatenate([wrist, np.concatenate(exteriors, axis=2)], axis=1)
+        if image.shape[1:3] != tuple(self.image_size):
+            image = _resize_bilinear(image, self.image_size)
+        return image
+
+    def state(self, obs: Any) -> np.ndarray | None:
+        missing = [k for k in (self.JOINTS, self.GRIPPER)
+                   if not isinstance(obs, Mapping) or k not in obs]
+        if missing:
+            raise ValueError(f"droid adapter: observation lacks {missing} for the state row")
+        joints = np.asarray(obs[self.JOINTS], dtype=np.float32)
+        gripper = np.asarray(obs[self.GRIPPER], dtype=np.float32)
+        joints = joints[:, -1] if joints.ndim == 3 else joints  # the last of a history
+        gripper = gripper.reshape(gripper.shape[0], -1)[:, -1:]
+        if joints.ndim != 2 or joints.shape[1] != 7 or gripper.shape[0] != joints.shape[0]:
+            raise ValueError(
+                f"droid adapter: expected joint positions [B, 7] and gripper [B] or [B, 1]; "
+                f"found {describe(joints)} and {describe(gripper)}"
+            )
+        return np.concatenate([joints, 1.0 - gripper], axis=1)[:, None, :]
+
+    def actions(self, raw: np.ndarray) -> np.ndarray:
+        raw = np.asarray(raw)
+        if raw.ndim != 3 or raw.shape[-1] != self.raw_action_dim:
+            raise ValueError(
+                f"droid adapter: expected raw actions [B, H, {self.raw_action_dim}] (7 joint "
+                f"positions, gripper); found {list(raw.shape)}"
+            )
+        out = np.array(raw, dtype=np.float32, copy=True)
+        out[..., -1] = 1.0 - out[..., -1]
+        return out
+
+
+def _resize_bilinear(batch: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """uint8 ``[B, H, W, C]`` -> ``[B, *size, C]`` as the DROID server resizes: bilinear, no
+    corner alignment, values truncated back to uint8."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.from_numpy(np.ascontiguousarray(batch)).permute(0, 3, 1, 2).float()
+    x = F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=False)
+    return x.permute(0, 2, 3, 1).numpy().astype(np.uint8)
 
 
 class MetaWorldAdapter(Adapter):
@@ -305,8 +487,96 @@ class MetaWorldAdapter(Adapter):
         return np.concatenate([env_actions[..., 0:3], gripper], axis=-1)
 
 
+class BoxActionAdapter(Adapter):
+    """Another adapter's images and prompts, with its actions mapped from the model's normalised
+    range ``[-1, 1]`` onto an env's ``Box`` bounds, affinely and per dimension:
+
+        ``a = low + (x + 1) / 2 * (high - low)``
+
+    so -1 lands on ``low``, +1 on ``high`` and 0 in the middle. For checkpoints whose actions
+    come out normalised (no statistics, or ``normalization="none"``) driving an env that takes
+    another range: gym-pusht's ``Box(0, 512, (2,))`` pixel targets, for instance. Nothing is
+    clipped: an action outside ``[-1, 1]`` lands outside the box, and the evaluator reports it
+    (``out_of_range_steps``). Command line: ``--action-map box``.
+
+    Args:
+        action_space: the env's single action space, a 1-D ``Box`` with finite bounds.
+        base: the adapter whose images, prompt and actions this one maps (default: generic).
+
+    >>> from gymnasium.spaces import Box
+    >>> adapter = BoxActionAdapter(Box(0.0, 512.0, (2,), np.float32))
+    >>> adapter.actions(np.array([[[-1.0, 0.0], [1.0, 0.5]]], np.float32)).tolist()
+    [[[0.0, 256.0], [512.0, 384.0]]]
+    """
+
+    name = "box"
+
+    def __init__(self, action_space: Any, base: str | Adapter = "generic") -> None:
+        if not isinstance(action_space, Box) or len(action_space.shape) != 1:
+            raise ValueError(
+                f"box action map: expected a 1-D Box action space; found {action_space}"
+            )
+        low = np.asarray(action_space.low, np.float64)
+        high = np.asarray(action_space.high, np.float64)
+        if not (np.isfinite(low).all() and np.isfinite(high).all()):
+            unbounded = np.flatnonzero(~np.isfinite(low + high)).tolist()
+            raise ValueError(
+                f"box action map: every bound must be finite to map [-1, 1] onto it; found "
+                f"{action_space} (unbounded dims {unbounded})"
+            )
+        self.base = get_adapter(base)
+        self.domain = self.base.domain
+        self.action_space = action_space
+        self._low, self._scale = low, (high - low) / 2.0
+
+    def images(self, obs: Any) -> Any:
+        return self.base.images(obs)
+
+    def prompt(self, task: str) -> str:
+        return self.base.prompt(task)
+
+    def actions(self, raw: np.ndarray) -> np.ndarray:
+        actions = np.asarray(self.base.actions(raw), np.float64)
+        width = self._low.shape[0]
+        if actions.ndim != 3 or actions.shape[-1] != width:
+            raise ValueError(
+                f"box action map: expected {self.base.name!r} actions [B, H, {width}] (the Box's "
+                f"width, {self.action_space}); found {list(actions.shape)}"
+            )
+        return (self._low + (actions + 1.0) * self._scale).astype(np.float32)
+
+    def env_action_dim(self, raw_action_dim: int) -> int:
+        hook = getattr(self.base, "env_action_dim", None)
+        width = hook(raw_action_dim) if callable(hook) else Adapter.env_action_dim(
+            self.base, raw_action_dim)
+        if width != self._low.shape[0]:
+            raise ValueError(
+                f"it maps {self.base.name!r} actions of the Box's own width "
+                f"({self._low.shape[0]}) onto it; found {width}-D"
+            )
+        return width
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(base={self.base!r}, action_space={self.action_space})"
+
+
+# How --action-map maps an adapter's actions onto the env's action space (None: unchanged).
+ACTION_MAPS = ("box",)
+
+
+def with_action_map(adapter: Adapter, action_map: str | None, action_space: Any) -> Adapter:
+    """``adapter`` with its actions mapped onto ``action_space`` by ``action_map`` (one of
+    :data:`ACTION_MAPS`, or ``None`` for unchanged)."""
+    if action_map is None:
+        return adapter
+    if action_map != "box":
+        raise ValueError(f"unknown action map {action_map!r}; expected one of {ACTION_MAPS}")
+    return BoxActionAdapter(action_space, base=adapter)
+
+
 ADAPTERS: dict[str, type[Adapter]] = {
     "generic": GenericAdapter, "libero": LiberoAdapter, "metaworld": MetaWorldAdapter,
+    "droid": DroidAdapter,
 }
 
 

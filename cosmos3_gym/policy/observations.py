@@ -1,16 +1,38 @@
 """Gymnasium vector observations, read without knowing their layout: an array ``[B, ...]`` or a
 (nested) dict or tuple of them. How many envs they hold, one env's slice, and how to name what
 was found in an error message.
+
+An array may be a numpy array or a torch tensor (GPU simulators such as ManiSkill3 return CUDA
+tensors): slices of a tensor stay tensors on its device, so images reach the pipeline without a
+host round trip.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 Observation = Any  # a Gymnasium vector observation: an array [B, ...] or a (nested) dict of them
+
+
+def is_tensor(value: Any) -> bool:
+    """Whether ``value`` is a torch tensor (without importing torch: if torch is not imported,
+    nothing can be a tensor)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def is_array(value: Any) -> bool:
+    """A numpy array or a torch tensor: what an observation leaf may be."""
+    return isinstance(value, np.ndarray) or is_tensor(value)
+
+
+def to_numpy(value: Any) -> Any:
+    """A tensor as a numpy array on the host (a copy from a GPU); anything else unchanged."""
+    return value.detach().cpu().numpy() if is_tensor(value) else value
 
 
 def batch_size(obs: Observation) -> int:
@@ -38,6 +60,8 @@ def take_envs(obs: Observation, envs: np.ndarray | int) -> Observation:
     envs = np.atleast_1d(np.asarray(envs))
     if isinstance(obs, np.ndarray):
         return obs[envs]
+    if is_tensor(obs):
+        return obs[sys.modules["torch"].as_tensor(envs, device=obs.device)]
     if isinstance(obs, Mapping):
         return {k: take_envs(v, envs) for k, v in obs.items()}
     if isinstance(obs, tuple):
@@ -54,11 +78,14 @@ def describe(value: Any) -> str:
     """``float32 [2, 8]`` for an array, the type name otherwise: what an error says it found."""
     if isinstance(value, np.ndarray):
         return f"{value.dtype} {list(value.shape)}"
+    if is_tensor(value):
+        dtype = str(value.dtype).removeprefix("torch.")
+        return f"tensor {dtype} {list(value.shape)} on {value.device}"
     return type(value).__name__
 
 
-def _arrays(obs: Observation, path: str = "obs") -> list[tuple[str, np.ndarray]]:
-    if isinstance(obs, np.ndarray):
+def _arrays(obs: Observation, path: str = "obs") -> list[tuple[str, Any]]:
+    if is_array(obs):
         return [(path, obs)]
     if isinstance(obs, Mapping):
         return [a for k, v in obs.items() for a in _arrays(v, f"{path}[{k!r}]")]

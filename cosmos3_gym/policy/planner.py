@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cosmos3_gym.policy.adapters import Adapter
+from cosmos3_gym.pipeline.sampling import SamplerConfig
+from cosmos3_gym.policy.adapters import Adapter, is_uint8
 from cosmos3_gym.policy.observations import Observation, batch_size, describe, take_envs
 from cosmos3_gym.seeding import check_seed
 
@@ -33,13 +34,11 @@ if TYPE_CHECKING:
     from cosmos3_gym.pipeline.output import ActionOutput
     from cosmos3_gym.pipeline.sde import StochasticRecord
 
-# The pipeline's deterministic sampler (cosmos3_gym.pipeline.sde.DEFAULT_SAMPLER); any other
-# sampler is forwarded to the pipeline call with its settings.
-DETERMINISTIC_SAMPLER = "flow_unipc"
 
 
 def chunk_seed(seed: int, env_index: int, episode_index: int, chunk_index: int) -> int:
-    """The noise seed of one chunk in stochastic mode: a 63-bit hash of its four coordinates.
+    """The noise seed of one chunk under the ``per_chunk`` noise rule: a 63-bit hash of its four
+    coordinates.
 
     ``numpy.random.SeedSequence`` mixes the coordinates, so neighbouring envs, episodes and
     chunks get unrelated seeds, and a learner can recompute any chunk's seed from its record.
@@ -63,11 +62,18 @@ def pipeline_action_head(pipeline: Any) -> tuple[int, str | None] | None:
     return int(width), domain if isinstance(domain, str) else None
 
 
+def pipeline_state_rows(pipeline: Any) -> int:
+    """S, the state rows each call of ``pipeline`` takes (its ``history_length``, as
+    :class:`~cosmos3_gym.pipeline.Cosmos3ActionPipeline` has it); 0 for a callable without."""
+    rows = getattr(pipeline, "history_length", 0)
+    return int(rows) if isinstance(rows, (int, np.integer)) and not isinstance(rows, bool) else 0
+
+
 @dataclass(frozen=True)
 class SeedRule:
     """How a chunk's noise seed follows from its coordinates: ``seed_of(env, episode, chunk)``.
 
-    >>> SeedRule.fixed(7).seed_of(3, 1, 2), SeedRule.fixed(7).stochastic
+    >>> SeedRule.fixed(7).seed_of(3, 1, 2), SeedRule.fixed(7).fresh
     (7, False)
     >>> SeedRule.per_chunk(7).seed_of(3, 1, 2) == chunk_seed(7, 3, 1, 2)
     True
@@ -75,8 +81,8 @@ class SeedRule:
 
     seed_of: Callable[[int, int, int], int]
     # False: every chunk starts from the same noise, so a chunk is a function of (image,
-    # prompt) alone; recorded as ChunkRecord.stochastic.
-    stochastic: bool = True
+    # prompt) alone; recorded as ChunkRecord.fresh_noise.
+    fresh: bool = True
 
     @classmethod
     def per_chunk(cls, root: int) -> SeedRule:
@@ -86,7 +92,21 @@ class SeedRule:
     @classmethod
     def fixed(cls, seed: int) -> SeedRule:
         """The same seed for every chunk (the official server's rule, with seed 0)."""
-        return cls(lambda env, episode, chunk: seed, stochastic=False)
+        return cls(lambda env, episode, chunk: seed, fresh=False)
+
+    def shifted(self, offset: int) -> SeedRule:
+        """This rule for envs numbered from ``offset``: env ``e`` of a group that starts at env
+        ``offset`` of the whole batch gets the seeds of env ``offset + e``.
+
+        >>> rule = SeedRule.per_chunk(7)
+        >>> rule.shifted(2).seed_of(1, 0, 0) == rule.seed_of(3, 0, 0)
+        True
+        """
+        if offset == 0:
+            return self
+        seed_of = self.seed_of
+        return SeedRule(lambda env, episode, chunk: seed_of(env + offset, episode, chunk),
+                        fresh=self.fresh)
 
 
 @dataclass(frozen=True, eq=False)
@@ -108,8 +128,8 @@ class ChunkRecord:
         raw_actions: float32 ``[N, H, D]``, the pipeline's actions before the adapter.
         normalized_actions: float32 ``[N, H, D]``, the sampler's output before un-normalisation.
         actions: float32 ``[N, H, D_env]``, the env-space actions after the adapter.
-        stochastic: whether the noise came from the stochastic schedule (False where seeds or
-            action noise were passed in).
+        fresh_noise: whether each chunk's noise came fresh from the ``per_chunk`` seed rule
+            (False under ``fixed``, or where seeds or action noise were passed in).
 
     Replaying row ``k`` (same observation, prompt and sampler settings) takes both noises:
     ``action_noise=record.action_noise[k:k+1]`` and ``seed=[record.seeds[k]]`` for the video
@@ -121,6 +141,9 @@ class ChunkRecord:
         sde: with a stochastic sampler (``flow_sde`` / ``flow_cps``), the rows' stochastic
             steps and log-probabilities
             (:class:`~cosmos3_gym.pipeline.sde.StochasticRecord`), else None.
+        state: float32 ``[N, S, D]``, the robot state rows a state-conditioned head was given
+            (as the adapter read them, before normalisation), else None. Replaying a row needs
+            them too: ``state=record.state[k:k+1]``.
     """
 
     env_indices: np.ndarray
@@ -133,9 +156,10 @@ class ChunkRecord:
     raw_actions: np.ndarray
     normalized_actions: np.ndarray
     actions: np.ndarray
-    stochastic: bool
+    fresh_noise: bool
     video: list[np.ndarray | None] | None = None
     sde: StochasticRecord | None = None
+    state: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.env_indices.shape[0])
@@ -156,24 +180,12 @@ class ChunkPlanner:
     pipeline: Any
     adapter: Adapter
     seed_rule: SeedRule
-    num_inference_steps: int | None = None
-    guidance_scale: float | None = None
-    flow_shift: float | None = None
+    # How every chunk is denoised (SamplerConfig.call_kwargs gives the pipeline call's
+    # arguments); a stochastic sampler records each chunk's log-probability over its first
+    # `executed_actions` actions (None: all H).
+    sampling: SamplerConfig = field(default_factory=SamplerConfig)
     progress: bool = False
-    # RL: "flow_sde" / "flow_cps" sample the action tokens with Gaussian steps and record their
-    # log-probability over the first `executed_actions` actions (None: all H).
-    sampler: str = DETERMINISTIC_SAMPLER
-    noise_level: float = 0.5
-    sde_steps: str | tuple[int, ...] = "random"
     executed_actions: int | None = None
-
-    def sampler_kwargs(self) -> dict[str, Any]:
-        """The stochastic sampler's pipeline arguments; none for the deterministic sampler, so
-        a pipeline callable without them plans as before."""
-        if self.sampler == DETERMINISTIC_SAMPLER:
-            return {}
-        return {"sampler": self.sampler, "noise_level": self.noise_level,
-                "sde_steps": self.sde_steps, "executed_actions": self.executed_actions}
 
     def plan(
         self,
@@ -220,6 +232,9 @@ class ChunkPlanner:
             )
         # Asked only when some row wants it, so a pipeline without return_video plans as before.
         video_kwargs = {"return_video": video_rows} if any(video_rows) else {}
+        rows = pipeline_state_rows(self.pipeline)
+        state = self.state(part, n, rows) if rows else None
+        state_kwargs = {} if state is None else {"state": state}
         episodes = np.asarray(episodes, dtype=np.int64)
         chunks = np.asarray(chunks, dtype=np.int64)
         explicit = seeds is not None
@@ -236,14 +251,12 @@ class ChunkPlanner:
             images,
             prompts,
             seed=seeds,
-            num_inference_steps=self.num_inference_steps,
-            guidance_scale=self.guidance_scale,
-            flow_shift=self.flow_shift,
             action_noise=action_noise,
             video_noise=None,
             progress=self.progress,
             **video_kwargs,
-            **self.sampler_kwargs(),
+            **state_kwargs,
+            **self.sampling.call_kwargs(self.executed_actions),
         )
         raw, noise, normalized = self._checked_output(out, n, horizon)
         clips = self._checked_video(out, video_rows, raw.shape[1]) if video_kwargs else None
@@ -259,15 +272,37 @@ class ChunkPlanner:
             raw_actions=raw,
             normalized_actions=normalized,
             actions=actions,
-            stochastic=self.seed_rule.stochastic and action_noise is None and not explicit,
+            fresh_noise=self.seed_rule.fresh and action_noise is None and not explicit,
             video=clips,
             sde=self._checked_sde(out, n),
+            state=state,
         )
 
-    def images(self, obs: Observation, n: int) -> np.ndarray:
-        """The adapter's model images of ``obs`` (``n`` envs), checked: uint8 ``[n, H, W, C]``."""
+    def state(self, obs: Observation, n: int, rows: int) -> np.ndarray:
+        """The adapter's state rows of ``obs`` (``n`` envs) for a head that takes ``rows`` of
+        them, checked: float32 ``[n, rows, D]``."""
+        hook = getattr(self.adapter, "state", None)
+        state = hook(obs) if callable(hook) else None
+        if state is None:
+            raise ValueError(
+                f"the pipeline's head is conditioned on the robot state ({rows} row"
+                f"{'' if rows == 1 else 's'} per env), but adapter {self.adapter!r} reads none; "
+                "use an adapter whose state(obs) reads it ('droid', "
+                "GenericAdapter(state_key=...), or your own)"
+            )
+        state = np.asarray(state)
+        if state.dtype.kind != "f" or state.ndim != 3 or state.shape[:2] != (n, rows):
+            raise ValueError(
+                f"adapter {self.adapter!r} returned state {describe(state)}; expected float "
+                f"[{n}, {rows}, D] (one row per state the head takes, per env)"
+            )
+        return state.astype(np.float32, copy=False)
+
+    def images(self, obs: Observation, n: int) -> Any:
+        """The adapter's model images of ``obs`` (``n`` envs), checked: uint8 ``[n, H, W, C]``, a
+        numpy array or a torch tensor (which the pipeline takes on its device)."""
         images = self.adapter.images(obs)
-        if not isinstance(images, np.ndarray) or images.dtype != np.uint8 or images.ndim != 4:
+        if not is_uint8(images) or images.ndim != 4:
             raise ValueError(
                 f"adapter {self.adapter!r} returned images {describe(images)}; "
                 "expected uint8 [B, H, W, C]"
@@ -300,14 +335,14 @@ class ChunkPlanner:
         return raw, noise, normalized
 
     def _checked_sde(self, out: Any, n: int) -> StochasticRecord | None:
-        if self.sampler == DETERMINISTIC_SAMPLER:
+        if not self.sampling.stochastic:
             return None
         record = getattr(out, "stochastic", None)
         if record is None or len(record) != n:
             found = "none" if record is None else f"{len(record)} rows"
             raise ValueError(
-                f"pipeline returned stochastic records of {found} for sampler {self.sampler!r}; "
-                f"expected {n} rows (one per item)"
+                f"pipeline returned stochastic records of {found} for sampler "
+                f"{self.sampling.sampler!r}; expected {n} rows (one per item)"
             )
         return record
 

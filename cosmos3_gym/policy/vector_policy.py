@@ -27,21 +27,27 @@ policy's surface, its per-env episode counters, and :class:`PolicyFeed`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from cosmos3_gym.pipeline.sampling import SamplerConfig
 from cosmos3_gym.policy.adapters import (
     Adapter,
     adapter_for_domain,
     check_action_fit,
     get_adapter,
 )
-from cosmos3_gym.policy.observations import Observation, batch_size, shapes, take_envs
+from cosmos3_gym.policy.observations import (
+    Observation,
+    batch_size,
+    shapes,
+    take_envs,
+    to_numpy,
+)
 from cosmos3_gym.policy.planner import (
-    DETERMINISTIC_SAMPLER,
     ChunkPlanner,
     ChunkRecord,
     SeedRule,
@@ -49,7 +55,7 @@ from cosmos3_gym.policy.planner import (
 )
 from cosmos3_gym.policy.queues import ActionQueues, ActionSource
 from cosmos3_gym.seeding import check_noise, check_seed
-from cosmos3_gym.vector_env import ForwardingVectorWrapper, autoreset_mode
+from cosmos3_gym.vector_env import ForwardingVectorWrapper, autoreset_mode, task_attribute
 
 
 @dataclass(frozen=True)
@@ -61,34 +67,35 @@ class VectorPolicyConfig:
     n_action_steps: int | None = None
     # Root of every env's noise seeds, so a run is reproducible from one integer.
     seed: int = 0
-    # True: fresh noise per (env, episode, chunk), as RL exploration and unbiased success rates
-    # need. False: every chunk starts from the noise of `seed` itself, so a chunk is a function
-    # of (image, prompt) alone, like the official server (seed 0 for every request).
-    stochastic: bool = True
-    # Sampler settings forwarded to the pipeline; None keeps the pipeline's own defaults.
-    num_inference_steps: int | None = None
-    guidance_scale: float | None = None
-    flow_shift: float | None = None
+    # How every chunk is denoised, and the noise rule: "per_chunk" (the default) draws fresh
+    # noise per (env, episode, chunk), as RL exploration and unbiased success rates need;
+    # "fixed" starts every chunk from the noise of `seed` itself, so a chunk is a function of
+    # (image, prompt) alone, like the official server (seed 0 for every request). A stochastic
+    # sampler's chunks record their log-probability over the n_action_steps executed actions.
+    sampling: SamplerConfig = field(default_factory=SamplerConfig)
     # A progress bar per pipeline call is noise inside a step loop.
     progress: bool = False
-    # RL: "flow_sde" / "flow_cps" sample the action tokens with Gaussian steps whose
-    # log-probability (over the n_action_steps executed actions) each ChunkRecord carries
-    # (record.sde); "flow_unipc", the default, is the deterministic sampler.
-    sampler: str = DETERMINISTIC_SAMPLER
-    # The stochastic steps' noise level (RLinf's default 0.5) and which steps are stochastic:
-    # "random" (one per chunk, from its seed), "all", or step indices.
-    noise_level: float = 0.5
-    sde_steps: str | tuple[int, ...] = "random"
+    # "raise": a chunk with a non-finite action is a ValueError (nothing changes). "return":
+    # such chunks are queued and returned as they are, for a caller that ends the episode
+    # itself (the episode runner records it as a failed episode, never sends it to an env).
+    nonfinite_actions: str = "raise"
 
     def __post_init__(self) -> None:
         n = self.n_action_steps
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"n_action_steps must be a positive int or None; found {n!r}")
         check_seed(self.seed)
-        if self.sampler != DETERMINISTIC_SAMPLER:  # the pipeline's own check, before any call
+        if not isinstance(self.sampling, SamplerConfig):
+            raise TypeError(f"sampling must be a SamplerConfig; found "
+                            f"{type(self.sampling).__name__}")
+        if self.nonfinite_actions not in ("raise", "return"):
+            raise ValueError(f"nonfinite_actions must be 'raise' or 'return'; found "
+                             f"{self.nonfinite_actions!r}")
+        if self.sampling.stochastic:  # the pipeline's own check, before any call
             from cosmos3_gym.pipeline.sde import stochastic_sampling
 
-            stochastic_sampling(self.sampler, self.noise_level, self.sde_steps, n)
+            s = self.sampling
+            stochastic_sampling(s.sampler, s.noise_level, s.sde_steps, n)
 
 
 class VectorPolicy:
@@ -106,8 +113,12 @@ class VectorPolicy:
     - ``reset(mask)``: the masked envs (default: all) start a new episode (queues cleared).
     - ``attach(envs)``: a wrapper that feeds the policy each env's ``task_description`` and its
       episode ends, honouring ``envs.metadata["autoreset_mode"]``; then ``prompts`` may be omitted.
+      ``attach(envs, prompts)`` gives envs that name no task their instructions.
       It first checks that the checkpoint's actions, through the adapter, are as wide as the
       envs' action space (where the pipeline has ``action_dim``).
+    - A head conditioned on the robot state (the pipeline's ``history_length`` > 0) gets each
+      planned env's state from the adapter's ``state(obs)`` hook; ``ChunkRecord.state``
+      records it.
     - ``last_chunk_record``: the :class:`ChunkRecord` of the most recent call's pipeline call
       (``None`` if that call planned nothing): noise, seeds, raw actions, prompts, for RL;
       ``last_action_sources``: per env, the :class:`ActionSource` (chunk record, row, step) of
@@ -151,33 +162,34 @@ class VectorPolicy:
         n_action_steps: int | None = None,
         seed: int = 0,
         *,
-        stochastic: bool = True,
-        num_inference_steps: int | None = None,
-        guidance_scale: float | None = None,
-        flow_shift: float | None = None,
+        sampling: SamplerConfig | None = None,
         progress: bool = False,
-        sampler: str = DETERMINISTIC_SAMPLER,
-        noise_level: float = 0.5,
-        sde_steps: str | Sequence[int] = "random",
+        seed_rule: SeedRule | None = None,
+        nonfinite_actions: str = "raise",
+        **sampler_settings: Any,
     ) -> None:
         if not callable(pipeline):
             raise TypeError(
                 f"pipeline must be callable like Cosmos3ActionPipeline; found {pipeline!r}"
             )
+        known = {f.name for f in fields(SamplerConfig)}
+        unknown = sorted(set(sampler_settings) - known)
+        if unknown:
+            raise TypeError(f"VectorPolicy got unknown settings {unknown}; the sampler's are "
+                            f"{sorted(known)} (SamplerConfig)")
         self.pipeline = pipeline
         self.adapter = get_adapter(adapter)
         self.config = VectorPolicyConfig(
             n_action_steps=n_action_steps,
             seed=seed,
-            stochastic=bool(stochastic),
-            num_inference_steps=num_inference_steps,
-            guidance_scale=guidance_scale,
-            flow_shift=flow_shift,
+            sampling=replace(sampling or SamplerConfig(), **sampler_settings),
             progress=progress,
-            sampler=sampler,
-            noise_level=noise_level,
-            sde_steps=sde_steps if isinstance(sde_steps, str) else tuple(sde_steps),
+            nonfinite_actions=nonfinite_actions,
         )
+        if seed_rule is not None and not isinstance(seed_rule, SeedRule):
+            raise TypeError(f"seed_rule must be a SeedRule; found {type(seed_rule).__name__}")
+        # None: the rule follows config.seed and the sampling's noise rule (see `planner`).
+        self._seed_rule = seed_rule
         horizon = getattr(pipeline, "action_horizon", None)
         self._horizon: int | None = int(horizon) if isinstance(horizon, (int, np.integer)) else None
         if self._horizon is not None:
@@ -201,26 +213,49 @@ class VectorPolicy:
         return self.config.n_action_steps or self._horizon
 
     @property
-    def stochastic(self) -> bool:
-        """Sampling mode; switch it between RL collection (True) and evaluation (False)."""
-        return self.config.stochastic
+    def sampling(self) -> SamplerConfig:
+        """How chunks are denoised, and their noise rule (``config.sampling``); assign a
+        :class:`~cosmos3_gym.pipeline.SamplerConfig` to switch it, e.g. between RL collection
+        (``flow_sde``, ``per_chunk``) and an evaluation like the official server's (``fixed``)."""
+        return self.config.sampling
 
-    @stochastic.setter
-    def stochastic(self, value: bool) -> None:
-        self.config = replace(self.config, stochastic=bool(value))
+    @sampling.setter
+    def sampling(self, value: SamplerConfig) -> None:
+        self.config = replace(self.config, sampling=value)
+
+    @property
+    def seed_rule(self) -> SeedRule:
+        """How each chunk's noise seed follows from ``(env, episode, chunk)``: the rule given to
+        the constructor, else per chunk from ``seed`` under the ``per_chunk`` noise rule,
+        ``seed`` for every chunk under ``fixed``."""
+        if self._seed_rule is not None:
+            return self._seed_rule
+        cfg = self.config
+        fresh = cfg.sampling.fresh_noise
+        return SeedRule.per_chunk(cfg.seed) if fresh else SeedRule.fixed(cfg.seed)
 
     @property
     def planner(self) -> ChunkPlanner:
-        """The :class:`~cosmos3_gym.policy.ChunkPlanner` under the current config: noise seeds
-        per ``(env, episode, chunk)`` when stochastic, ``seed`` for every chunk otherwise."""
+        """The :class:`~cosmos3_gym.policy.ChunkPlanner` under the current config and
+        :attr:`seed_rule`."""
         cfg = self.config
-        rule = SeedRule.per_chunk(cfg.seed) if cfg.stochastic else SeedRule.fixed(cfg.seed)
-        return ChunkPlanner(
-            self.pipeline, self.adapter, rule, num_inference_steps=cfg.num_inference_steps,
-            guidance_scale=cfg.guidance_scale, flow_shift=cfg.flow_shift, progress=cfg.progress,
-            sampler=cfg.sampler, noise_level=cfg.noise_level, sde_steps=cfg.sde_steps,
-            executed_actions=cfg.n_action_steps,
-        )
+        return ChunkPlanner(self.pipeline, self.adapter, self.seed_rule, sampling=cfg.sampling,
+                            progress=cfg.progress, executed_actions=cfg.n_action_steps)
+
+    def clone(self, *, seed_rule: SeedRule | None = None) -> VectorPolicy:
+        """A policy with this one's pipeline, adapter and config and fresh per-env state (no
+        envs yet), seeded by ``seed_rule`` where given (else by this one's rule): one policy
+        per group of envs that are stepped apart."""
+        other = VectorPolicy.__new__(VectorPolicy)
+        other.pipeline, other.adapter, other.config = self.pipeline, self.adapter, self.config
+        other._seed_rule = seed_rule if seed_rule is not None else self._seed_rule
+        other._horizon = self._horizon
+        other._action_dim = None
+        other._feed = None
+        other.last_chunk_record = None
+        other.last_action_sources = []
+        other._num_envs = None
+        return other
 
     @property
     def num_envs(self) -> int | None:
@@ -272,23 +307,32 @@ class VectorPolicy:
         return record.actions.copy()
 
     def select_action(
-        self, obs: Observation, prompts: str | Sequence[str] | None = None
+        self, obs: Observation, prompts: str | Sequence[str] | None = None, *,
+        video: Sequence[bool] | np.ndarray | None = None,
     ) -> np.ndarray:
         """One action per env, float32 ``[B, D_env]``, from per-env queues.
 
         Only envs whose queue is empty are replanned, all in one pipeline call. An env whose
-        observation is a stale final one (see the module notes) gets a zero placeholder that
-        its env ignores, and is not planned for.
+        observation is a stale final one (see the module notes), or whose episode was ended
+        with :meth:`end_episodes`, gets a zero placeholder and is not planned for. ``video``
+        (one bool per env) asks the chunks planned for those envs to decode their predicted
+        future too (``last_chunk_record.video``); no action changes.
         """
         num_envs = self._check_num_envs(batch_size(obs))
         tasks = self._resolve_tasks(prompts, num_envs, obs)
+        if video is not None:
+            video = np.asarray(video, dtype=bool)
+            if video.shape != (num_envs,):
+                raise ValueError(f"video: expected one bool per env ({num_envs}); found shape "
+                                 f"{list(video.shape)}")
         if self._num_envs is None:
             empty, stale = np.ones(num_envs, bool), np.zeros(num_envs, bool)
         else:
             empty, stale = self._queues.lengths() == 0, self._stale
         replan = np.flatnonzero(empty & ~stale)
         if replan.size:
-            record = self._plan(obs, tasks, replan, None, None)
+            rows = None if video is None else video[replan]
+            record = self._plan(obs, tasks, replan, None, None, video=rows)
         else:
             # Nothing to plan, but a malformed observation should fail now, not at the next
             # replan: one env's slice through the adapter is a cheap check of the format.
@@ -308,46 +352,97 @@ class VectorPolicy:
         return out
 
     def reset(
-        self, mask: np.ndarray | Sequence[bool] | None = None, *, seed: int | None = None
+        self, mask: np.ndarray | Sequence[bool] | None = None, *, seed: int | None = None,
+        episode_ids: Sequence[int] | None = None,
     ) -> None:
         """Start a new episode for the masked envs (default: all): their queues are cleared.
 
         Without :meth:`attach`: call it with the envs you reset yourself under ``DISABLED``, or
         with ``terminated | truncated`` right after ``step`` under ``SAME_STEP``. ``NEXT_STEP``
         needs :meth:`attach`, which knows that the obs returned with a done is a final one.
-        ``seed`` restarts the noise schedule from a new root (all counters to zero) and must
-        come without a mask.
+        ``episode_ids`` (one int per masked env) set the episode index the seed rule reads for
+        those envs' new episodes (a runner that numbers its episodes run-wide passes them);
+        without it each env counts its own episodes. ``seed`` restarts the noise schedule from
+        a new root (all counters to zero) and must come without a mask.
         """
         if seed is not None:
-            if mask is not None:
-                raise ValueError("reset(seed=...) restarts every env; expected mask=None")
+            if mask is not None or episode_ids is not None:
+                raise ValueError("reset(seed=...) restarts every env; expected mask=None and "
+                                 "no episode_ids")
+            if self._seed_rule is not None:
+                raise ValueError("reset(seed=...) restarts the policy's own seed schedule; this "
+                                 "policy was given a seed_rule, which owns its seeds")
             self.config = replace(self.config, seed=check_seed(seed))
             if self._num_envs is not None:
                 self._init_state(self._num_envs)
             return
         if mask is None:
+            if episode_ids is not None:
+                raise ValueError("episode_ids go with a mask (one id per masked env)")
             if self._num_envs is not None:
                 self._begin_episodes(np.ones(self._num_envs, bool))
             return
+        mask = self._check_mask(mask, "reset mask")
+        if self._num_envs is None:
+            self._init_state(mask.shape[0])
+        if episode_ids is not None:
+            ids = np.asarray(episode_ids)
+            if ids.shape != (int(mask.sum()),) or (ids.size and ids.dtype.kind not in "iu"):
+                raise ValueError(f"episode_ids: expected {int(mask.sum())} integers, one per "
+                                 f"masked env; found {ids.dtype} {list(ids.shape)}")
+        self._begin_episodes(mask)
+        if episode_ids is not None:
+            self._episode[np.flatnonzero(mask)] = ids
+
+    def end_episodes(self, mask: np.ndarray | Sequence[bool]) -> None:
+        """The masked envs' episodes are over: their queues are cleared and they are not planned
+        (``select_action`` gives them a zero placeholder) until :meth:`reset` starts their next
+        episode. For a caller that ends episodes itself (an invalid action, an env that sits
+        idle) where the env reports no done."""
+        mask = self._check_mask(mask, "end_episodes mask")
+        if self._num_envs is None:
+            self._init_state(mask.shape[0])
+        self._end_episodes(mask)
+
+    def check_envs(self, envs: VectorEnv) -> None:
+        """Refuse ``envs`` if this policy serves another number of envs, or if the checkpoint's
+        actions, through the adapter, are not as wide as their action space (where the pipeline
+        has ``action_dim``); what :meth:`attach` checks, without attaching."""
+        if not isinstance(envs, VectorEnv):
+            raise TypeError(
+                f"expected a gymnasium.vector.VectorEnv; found {type(envs).__name__}"
+            )
+        self._check_num_envs(envs.num_envs, what="the envs")
+        self._check_action_fit(envs)
+
+    def _check_mask(self, mask: Any, what: str) -> np.ndarray:
         mask = np.asarray(mask)
         if mask.dtype != np.bool_ or mask.ndim != 1:
             raise ValueError(
-                f"mask must be a 1-D bool array; found {mask.dtype} {list(mask.shape)}"
+                f"{what} must be a 1-D bool array; found {mask.dtype} {list(mask.shape)}"
             )
-        self._check_num_envs(mask.shape[0], what="reset mask")
-        if self._num_envs is None:
-            self._init_state(mask.shape[0])
-        self._begin_episodes(mask)
+        self._check_num_envs(mask.shape[0], what=what)
+        return mask
 
-    def attach(self, envs: VectorEnv) -> PolicyFeed:
-        """Wrap ``envs`` so that they feed this policy prompts and episode ends; use the result."""
+    def attach(
+        self, envs: VectorEnv, prompts: str | Sequence[str] | None = None
+    ) -> PolicyFeed:
+        """Wrap ``envs`` so that they feed this policy prompts and episode ends; use the result.
+
+        ``prompts`` (one string for all envs, or one per env) are the envs' instructions where
+        they name none themselves (a benchmark without ``task_description``, or a vector env
+        without sub-envs to ``call``, such as ManiSkill3's ``ManiSkillVectorEnv``); they stay
+        fixed. Without them the feed reads each env's ``task_description`` (or ``task``).
+        """
         if not isinstance(envs, VectorEnv):
             raise TypeError(
                 f"attach expects a gymnasium.vector.VectorEnv; found {type(envs).__name__}"
             )
         self._check_num_envs(envs.num_envs, what="attached envs")
+        fixed = None if prompts is None else self._resolve_tasks(
+            prompts, envs.num_envs, None, envs_label=f"the {envs.num_envs} attached envs")
         self._check_action_fit(envs)
-        feed = PolicyFeed(envs, self)
+        feed = PolicyFeed(envs, self, prompts=fixed)
         if self._num_envs is None:
             self._init_state(envs.num_envs)
         self._feed = feed
@@ -411,8 +506,11 @@ class VectorPolicy:
             raise ValueError(f"n_action_steps must be <= the action horizon H={horizon}; found {n}")
 
     def _resolve_tasks(
-        self, prompts: str | Sequence[str] | None, num_envs: int, obs: Observation
+        self, prompts: str | Sequence[str] | None, num_envs: int, obs: Observation,
+        envs_label: str | None = None,
     ) -> list[str]:
+        """One task per env from ``prompts`` (or the attached feed's); errors name the
+        observation batch, or ``envs_label`` where there is no observation yet."""
         if prompts is None:
             if self._feed is None:
                 raise ValueError(
@@ -426,9 +524,9 @@ class VectorPolicy:
         else:
             tasks, source = list(prompts), "prompt"
             if len(tasks) != num_envs:
+                where = envs_label or f"the observation batch {shapes(obs)}"
                 raise ValueError(
-                    f"expected {num_envs} prompts, one per env of the observation batch "
-                    f"{shapes(obs)}; found {len(tasks)}"
+                    f"expected {num_envs} prompts, one per env of {where}; found {len(tasks)}"
                 )
         for env, task in enumerate(tasks):
             if not isinstance(task, str) or not task.strip():
@@ -451,6 +549,7 @@ class VectorPolicy:
     def _plan(
         self, obs: Observation, tasks: list[str], envs: np.ndarray,
         action_noise: np.ndarray | None, seeds: Sequence[int] | None,
+        video: np.ndarray | None = None,
     ) -> ChunkRecord:
         """One planner call for ``envs``, at their episode and chunk counters; checks everything
         and changes no state."""
@@ -460,9 +559,10 @@ class VectorPolicy:
         record = self.planner.plan(
             obs, envs, [tasks[e] for e in envs], episodes, chunks, action_noise=action_noise,
             seeds=seeds, horizon=self._horizon, action_dim=self._action_dim,
+            video=None if video is None else video.tolist(),
         )
         self._check_horizon(record.horizon)
-        if not np.isfinite(record.raw_actions).all():
+        if self.config.nonfinite_actions == "raise" and not np.isfinite(record.raw_actions).all():
             raise ValueError("pipeline returned non-finite actions")
         return record
 
@@ -484,15 +584,20 @@ class PolicyFeed(ForwardingVectorWrapper):
     Made by ``policy.attach(envs)``. Prompts are read with ``envs.call("task_description")``
     (or ``"task"`` where the envs have no ``task_description``) whenever envs reset, and, for an
     env that autoresets, when its new episode begins: at the done step under ``SAME_STEP``, at
-    the reset step after it under ``NEXT_STEP``. See the module notes for the queue rules.
+    the reset step after it under ``NEXT_STEP``; prompts given to ``attach(envs, prompts)`` are
+    used instead, and nothing is read. See the module notes for the queue rules. The done flags
+    may be numpy arrays or torch tensors (GPU simulators return them on their device).
     """
 
-    def __init__(self, env: VectorEnv, policy: VectorPolicy) -> None:
+    def __init__(
+        self, env: VectorEnv, policy: VectorPolicy, prompts: Sequence[str] | None = None
+    ) -> None:
         super().__init__(env)
         self.policy = policy
         self.autoreset_mode = autoreset_mode(env)
-        self.task_attribute = self._find_task_attribute()
-        self.tasks: list[str | None] = [None] * self.num_envs
+        self.fixed_prompts = prompts is not None
+        self.task_attribute = None if self.fixed_prompts else task_attribute(self)
+        self.tasks: list[str | None] = [None] * self.num_envs if prompts is None else list(prompts)
         self._pending_reset = np.zeros(self.num_envs, bool)
 
     @property
@@ -508,20 +613,9 @@ class PolicyFeed(ForwardingVectorWrapper):
             "(only a SyncVectorEnv has .envs); read theirs with call() or get_attr()"
         )
 
-    def _find_task_attribute(self) -> str:
-        # Probe with has_wrapper_attr: a failing env.call would close an AsyncVectorEnv's pipes.
-        found = {}
-        for name in ("task_description", "task"):
-            found[name] = np.array(self.call("has_wrapper_attr", name), dtype=bool)
-            if found[name].all():
-                return name
-        raise ValueError(
-            "attach: every env needs a task_description (or task) attribute to read prompts from; "
-            f"envs with task_description: {np.flatnonzero(found['task_description']).tolist()}, "
-            f"with task: {np.flatnonzero(found['task']).tolist()}, of {self.num_envs}"
-        )
-
     def _refresh_tasks(self, mask: np.ndarray) -> None:
+        if self.fixed_prompts:
+            return
         values = self.call(self.task_attribute)
         for env in np.flatnonzero(mask):
             task = values[env]
@@ -545,7 +639,7 @@ class PolicyFeed(ForwardingVectorWrapper):
 
     def step(self, actions: Any) -> tuple[Observation, Any, Any, Any, dict[str, Any]]:
         obs, rewards, terminations, truncations, info = self.env.step(actions)
-        done = np.logical_or(terminations, truncations)
+        done = np.logical_or(to_numpy(terminations), to_numpy(truncations))
         if self.autoreset_mode == AutoresetMode.NEXT_STEP:
             restarted, self._pending_reset = self._pending_reset, done.copy()
             if restarted.any():  # this step was their reset step: obs is the new episode's

@@ -95,13 +95,13 @@ def test_rollout_as_lerobot_dataset_loads_and_matches(metaworld_checkpoint, tmp_
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     from cosmos3_gym.eval.cli import main
-    from cosmos3_gym.eval.rollout import load_rollouts
     from cosmos3_gym.integrations.lerobot_dataset import finished_episodes
+    from cosmos3_gym.runner import load_rollouts
 
     out = tmp_path / "rollouts"
     code = main(["rollout", "--checkpoint", str(metaworld_checkpoint), "--env", "metaworld",
                  "--tasks", "reach-v3,push-v3", "--num-envs", "2", "--image-size", "64",
-                 "--max-episode-steps", "5", "--steps", "13", "--num-inference-steps", "2",
+                 "--max-episode-steps", "5", "--env-steps", "13", "--denoising-steps", "2",
                  "--no-progress", "--format", "lerobot", "--out", str(out)])
     assert code == 0
     rollouts = load_rollouts(out)

@@ -23,15 +23,16 @@ import numpy as np
 
 from cosmos3_gym.checkpoint import PolicyConfig
 from cosmos3_gym.policy.adapters import Adapter, GenericAdapter, get_adapter
+from cosmos3_gym.settings import SYNTHETIC_PRESETS
 
 if TYPE_CHECKING:
     import torch
 
     from cosmos3_gym import Cosmos3ActionPipeline
-    from cosmos3_gym.eval.tasks import EvalEnv
+    from cosmos3_gym.envs import EvalEnv
     from cosmos3_gym.pipeline import InferenceOptions
 
-PRESETS = ("nano", "super", "edge", "tiny")
+PRESETS = SYNTHETIC_PRESETS
 # The side of a ColorReach frame under --synthetic (one LIBERO camera view).
 COLOR_REACH_VIEW = 256
 MEANINGLESS = ("synthetic model (random weights): success rates are meaningless; the timings "
@@ -69,28 +70,45 @@ def view_size(env: str, synthetic: str | None, image_size: int | None) -> int | 
     return image_size
 
 
-def synthetic_policy() -> PolicyConfig:
+def synthetic_policy(eval_env: EvalEnv | None = None) -> PolicyConfig:
     """The action head a synthetic run uses: LIBERO's recipe (10-D actions, 16-action chunks,
-    the 256 tier, 30 steps), un-normalised: random weights have no statistics."""
-    return PolicyConfig.for_domain("libero", normalization="none")
+    the 256 tier, 30 steps), un-normalised: random weights have no statistics. An env family
+    that sizes the head (``sizes_synthetic_head``: ``--env gym:ID``) gets one as wide as its
+    actions, in the model's normalised space (what ``--action-map box`` maps onto its Box)."""
+    width = _sized_head_width(eval_env)
+    extra = {} if width is None else {"raw_action_dim": width}
+    return PolicyConfig.for_domain("libero", normalization="none", **extra)
 
 
 def synthetic_adapter(eval_env: EvalEnv) -> Adapter:
     """The adapter a synthetic run drives ``eval_env`` with (see the module notes)."""
+    if _sized_head_width(eval_env) is not None:
+        return get_adapter(eval_env.adapter)
     if eval_env.adapter == "generic":
         return TwoViewColorReachAdapter()
     return get_adapter(eval_env.adapter)
 
 
+def _sized_head_width(eval_env: EvalEnv | None) -> int | None:
+    if eval_env is None or not getattr(eval_env, "sizes_synthetic_head", False):
+        return None
+    space = eval_env.single_action_space()
+    if not getattr(space, "shape", None):
+        raise ValueError(f"--synthetic sizes its action head to the env's actions; found the "
+                         f"action space {space}, expected a Box [D]")
+    return int(space.shape[-1])
+
+
 def synthetic_pipeline(
     preset: str, *, device: torch.device | str = "auto", dtype: torch.dtype | None = None,
-    options: InferenceOptions | None = None,
+    options: InferenceOptions | None = None, eval_env: EvalEnv | None = None,
 ) -> Cosmos3ActionPipeline:
-    """:meth:`Cosmos3ActionPipeline.from_preset` with :func:`synthetic_policy`'s action head."""
+    """:meth:`Cosmos3ActionPipeline.from_preset` with :func:`synthetic_policy`'s action head
+    (for ``eval_env``)."""
     from cosmos3_gym import Cosmos3ActionPipeline
 
     if preset not in PRESETS:
         raise ValueError(f"--synthetic: unknown preset {preset!r}; expected one of {PRESETS}")
     return Cosmos3ActionPipeline.from_preset(
-        preset, synthetic_policy(), device=device, dtype=dtype, options=options
+        preset, synthetic_policy(eval_env), device=device, dtype=dtype, options=options
     )

@@ -1,4 +1,10 @@
-"""What an evaluation runs: its tasks, its episodes and their seeds, and how to build its envs.
+"""Env families: what a run of episodes needs to know about an env, before and while it runs.
+
+An :class:`EvalEnv` names a family's tasks, builds its vector env, says how a sub-env starts a
+given episode (``reset_options``), what each task's instruction is, and its action space and
+episode budget without building a simulator. The episode runner
+(:mod:`cosmos3_gym.runner`), the evaluation and the rollouts drive every env through it; a new
+env is one subclass and one entry of :data:`EVAL_ENVS`.
 
 An episode is ``(task, trial)``. Everything else about it derives from that pair and the run's
 global seed, never from the env slot, batch or rank that happens to run it:
@@ -6,34 +12,40 @@ global seed, never from the env slot, batch or rank that happens to run it:
 - ``seed``: the env's reset seed, ``derive_seed(global_seed, task, trial)``;
 - ``init_state_id``: LIBERO's init state, ``trial % 50`` (the suites ship 50 per task);
   ``None`` for the built-in env, whose whole initial state follows from ``seed``;
-- chunk ``c``'s noise seed: ``derive_seed(global_seed, task, trial, chunk=c)``.
+- chunk ``c``'s noise seed (evaluations): ``derive_seed(global_seed, task, trial, chunk=c)``.
 
 So one process, eight env slots or a torchrun launch produce the same episode, byte for byte.
+A run's episodes (:meth:`EvalEnv.episodes`) are computed on demand, so a run of any number of
+trials costs nothing before its first episode.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, overload
 
 import numpy as np
 from gymnasium.spaces import Space
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from cosmos3_gym.envs import (
+from .color_reach import COLORS, make_color_reach_vector_env, prompt_for
+from .libero import (
     LIBERO_SETTLE_STEPS,
     STEP_BUDGETS,
     libero_max_episode_steps,
+    libero_num_tasks,
     libero_task_description,
-    make_color_reach_vector_env,
     make_libero_vector_env,
 )
-from cosmos3_gym.envs.color_reach import COLORS, prompt_for
-
-if TYPE_CHECKING:  # the command line reads this module's env table without the policy stack
-    from cosmos3_gym.policy.planner import SeedRule
+from .metaworld import (
+    METAWORLD_LAYOUTS_PER_TASK,
+    METAWORLD_MT10,
+    METAWORLD_TASK_DESCRIPTIONS,
+    METAWORLD_TASKS,
+    make_metaworld_vector_env,
+)
 
 LIBERO_INIT_STATES_PER_TASK = 50
 # Names for several suites at once (``--suite libero_4``): the four suites behind the published
@@ -44,25 +56,6 @@ SUITE_GROUPS: dict[str, tuple[str, ...]] = {
 
 _ENV_SEED_TAG = 0  # keeps the env seed and the chunk seeds of one episode apart
 _CHUNK_SEED_TAG = 1
-
-
-def episode_seed_rule(
-    global_seed: int, episodes: Sequence[Episode], stochastic: bool = True
-) -> SeedRule:
-    """The evaluation's seed rule for the chunk planner: chunk ``c`` of ``episodes[k]`` gets
-    ``derive_seed(global_seed, task, trial, chunk=c)``, whichever env slot runs it; with
-    ``stochastic=False`` every chunk gets ``global_seed`` itself (the official LIBERO server's
-    rule: every request from seed 0)."""
-    from cosmos3_gym.policy.planner import SeedRule
-
-    if not stochastic:
-        return SeedRule.fixed(global_seed)
-
-    def seed_of(env: int, episode: int, chunk: int) -> int:
-        task, trial = episodes[episode].key
-        return derive_seed(global_seed, task, trial, chunk)
-
-    return SeedRule(seed_of)
 
 
 def derive_seed(global_seed: int, task: str, trial: int, chunk: int | None = None) -> int:
@@ -113,6 +106,46 @@ class Episode:
         return self.task, self.trial
 
 
+class EpisodeSet(Sequence[Episode]):
+    """The episodes of a run, task-major (``k = task_index * trials + trial``), each computed
+    when it is asked for: a run of any length costs nothing before it starts.
+
+    >>> episodes = ColorReachEval(["red", "blue"]).episodes(trials=3, global_seed=0)
+    >>> len(episodes), episodes[4].key, episodes.index_of(("blue", 1))
+    (6, ('blue', 1), 4)
+    """
+
+    def __init__(self, env: EvalEnv, trials: int, global_seed: int) -> None:
+        if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+            raise ValueError(f"trials must be an integer of at least 1; found {trials!r}")
+        self.env, self.trials, self.global_seed = env, trials, global_seed
+
+    def __len__(self) -> int:
+        return len(self.env.tasks) * self.trials
+
+    @overload
+    def __getitem__(self, k: int) -> Episode: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> list[Episode]: ...
+
+    def __getitem__(self, k: int | slice) -> Episode | list[Episode]:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        if not -len(self) <= k < len(self):
+            raise IndexError(f"episode {k} of a run of {len(self)}")
+        task_index, trial = divmod(k % len(self), self.trials)
+        return self.env.episode(task_index, trial, self.global_seed)
+
+    def __iter__(self) -> Iterator[Episode]:
+        return (self[k] for k in range(len(self)))
+
+    def index_of(self, key: tuple[str, int]) -> int:
+        """The position of episode ``(task, trial)`` in the run."""
+        task, trial = key
+        return self.env.tasks.index(task) * self.trials + int(trial)
+
+
 class EvalEnv:
     """An evaluation env family: task names, episode reset options and a vector env factory.
 
@@ -149,22 +182,21 @@ class EvalEnv:
             raise ValueError(f"tasks must be distinct; found {tasks}")
         self.tasks = tasks
 
-    def episodes(self, trials: int, global_seed: int) -> list[Episode]:
+    def episodes(self, trials: int, global_seed: int) -> EpisodeSet:
         """All episodes of the run, task-major: the canonical order ranks and resume share."""
-        if trials < 1:
-            raise ValueError(f"trials must be at least 1; found {trials}")
-        return [
-            Episode(
-                task=task,
-                task_index=i,
-                suite=self.task_suite(i),
-                trial=trial,
-                seed=derive_seed(global_seed, task, trial),
-                init_state_id=self.init_state_id(trial),
-            )
-            for i, task in enumerate(self.tasks)
-            for trial in range(trials)
-        ]
+        return EpisodeSet(self, trials, global_seed)
+
+    def episode(self, task_index: int, trial: int, global_seed: int) -> Episode:
+        """Trial ``trial`` of task ``task_index``, as every run of ``global_seed`` has it."""
+        task = self.tasks[task_index]
+        return Episode(
+            task=task,
+            task_index=task_index,
+            suite=self.task_suite(task_index),
+            trial=trial,
+            seed=derive_seed(global_seed, task, trial),
+            init_state_id=self.init_state_id(trial),
+        )
 
     def init_state_id(self, trial: int) -> int | None:
         return None
@@ -306,8 +338,6 @@ class LiberoEval(EvalEnv):
     ) -> None:
         suites = suite.split(",") if isinstance(suite, str) else list(suite)
         if task_ids is None:
-            from cosmos3_gym.envs import libero_num_tasks
-
             self.pairs = [(s, t) for s in suites for t in range(libero_num_tasks(s))]
         else:
             self.pairs = [(s, t) for s in suites for t in task_ids]
@@ -337,8 +367,6 @@ class LiberoEval(EvalEnv):
                 f"--step-budget {step_budget!r} and --max-episode-steps {max_episode_steps} both "
                 "set the episode length; give one (--max-episode-steps makes the budget 'custom')"
             )
-        from cosmos3_gym.envs import libero_num_tasks
-
         suites = canonical_suites(suite).split(",")
         ids = None
         if tasks is not None:  # every suite must have each task id
@@ -400,8 +428,6 @@ class MetaWorldEval(EvalEnv):
 
     def __init__(self, tasks: list[str] | None = None, *, image_size: int = 224,
                  max_episode_steps: int | None = None) -> None:
-        from cosmos3_gym.envs import METAWORLD_MT10, METAWORLD_TASKS
-
         tasks = list(METAWORLD_MT10) if tasks is None else tasks
         unknown = [t for t in tasks if t not in METAWORLD_TASKS]
         if unknown:
@@ -429,13 +455,9 @@ class MetaWorldEval(EvalEnv):
                 "max_episode_steps": {self.suite: self.max_episode_steps}}
 
     def init_state_id(self, trial: int) -> int | None:
-        from cosmos3_gym.envs import METAWORLD_LAYOUTS_PER_TASK
-
         return trial % METAWORLD_LAYOUTS_PER_TASK
 
     def task_prompt(self, task_index: int) -> str:
-        from cosmos3_gym.envs import METAWORLD_TASK_DESCRIPTIONS
-
         return METAWORLD_TASK_DESCRIPTIONS[self.tasks[task_index]]
 
     def reset_options(self, episode: Episode) -> dict[str, Any]:
@@ -449,8 +471,6 @@ class MetaWorldEval(EvalEnv):
     def make(
         self, num_envs: int, async_: bool, autoreset_mode: AutoresetMode = AutoresetMode.DISABLED
     ) -> VectorEnv:
-        from cosmos3_gym.envs import make_metaworld_vector_env
-
         return make_metaworld_vector_env(
             self.tasks, num_envs, async_=async_, image_size=self.image_size,
             max_episode_steps=self.max_episode_steps, autoreset_mode=autoreset_mode,
@@ -463,6 +483,13 @@ EVAL_ENVS: dict[str, type[EvalEnv]] = {
     "color_reach": ColorReachEval, "libero": LiberoEval, "metaworld": MetaWorldEval,
 }
 ENV_NAMES = tuple(EVAL_ENVS)
+# Env families named with an id after a prefix (--env gym:ID), each filled in at the end of this
+# module: GymEval.
+GYM_PREFIX = "gym:"
+PREFIXED_ENVS: dict[str, type[EvalEnv]] = {}
+# The options that only --env gym:ID takes (GymEval.from_cli's), with their flags.
+GYM_OPTIONS = {"prompt": "--prompt", "import_modules": "--import", "env_kwargs": "--env-kwargs",
+               "success_key": "--success-key"}
 
 
 def make_eval_env(
@@ -473,14 +500,26 @@ def make_eval_env(
     image_size: int | None = None,
     max_episode_steps: int | None = None,
     step_budget: str | None = None,
+    **gym_options: Any,
 ) -> EvalEnv:
-    """The :class:`EvalEnv` the command line names (``tasks`` as given by ``--tasks``)."""
+    """The :class:`EvalEnv` the command line names (``tasks`` as given by ``--tasks``);
+    ``gym:ID`` is :class:`GymEval`, which alone takes ``gym_options`` (:data:`GYM_OPTIONS`)."""
+    common = dict(suite=suite, tasks=tasks, image_size=image_size,
+                  max_episode_steps=max_episode_steps, step_budget=step_budget)
+    if env.startswith(GYM_PREFIX):
+        env_id = env[len(GYM_PREFIX):].strip()
+        if not env_id:
+            raise ValueError(f"--env {env!r}: expected gym:ID with a registered Gymnasium id, "
+                             "e.g. gym:gym_pusht/PushT-v0")
+        options = {k: v for k, v in gym_options.items() if v is not None}
+        return PREFIXED_ENVS[GYM_PREFIX].from_cli(**common, env_id=env_id, **options)
     if env not in EVAL_ENVS:
-        raise ValueError(f"unknown env {env!r}; expected one of {list(ENV_NAMES)}")
-    return EVAL_ENVS[env].from_cli(
-        suite=suite, tasks=tasks, image_size=image_size, max_episode_steps=max_episode_steps,
-        step_budget=step_budget,
-    )
+        raise ValueError(f"unknown env {env!r}; expected one of {list(ENV_NAMES)} or "
+                         f"{GYM_PREFIX}ID (any registered Gymnasium env)")
+    given = [GYM_OPTIONS[k] for k, v in gym_options.items() if v not in (None, (), [])]
+    if given:
+        raise ValueError(f"{', '.join(given)} apply to --env gym:ID only; found --env {env}")
+    return EVAL_ENVS[env].from_cli(**common)
 
 
 def _task_id(text: str, n_tasks: int) -> int:
@@ -491,3 +530,126 @@ def _task_id(text: str, n_tasks: int) -> int:
     if not 0 <= task_id < n_tasks:
         raise ValueError(f"LIBERO task id must be in 0..{n_tasks - 1}; found {task_id}")
     return task_id
+
+
+class GymEval(EvalEnv):
+    """Any registered Gymnasium env (``--env gym:ID``); a task is a prompt.
+
+    The env comes from Gymnasium's registry through :func:`~cosmos3_gym.envs.
+    make_gym_vector_env` (``gymnasium.make_vec``, sync or async): ``import_modules`` register
+    the id (``gym_pusht``, ``gym_aloha``), ``env_kwargs`` go to every env, the image is the
+    observation's own or the ``render()`` frame, success is ``info[success_key]`` (``auto``:
+    ``is_success``, else ``success``, else termination), and the episode budget is the spec's
+    ``max_episode_steps`` unless ``max_episode_steps`` is given.
+
+    ``prompts``: one instruction (one task, named by the id), a ``{task name: instruction}``
+    dict (several tasks of the same env, each episode told its own), or ``None`` where the env
+    names its task itself (``task_description``). Each episode's prompt reaches its sub-env as
+    the reset option ``task_description``, so a slot switches tasks between episodes.
+    ``--synthetic`` sizes its random action head to this env's action width.
+    """
+
+    adapter = "generic"
+    # A synthetic (random-weight) model gets an action head as wide as this env's actions.
+    sizes_synthetic_head = True
+
+    def __init__(
+        self,
+        env_id: str,
+        prompts: str | dict[str, str] | None = None,
+        *,
+        import_modules: Sequence[str] = (),
+        env_kwargs: dict[str, Any] | None = None,
+        max_episode_steps: int | None = None,
+        success_key: str | None = None,
+    ) -> None:
+        import gymnasium
+
+        from .gym import episode_budget, import_env_modules
+
+        import_env_modules(import_modules)
+        try:
+            gymnasium.spec(env_id)
+        except gymnasium.error.Error as err:
+            raise ValueError(
+                f"--env gym:{env_id}: not in Gymnasium's registry ({err}); import the package "
+                "that registers it with --import MODULE (e.g. --import gym_pusht)"
+            ) from None
+        name = env_id.rsplit("/", 1)[-1]
+        if prompts is None or isinstance(prompts, str):
+            self.prompts: dict[str, str | None] = {name: prompts}
+        else:
+            self.prompts = dict(prompts)
+        super().__init__(list(self.prompts))
+        self.env_id = env_id
+        self.suite = f"gym:{env_id}"
+        self.import_modules = tuple(import_modules)
+        self.env_kwargs = dict(env_kwargs or {})
+        self.success_key = success_key or "auto"
+        self.max_episode_steps = episode_budget(env_id, max_episode_steps)
+        if self.max_episode_steps is None:
+            raise ValueError(
+                f"--env gym:{env_id}: its spec sets no max_episode_steps, so episodes would not "
+                "end; give one with --max-episode-steps N"
+            )
+        self._action_space: Space | None = None
+
+    @classmethod
+    def from_cli(
+        cls, *, suite: str | None, tasks: list[str] | None, image_size: int | None,
+        max_episode_steps: int | None, step_budget: str | None = None, env_id: str = "",
+        prompt: str | dict[str, str] | None = None, import_modules: Sequence[str] = (),
+        env_kwargs: dict[str, Any] | None = None, success_key: str | None = None,
+    ) -> GymEval:
+        given = {"--suite": suite, "--tasks": tasks, "--image-size": image_size,
+                 "--step-budget": step_budget}
+        unused = [flag for flag, value in given.items() if value is not None]
+        if unused:
+            raise ValueError(
+                f"{', '.join(unused)} do not apply to --env gym:{env_id}: name its tasks with "
+                "--prompt '{\"task\": \"instruction\", ...}' and its image size with --env-kwargs"
+            )
+        return cls(env_id, prompt, import_modules=import_modules, env_kwargs=env_kwargs,
+                   max_episode_steps=max_episode_steps, success_key=success_key)
+
+    def episode_budget(self) -> dict[str, Any]:
+        return {"step_budget": None, "settle_steps": 0,
+                "max_episode_steps": {self.suite: self.max_episode_steps}}
+
+    def reset_options(self, episode: Episode) -> dict[str, Any]:
+        prompt = self.prompts[episode.task]
+        return {} if prompt is None else {"task_description": prompt}
+
+    def task_prompt(self, task_index: int) -> str:
+        prompt = self.prompts[self.tasks[task_index]]
+        if prompt is None:
+            raise ValueError(f"--env gym:{self.env_id} names its own tasks; give them with "
+                             "--prompt to know them before an episode runs")
+        return prompt
+
+    def single_action_space(self) -> Space:
+        if self._action_space is None:  # one env, built once, closed unreset
+            import gymnasium
+
+            env = gymnasium.make(self.env_id, **self.env_kwargs)
+            try:
+                self._action_space = env.action_space
+            finally:
+                env.close()
+        return self._action_space
+
+    def make(
+        self, num_envs: int, async_: bool, autoreset_mode: AutoresetMode = AutoresetMode.DISABLED
+    ) -> VectorEnv:
+        from .gym import make_gym_vector_env
+
+        first = next(iter(self.prompts.values()))
+        return make_gym_vector_env(
+            self.env_id, num_envs, prompt=first,
+            vectorization_mode="async" if async_ else "sync", autoreset_mode=autoreset_mode,
+            max_episode_steps=self.max_episode_steps, success_key=self.success_key,
+            **self.env_kwargs,
+        )
+
+
+PREFIXED_ENVS[GYM_PREFIX] = GymEval

@@ -1,0 +1,119 @@
+"""JSON on disk, read with errors that name the file and written so that nothing is half-written.
+
+Every JSON file the project reads or writes goes through here: checkpoint configs, action
+statistics, run identities, results, episode logs. A reader gets one error naming the file and
+what was wrong instead of a bare ``JSONDecodeError``; a writer either replaces a file whole
+(:func:`write_json_atomic`) or appends whole lines (:func:`append_jsonl`), and a failed write
+(a full disk, a read-only folder) leaves neither a partial file nor a temporary one behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+
+def read_json(path: str | Path, *, what: str = "JSON file") -> Any:
+    """The JSON document in ``path``; a ``FileNotFoundError`` or ``ValueError`` naming the file
+    (and the line and column of a syntax error) otherwise. ``what`` says what the file is."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no {what} at {path}") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: expected a {what} (UTF-8 text); found bytes that are not "
+                         f"UTF-8 at offset {err.start}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: "
+                         f"{err.msg}); expected a {what}") from None
+
+
+def read_json_object(path: str | Path, *, what: str = "JSON file") -> dict[str, Any]:
+    """:func:`read_json` of a file that must hold one JSON object."""
+    data = read_json(path, what=what)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a {what} holding a JSON object; found "
+                         f"{type(data).__name__}")
+    return data
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write`` on a temporary file beside ``path``, fsync it, and rename it over
+    ``path``: readers see the old file or the new one, never half of either. On any failure
+    (a full disk, an interrupt) the temporary file is removed and the error raised; ``path``
+    is untouched."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Replace ``path`` by ``data`` as indented JSON, atomically (:func:`atomic_write`)."""
+    text = (json.dumps(data, indent=2) + "\n").encode("utf-8")
+    atomic_write(path, lambda f: f.write(text))
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The complete lines of a JSONL file (none if it does not exist); a partial last line (a
+    write cut by a crash) is skipped. A corrupt line elsewhere is an error naming the file and
+    line, since it means the file was edited or mixed."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines = path.read_bytes().split(b"\n")
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            if number == len(lines):  # the unterminated tail of an interrupted append
+                continue
+            raise ValueError(
+                f"{path}:{number} is not valid JSON; expected one record per line"
+            ) from None
+    return records
+
+
+def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
+    """Append ``record`` as one line and fsync it. A partial last line left by an earlier crash
+    is cut off first; if this write fails (a full disk), the file is cut back to where it was,
+    so it never ends in a partial record this call wrote."""
+    path = Path(path)
+    line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
+    if path.exists():
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with path.open("r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(line)
+            while view:  # os.write may write less than asked
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)

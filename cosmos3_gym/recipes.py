@@ -1,0 +1,318 @@
+"""The released Cosmos3 checkpoints and post-training recipes, as NVIDIA runs them, with sources.
+
+Each :class:`Recipe` is the set of :class:`~cosmos3_gym.checkpoint.PolicyConfig` values one
+release is run with (sampler steps, guidance and its interval, flow shift, chunk, action head,
+state rows, resolution tier, view point, caption format) and, for every value, the file or page
+it comes from (:data:`SOURCES`). Where sources disagree the recipe follows NVIDIA's own code and
+docs (cosmos-framework, NVIDIA/cosmos) and names the disagreement; a value no public source
+states is marked ``not sourced`` rather than invented. ``docs/recipes.md`` is this table
+rendered (:func:`recipe_table`), and a test keeps the two equal.
+
+Pick one with ``Cosmos3ActionPipeline.from_pretrained(path, recipe="nano-policy-droid")``.
+
+>>> RECIPES["nano-policy-droid"].settings["num_inference_steps"]
+4
+>>> RECIPES["edge-policy-droid"].settings["guidance_interval"]
+(960.0, 1001.0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Where the values come from. NVIDIA/cosmos-framework at 5eee9ed ("Release 2026-08-21"),
+# NVIDIA/cosmos at aca7057, sglang's cookbook and diffusers 0.42.1 as read for this table.
+SOURCES: dict[str, str] = {
+    "CF:robolab-server": "NVIDIA/cosmos-framework cosmos_framework/scripts/"
+                         "action_policy_server_robolab.py (RobolabServerArgs defaults, "
+                         "_build_sample, infer)",
+    "CF:droid-server-doc": "NVIDIA/cosmos-framework docs/action_policy_droid_server.md "
+                           "(launch commands; PR #202)",
+    "CF:droid-sft": "NVIDIA/cosmos-framework cosmos_framework/configs/base/experiment/action/"
+                    "posttrain_config/action_policy_droid_nano.py and datasets/"
+                    "action_sft_dataset.py get_action_droid_sft_dataset",
+    "CF:sequence-plan": "NVIDIA/cosmos-framework cosmos_framework/data/generator/action/utils/"
+                        "transforms.py build_sequence_plan_from_mode (use_state: Case B)",
+    "CF:guidance-interval": "NVIDIA/cosmos-framework cosmos_framework/model/generator/"
+                            "omni_mot_model.py generate_samples_from_batch (guidance_interval: "
+                            "t_lo < timestep < t_hi)",
+    "CF:generate-default": "NVIDIA/cosmos-framework omni_mot_model.py generate_samples_from_batch "
+                           "signature (shift: float = 5.0)",
+    "CF:libero-server": "NVIDIA/cosmos-framework cosmos_framework/scripts/"
+                        "action_policy_server_libero.py (defaults; calls "
+                        "generate_samples_from_batch without shift)",
+    "CF:libero-sft": "NVIDIA/cosmos-framework docs/action_policy_libero_posttrain.md and "
+                     "configs/.../action_policy_libero_nano.py",
+    "CF:wam-defaults": "NVIDIA/cosmos-framework cosmos_framework/inference/defaults/wam/"
+                       "sample_args.json",
+    "CF:input-bridge": "NVIDIA/cosmos-framework inputs/omni/action_policy_robot.json",
+    "CF:input-av": "NVIDIA/cosmos-framework inputs/omni/action_policy_av.json",
+    "CF:model-configs": "NVIDIA/cosmos-framework cosmos_framework/inference/configs/model/"
+                        "Cosmos3-{Nano,Super,Edge}.yaml (action_gen: true)",
+    "COS:action-readme": "NVIDIA/cosmos cookbooks/cosmos3/generator/action/README.md "
+                         "(Action Definition table)",
+    "COS#323": "NVIDIA/cosmos PR #323 (the internal stack runs [2, 1, 1, 1] denoiser forwards "
+               "over 4 steps; the Nano invocation is unchanged)",
+    "COS#275": "NVIDIA/cosmos issue #275 (\"4 denoising steps which is setting of the released "
+               "code\"; RoboLab-120 26.5% reproduced vs 36.8% published)",
+    "SGL:cookbook": "sgl-project/sglang docs/cookbook/diffusion/Cosmos/Cosmos3.mdx (action "
+                    "example request; default flow_shift 10.0 for all action modes)",
+    "DIF:domains": "diffusers 0.42.1 pipelines/cosmos/pipeline_cosmos3_omni.py "
+                   "_EMBODIMENT_TO_DOMAIN_ID / _EMBODIMENT_TO_RAW_ACTION_DIM",
+    "mstar": "the mstar serving engine's model table (cosmos3_droid: \"serves the released "
+             "policy sampling defaults (4 steps, guidance 3.0)\"; as quoted in "
+             "shared/reference/field-2026-12.md, not read here)",
+}
+
+# The official RoboLab/DROID server's view description, appended to the concat_view framing
+# sentence of the caption (wrist camera on top, both exterior cameras below it).
+DROID_VIEW_DESCRIPTION = (
+    "The top row is from the wrist-mounted camera. The bottom row contains two horizontally "
+    "concatenated third-person perspective views of the scene from opposite sides, with the "
+    "robot visible."
+)
+
+# The table's columns: PolicyConfig fields (and the representation text) in display order.
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("num_inference_steps", "steps"),
+    ("guidance_scale", "guidance"),
+    ("guidance_interval", "guidance interval"),
+    ("flow_shift", "shift"),
+    ("action_horizon", "chunk"),
+    ("representation", "actions"),
+    ("history_length", "state rows"),
+    ("resolution_tier", "tier"),
+    ("view_point", "view point"),
+    ("fps", "fps"),
+)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One released checkpoint (or post-training recipe) as its publisher runs it.
+
+    Attributes:
+        name: what ``recipe=`` and ``--recipe`` take.
+        checkpoints: the checkpoints it serves.
+        representation: the action head in words (width, meaning, normalisation, state input).
+        settings: the :class:`~cosmos3_gym.checkpoint.PolicyConfig` fields it sets.
+        sources: per setting (and ``"representation"``): keys of :data:`SOURCES`, or text that
+            starts with ``not sourced`` where no public source states the value.
+        disagreements: what other sources say instead, and why this recipe does not follow them.
+    """
+
+    name: str
+    checkpoints: str
+    representation: str
+    settings: dict[str, Any]
+    sources: dict[str, str]
+    disagreements: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        missing = sorted((set(self.settings) | {"representation"}) - set(self.sources))
+        if missing:
+            raise ValueError(f"recipe {self.name!r}: no source for {missing}")
+
+
+_DROID_POLICY = {
+    "domain_name": "droid_lerobot", "raw_action_dim": 8, "action_horizon": 32,
+    "normalization": "none", "history_length": 1, "fps": 15.0, "resolution_tier": 480,
+    "view_point": "concat_view", "view_description": DROID_VIEW_DESCRIPTION,
+    "idle_frame": False, "num_inference_steps": 4, "guidance_scale": 3.0,
+    "guidance_interval": None, "flow_shift": 5.0,
+}
+_DROID_POLICY_SOURCES = {
+    "domain_name": "CF:robolab-server",
+    "raw_action_dim": "CF:robolab-server",
+    "action_horizon": "CF:robolab-server; CF:droid-sft",
+    "normalization": "CF:droid-sft",
+    "history_length": "CF:robolab-server; CF:sequence-plan",
+    "fps": "CF:robolab-server; CF:droid-sft",
+    "resolution_tier": "CF:robolab-server",
+    "view_point": "CF:robolab-server",
+    "view_description": "CF:robolab-server",
+    "idle_frame": "CF:robolab-server; CF:droid-sft",
+    "num_inference_steps": "CF:robolab-server; COS#275; mstar",
+    "guidance_scale": "CF:robolab-server; mstar",
+    "guidance_interval": "CF:droid-server-doc; COS#323",
+    "flow_shift": "CF:robolab-server",
+    "representation": "CF:robolab-server; CF:droid-sft",
+}
+_DROID_REPRESENTATION = (
+    "8-D joint positions [7 joints, gripper], raw (no normalisation), gripper 1 - g; one clean "
+    "state row [joint_position, 1 - gripper_position] before the chunk, stripped from the output; "
+    "image: wrist camera on top of both exterior cameras (540 x 640); JSON caption without "
+    "idle_frame, with the DROID view description"
+)
+_DROID_DISAGREEMENTS = (
+    "sglang's cookbook example request for this checkpoint uses 30 steps, guidance 1.0, 16 "
+    "actions at fps 5 on 832x480 with the 10-D droid_lerobot width of diffusers' and sglang's "
+    "tables, and no state input (SGL:cookbook; DIF:domains): NVIDIA's own server decides",
+    "NVIDIA/cosmos PR #323 says the internal stack guides the first of the 4 steps only, but "
+    "NVIDIA's Nano launch command applies guidance at every step (no --guidance-interval): the "
+    "Nano recipe follows the command; the Edge recipe carries the interval",
+)
+
+_GENERIC = {
+    "num_inference_steps": 30, "guidance_scale": 1.0, "guidance_interval": None,
+    "flow_shift": 10.0, "normalization": "quantile", "history_length": 0,
+}
+_GENERIC_SOURCES = {
+    "num_inference_steps": "CF:wam-defaults", "guidance_scale": "CF:wam-defaults",
+    "guidance_interval": "CF:wam-defaults (none)", "flow_shift": "CF:wam-defaults",
+    "normalization": "not sourced: the mid-train normalisation mode is not stated publicly "
+                     "(this project's quantile)",
+    "history_length": "CF:wam-defaults (no state input)",
+}
+_GENERIC_CHECKPOINTS = (
+    "nvidia/Cosmos3-Nano, nvidia/Cosmos3-Edge (and Super, whose config has action_gen: true; "
+    "CF:model-configs)"
+)
+
+RECIPES: dict[str, Recipe] = {
+    "libero": Recipe(
+        name="libero",
+        checkpoints="your own LIBERO post-training of nvidia/Cosmos3-Nano (no LIBERO checkpoint "
+                    "is public)",
+        representation="10-D frame-wise relative [dpos, rot6d, gripper], quantile_rot "
+                       "statistics; no state; agentview and wrist views side by side, 256 x 256 "
+                       "each",
+        settings={
+            "domain_name": "libero", "raw_action_dim": 10, "action_horizon": 16,
+            "normalization": "quantile_rot", "fps": 20.0, "resolution_tier": 256,
+            "view_point": "concat_view", "num_inference_steps": 30, "guidance_scale": 1.0,
+            "guidance_interval": None, "flow_shift": 5.0, "history_length": 0,
+        },
+        sources={
+            "domain_name": "CF:libero-sft", "raw_action_dim": "CF:libero-server",
+            "action_horizon": "CF:libero-server; CF:libero-sft",
+            "normalization": "CF:libero-sft", "fps": "CF:libero-server",
+            "resolution_tier": "CF:libero-server", "view_point": "CF:libero-sft",
+            "num_inference_steps": "CF:libero-server", "guidance_scale": "CF:libero-server",
+            "guidance_interval": "CF:libero-server (none)",
+            "flow_shift": "CF:libero-server; CF:generate-default",
+            "history_length": "CF:libero-server (zeros chunk, no history)",
+            "representation": "CF:libero-sft",
+        },
+        disagreements=(
+            "shift: the LIBERO server passes none, so generate_samples_from_batch's default 5.0 "
+            "applies; the wam defaults and sglang use 10.0 (CF:wam-defaults, SGL:cookbook). "
+            "Which one produced the published 97.4% is not stated",
+        ),
+    ),
+    "nano-policy-droid": Recipe(
+        name="nano-policy-droid",
+        checkpoints="nvidia/Cosmos3-Nano-Policy-DROID",
+        representation=_DROID_REPRESENTATION,
+        settings=dict(_DROID_POLICY),
+        sources=dict(_DROID_POLICY_SOURCES),
+        disagreements=_DROID_DISAGREEMENTS,
+    ),
+    "edge-policy-droid": Recipe(
+        name="edge-policy-droid",
+        checkpoints="nvidia/Cosmos3-Edge-Policy-DROID",
+        representation=_DROID_REPRESENTATION,
+        # Guidance on the first of the 4 steps only: its timestep (999) is the only one inside
+        # (960, 1001); the second is 937.
+        settings={**_DROID_POLICY, "guidance_interval": (960.0, 1001.0)},
+        sources={**_DROID_POLICY_SOURCES, "guidance_interval": "CF:droid-server-doc; "
+                                                             "CF:guidance-interval; COS#323"},
+        disagreements=(
+            _DROID_DISAGREEMENTS[0],
+            "the launch doc calls [960, 1001] inclusive; the code compares strictly "
+            "(t_lo < t < t_hi). Both select step 0 only at 4 steps, shift 5: this project "
+            "follows the code",
+        ),
+    ),
+    "generic-bridge": Recipe(
+        name="generic-bridge",
+        checkpoints=_GENERIC_CHECKPOINTS,
+        representation="10-D [dpos, rot6d, gripper] (bridge_orig_lerobot, domain 7); no state",
+        settings={**_GENERIC, "domain_name": "bridge_orig_lerobot", "raw_action_dim": 10,
+                  "action_horizon": 16, "fps": 5.0, "resolution_tier": 480,
+                  "view_point": "ego_view"},
+        sources={**_GENERIC_SOURCES, "domain_name": "CF:input-bridge",
+                 "raw_action_dim": "DIF:domains", "action_horizon": "CF:input-bridge",
+                 "fps": "CF:input-bridge", "resolution_tier": "CF:input-bridge",
+                 "view_point": "CF:input-bridge", "representation": "DIF:domains"},
+        disagreements=("sglang's action defaults are 35 steps (its docs: 30), flow shift 10, "
+                       "fps 5, 832x480 (SGL:cookbook): the steps differ",),
+    ),
+    "generic-av": Recipe(
+        name="generic-av",
+        checkpoints=_GENERIC_CHECKPOINTS,
+        representation="9-D ego pose [translation, rot6d] (av, domain 1); no state",
+        settings={**_GENERIC, "domain_name": "av", "raw_action_dim": 9, "action_horizon": 60,
+                  "fps": 10.0, "resolution_tier": 480, "view_point": "ego_view"},
+        sources={**_GENERIC_SOURCES, "domain_name": "CF:input-av",
+                 "raw_action_dim": "DIF:domains; COS:action-readme",
+                 "action_horizon": "CF:input-av; COS:action-readme",
+                 "fps": "CF:input-av; COS:action-readme", "resolution_tier": "CF:input-av",
+                 "view_point": "CF:input-av", "representation": "COS:action-readme"},
+    ),
+    "generic-droid": Recipe(
+        name="generic-droid",
+        checkpoints=_GENERIC_CHECKPOINTS,
+        representation="10-D end-effector pose [dpos, rot6d] + gripper (droid_lerobot, domain "
+                        "8), multiview concatenation; no state",
+        settings={**_GENERIC, "domain_name": "droid_lerobot", "raw_action_dim": 10,
+                  "action_horizon": 16, "fps": 15.0, "resolution_tier": 480,
+                  "view_point": "concat_view"},
+        sources={**_GENERIC_SOURCES, "domain_name": "COS:action-readme",
+                 "raw_action_dim": "COS:action-readme; DIF:domains",
+                 "action_horizon": "COS:action-readme", "fps": "COS:action-readme",
+                 "resolution_tier": "not sourced: 480 as the DROID data and policy server use",
+                 "view_point": "COS:action-readme (multiview concatenation)",
+                 "representation": "COS:action-readme"},
+    ),
+    "generic-umi": Recipe(
+        name="generic-umi",
+        checkpoints=_GENERIC_CHECKPOINTS,
+        representation="10-D end-effector pose [dpos, rot6d] + gripper (umi, domain 6); no state",
+        settings={**_GENERIC, "domain_name": "umi", "raw_action_dim": 10, "action_horizon": 16,
+                  "fps": 20.0, "resolution_tier": 480, "view_point": "ego_view"},
+        sources={**_GENERIC_SOURCES, "domain_name": "COS:action-readme",
+                 "raw_action_dim": "COS:action-readme; DIF:domains",
+                 "action_horizon": "COS:action-readme", "fps": "COS:action-readme",
+                 "resolution_tier": "not sourced: 480 as the other generic examples",
+                 "view_point": "not sourced: ego_view as the other single-camera examples",
+                 "representation": "COS:action-readme"},
+    ),
+}
+
+
+def get_recipe(name: str) -> Recipe:
+    """The recipe called ``name``; a ``ValueError`` listing the names otherwise."""
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; expected one of {sorted(RECIPES)}")
+    return RECIPES[name]
+
+
+def _cell(recipe: Recipe, key: str) -> str:
+    value = recipe.representation if key == "representation" else recipe.settings.get(key)
+    if key == "guidance_interval":
+        text = "every step" if value is None else f"timesteps ({value[0]:g}, {value[1]:g})"
+    elif key == "history_length":
+        text = "none" if not value else f"{value} (state)"
+    elif isinstance(value, float):
+        text = f"{value:g}"
+    else:
+        text = str(value)
+    return f"{text} [{recipe.sources[key]}]"
+
+
+def recipe_table() -> str:
+    """The recipes as a Markdown table, each value followed by its sources in brackets, then
+    each recipe's disagreements and the source list (what ``docs/recipes.md`` holds)."""
+    header = ["recipe", "checkpoints", *(title for _, title in COLUMNS)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for recipe in RECIPES.values():
+        cells = [f"`{recipe.name}`", recipe.checkpoints, *(_cell(recipe, k) for k, _ in COLUMNS)]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Disagreements between sources:", ""]
+    for recipe in RECIPES.values():
+        lines += [f"- `{recipe.name}`: {text}." for text in recipe.disagreements]
+    lines += ["", "Sources:", ""]
+    lines += [f"- **{key}**: {text}" for key, text in SOURCES.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,218 @@
+"""A run's output folder: held by one command at a time, bound to one run's identity.
+
+Evaluations and rollouts write into a folder that is somebody's result, so both open it through
+:class:`RunFolder`:
+
+- **Lock.** The command takes an exclusive ``flock`` on ``.lock.rank{r}`` for its whole run
+  (one per rank under torchrun, so the ranks of one launch write side by side while a second
+  command, single-process or launched, finds rank 0's lock taken). A command that finds the
+  folder held stops with :class:`FolderInUse`, which names the holder (pid, host, command line,
+  start time), before it writes anything. The kernel drops the lock of a process that dies, so a
+  folder left by a killed run is taken over by the next command without any clean-up.
+- **Identity.** :meth:`RunFolder.bind` compares the run's identity (the settings that decide
+  which episodes the folder holds) with the one stored, under the lock. It is written atomically
+  before the first record; once the folder holds a record a different identity is refused
+  (:class:`FileExistsError` listing the differences). The identity holds no path of the folder
+  itself, so a moved or copied folder resumes.
+- **Left-overs.** Temporary files that a killed single-process run left behind are removed when
+  the folder is opened (failed writes remove their own: :mod:`cosmos3_gym.jsonio`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from cosmos3_gym.jsonio import read_json_object, write_json_atomic
+
+_TMP = re.compile(r"^\..+\.(\d+)\.tmp$")
+
+
+class FolderInUse(RuntimeError):
+    """Another live process holds the run folder's lock."""
+
+
+class RunMismatch(ValueError):
+    """The folder holds records of another run."""
+
+
+def identity_differences(stored: dict[str, Any], found: dict[str, Any]) -> dict[str, Any]:
+    """The keys on which two identities differ, with both values (a key one of them lacks reads
+    as ``None``). Values compare as JSON, so a tuple and a list of the same items agree.
+
+    >>> identity_differences({"seed": 0, "trials": 5}, {"seed": 1, "trials": 5})
+    {'seed': {'stored': 0, 'this run': 1}}
+    """
+    stored, found = _as_json(stored), _as_json(found)
+    return {k: {"stored": stored.get(k), "this run": found.get(k)}
+            for k in sorted(set(stored) | set(found)) if stored.get(k) != found.get(k)}
+
+
+def _as_json(value: Any) -> Any:
+    return json.loads(json.dumps(value))
+
+
+class RunFolder:
+    """The output folder of one run (this process's rank of it), held while the run lasts.
+
+    >>> import tempfile
+    >>> with RunFolder(tempfile.mkdtemp()) as folder:
+    ...     stored = folder.bind("config.json", {"seed": 0}, bound=False)
+    ...     stored = folder.bind("config.json", {"seed": 0}, bound=True)  # the same run: fine
+    ...     try:
+    ...         folder.bind("config.json", {"seed": 1}, bound=True)
+    ...     except RunMismatch as err:
+    ...         print(str(err).split(";")[0].split(" ", 1)[1])
+    holds a different run
+    """
+
+    def __init__(self, path: str | Path, *, rank: int = 0, world_size: int = 1) -> None:
+        self.path = Path(path)
+        self.rank, self.world_size = rank, world_size
+        self.lock_path = self.path / f".lock.rank{rank}"
+        self._fd: int | None = None
+
+    # ------------------------------------------------------------------ lock
+
+    def __enter__(self) -> RunFolder:
+        self.open()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
+
+    def open(self) -> None:
+        """Create the folder if needed and take its lock; :class:`FolderInUse` if another
+        process holds it, ``PermissionError`` (naming the folder) if it cannot be written."""
+        for part in (self.path, *self.path.parents):
+            if part.exists() and not part.is_dir():
+                raise NotADirectoryError(
+                    f"{self.path}: {part} is a file; expected a folder (a new one, or one this "
+                    "command wrote)")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise PermissionError(
+                f"cannot write to {self.path} ({err.strerror}); expected a folder this user can "
+                "create files in") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            os.close(fd)
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise FolderInUse(
+                    f"{self.path} is in use by another run ({self._holder()}); wait for it to "
+                    "end, or give this command another folder") from None
+            raise PermissionError(f"cannot lock {self.lock_path} ({err.strerror}); the run "
+                                  "folder must be on a file system with flock") from None
+        self._fd = fd
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "argv": sys.argv,
+                  "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        except OSError:  # a full disk: the lock holds all the same; only its label is missing
+            pass
+        if self.world_size == 1:
+            self.remove_leftovers()
+
+    def close(self) -> None:
+        """Release the lock (the lock file stays: another process may be waiting on it)."""
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def _holder(self) -> str:
+        try:
+            info = json.loads(self.lock_path.read_text() or "{}")
+        except (OSError, ValueError):
+            info = {}
+        if not info:
+            return "a process that has not written its name yet"
+        argv = " ".join(str(a) for a in info.get("argv", []))
+        return (f"pid {info.get('pid')} on {info.get('host')}, started {info.get('started')}: "
+                f"{argv}")
+
+    def remove_leftovers(self) -> list[Path]:
+        """Remove the temporary files (``.NAME.PID.tmp``) of processes that no longer run."""
+        removed = []
+        for path in self.path.rglob(".*.tmp"):
+            match = _TMP.match(path.name)
+            if match is None or _alive(int(match.group(1))):
+                continue
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path)
+        return removed
+
+    # ------------------------------------------------------------------ identity
+
+    def bind(self, name: str, identity: dict[str, Any], *, bound: bool,
+             extra: dict[str, Any] | None = None,
+             replaced: Callable[[], Iterable[Path]] = tuple,
+             what: str = "a different run",
+             upgrade: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+             ) -> dict[str, Any]:
+        """Bind the folder to ``identity``, stored under the key ``identity`` of file ``name``
+        (with ``extra`` beside it); returns the stored document.
+
+        ``bound``: the folder holds records of the stored identity, so another one is refused
+        (:class:`RunMismatch` listing the differences; ``what`` names the stored run in it).
+        Unbound, a different stored identity belongs to an attempt that recorded nothing (a
+        failed start): it is replaced, and the files ``replaced()`` names (that attempt's
+        incidents, timings) are removed first. ``upgrade`` turns a stored identity into today's
+        terms (keys added since an older folder was written, read as what that run had);
+        otherwise a missing key reads as None.
+        """
+        if not self.held:
+            raise RuntimeError("bind() needs the folder's lock: use `with RunFolder(...)`")
+        path = self.path / name
+        document = {"identity": identity, **(extra or {})}
+        if path.exists():
+            stored = read_json_object(path, what="run identity file")
+            found = stored.get("identity", {})
+            diff = identity_differences(upgrade(found) if upgrade else found, identity)
+            if not diff:
+                if extra and any(_as_json(stored.get(k)) != _as_json(v)
+                                 for k, v in extra.items()):
+                    write_json_atomic(path, {**stored, **document})
+                    return {**stored, **document}
+                return stored
+            if bound:
+                raise RunMismatch(
+                    f"{self.path} holds {what}; refusing to mix them. Differences: {diff}. Use "
+                    f"another folder, or rerun with the stored settings ({name})")
+            for stale in replaced():
+                stale.unlink(missing_ok=True)
+        write_json_atomic(path, document)
+        return document
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True

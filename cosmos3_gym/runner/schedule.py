@@ -1,0 +1,145 @@
+"""Which episode each env slot runs next, and how its chunks are seeded.
+
+The runner asks a schedule for a slot's next episode whenever the slot is free
+(:meth:`Schedule.next`); ``None`` leaves it idle. An :class:`EpisodeSpec` is everything the
+runner needs to start it: the run-wide id, the env's reset seed and options, an optional prompt
+that replaces the env's own, whether its chunks decode their predicted future, and the layer's
+own tag (an evaluation's :class:`~cosmos3_gym.envs.Episode`).
+
+- :class:`EpisodeList`: a fixed list of episodes handed out in order (evaluations: the run's
+  pending ``(task, trial)`` pairs; any slot may run any of them, since an episode's result does
+  not depend on its slot).
+- :class:`TaskRotation`: an endless stream (rollouts, on-policy batches): the k-th episode (or
+  GRPO group) to start runs task ``k % n_tasks``, trial ``k // n_tasks``, so a run covers every
+  task it was given, evenly; with ``group_size`` G, slots ``[g·G, (g+1)·G)`` form group g, and
+  the e-th episode of each of its slots is one group episode (same task, trial, env seed and init
+  state: the G episodes start from the same state and differ only by the policy's noise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from cosmos3_gym.envs.families import Episode, EvalEnv, derive_seed
+from cosmos3_gym.policy.planner import SeedRule
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One episode as the runner starts it in a slot."""
+
+    # Run-wide id: episode records, rollouts' episode_ids, and (where the layer's seed rule
+    # reads it) the noise seeds' episode coordinate.
+    id: int
+    seed: int | None
+    reset_options: dict[str, Any] = field(default_factory=dict)
+    # Replaces the env's task_description as the policy's prompt (shuffled prompts); None: the
+    # env's own.
+    prompt: str | None = None
+    # Whether this episode's chunks also decode the predicted future (imagined videos).
+    video: bool = False
+    # The episode coordinate the policy's seed rule reads for this episode's chunks; None: the
+    # slot's own episode count (the policy's default rule).
+    rule_episode: int | None = None
+    # The layer's own description of the episode (an evaluation's Episode; a GRPO group id).
+    tag: Any = None
+
+
+class Schedule(Protocol):
+    """Hands out episodes to free slots."""
+
+    def next(self, slot: int) -> EpisodeSpec | None:
+        """The next episode for ``slot``, or ``None``: the slot stays idle from now on."""
+        ...
+
+
+class EpisodeList:
+    """A fixed sequence of episodes, handed out in order to whichever slot is free.
+
+    >>> from cosmos3_gym.envs import ColorReachEval
+    >>> env = ColorReachEval(["red", "blue"])
+    >>> schedule = EpisodeList(iter([EpisodeSpec(0, 5), EpisodeSpec(1, 6)]))
+    >>> [s.id if s else None for s in (schedule.next(3), schedule.next(0), schedule.next(1))]
+    [0, 1, None]
+    """
+
+    def __init__(self, specs: Iterable[EpisodeSpec]) -> None:
+        self._specs: Iterator[EpisodeSpec] = iter(specs)
+        self._done = False
+
+    def next(self, slot: int) -> EpisodeSpec | None:
+        if self._done:
+            return None
+        spec = next(self._specs, None)
+        self._done = spec is None
+        return spec
+
+
+@dataclass(frozen=True)
+class RotationTag:
+    """What :class:`TaskRotation` says of an episode: its env family episode and GRPO group."""
+
+    episode: Episode
+    group: int
+
+
+class TaskRotation:
+    """Episodes for ever: tasks in turn in the order episodes start, GRPO groups of
+    ``group_size`` slots (see the module notes). ``first_group`` and ``first_id`` continue a
+    resumed run's numbering.
+
+    >>> from cosmos3_gym.envs import ColorReachEval
+    >>> rotation = TaskRotation(ColorReachEval(["red", "blue"]), seed=0, num_envs=4,
+    ...                         group_size=2)
+    >>> [(s.tag.episode.task, s.tag.episode.trial, s.tag.group)
+    ...  for s in (rotation.next(slot) for slot in range(4))]
+    [('red', 0, 0), ('red', 0, 0), ('blue', 0, 1), ('blue', 0, 1)]
+    >>> [(s.tag.episode.task, s.tag.group) for s in (rotation.next(3), rotation.next(3))]
+    [('red', 2), ('blue', 3)]
+    """
+
+    def __init__(self, env: EvalEnv, seed: int, num_envs: int, group_size: int = 1, *,
+                 first_group: int = 0, first_id: int = 0) -> None:
+        if group_size < 1 or num_envs % group_size:
+            raise ValueError(
+                f"group_size must be >= 1 and divide num_envs ({num_envs}); found {group_size}"
+            )
+        self.env, self.seed, self.group_size = env, int(seed), group_size
+        self.first_group = first_group
+        self.next_id = first_id
+        self._rounds = [0] * num_envs
+        self._groups: dict[tuple[int, int], int] = {}
+
+    @property
+    def groups_started(self) -> int:
+        return self.first_group + len(self._groups)
+
+    def next(self, slot: int) -> EpisodeSpec:
+        key = (slot // self.group_size, self._rounds[slot])
+        self._rounds[slot] += 1
+        group = self._groups.setdefault(key, self.first_group + len(self._groups))
+        n = len(self.env.tasks)
+        episode = self.env.episode(group % n, group // n, self.seed)
+        spec = EpisodeSpec(id=self.next_id, seed=episode.seed,
+                           reset_options=self.env.reset_options(episode),
+                           tag=RotationTag(episode, group))
+        self.next_id += 1
+        return spec
+
+
+def episode_seed_rule(global_seed: int, episode_of: Callable[[int], Episode],
+                      fresh: bool = True) -> SeedRule:
+    """The evaluation's seed rule: chunk ``c`` of the episode with run-wide id ``k`` gets
+    ``derive_seed(global_seed, task, trial, chunk=c)`` of ``episode_of(k)``, whichever env slot
+    runs it; with ``fresh=False`` (the ``fixed`` noise rule) every chunk gets ``global_seed``
+    itself (the official LIBERO server's rule: every request from seed 0)."""
+    if not fresh:
+        return SeedRule.fixed(global_seed)
+
+    def seed_of(env: int, episode: int, chunk: int) -> int:
+        task, trial = episode_of(episode).key
+        return derive_seed(global_seed, task, trial, chunk)
+
+    return SeedRule(seed_of)

@@ -1,0 +1,262 @@
+"""Settings: every knob of a run as a dataclass field with its default and its help, written once.
+
+A field made with :func:`setting` carries what the command line needs to offer it: its help
+(the field's documentation), its group in ``--help``, and, where the field's name is not the flag
+(``--denoising-steps`` for ``num_inference_steps``) or its type does not say how to read it, the
+flag and a parser. ``cosmos3-gym``'s parsers are generated from these classes
+(:mod:`cosmos3_gym.eval.cli`), so a setting's default, help and type live in one place.
+
+The help's first clause (before any ``;``) states the setting's meaning; a flag name that appears
+in several commands means the same there (the test suite walks the parsers to check it).
+
+The groups that commands share are defined here: which model runs (:class:`ModelSettings`),
+where and in which precision (:class:`RuntimeSettings`), and which envs (:class:`EnvSettings`).
+The sampler's settings are the pipeline's (:class:`~cosmos3_gym.pipeline.SamplerConfig`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# The published model shapes a run can build with random weights (cosmos3_gym.synthetic).
+SYNTHETIC_PRESETS = ("nano", "super", "edge", "tiny")
+
+GROUPS = {
+    "model": "model: which checkpoint (or published shape) runs",
+    "runtime": "runtime: where it runs and how the run reports",
+    "env": "env: the benchmark and its env slots",
+    "sampler": "sampler: how each chunk is denoised",
+    "evaluation": "evaluation",
+    "rollout": "rollout",
+    "bench": "benchmark",
+    "train": "training",
+    "rl": "reinforcement learning",
+}
+
+
+def setting(default: Any, help: str, *, group: str, flag: str | None = None,
+            parse: Callable[[str], Any] | None = None, choices: tuple[Any, ...] | None = None,
+            metavar: str | None = None, const: Any = None, cli: bool = True,
+            factory: bool = False) -> Any:
+    """A dataclass field with its command-line description.
+
+    ``flag``: the option's name without ``--`` (default: the field name with ``-``); a bool
+    field whose flag starts with ``no-`` stores False. ``parse`` reads the option's text
+    (default: from the field's type). ``const``: the value of the flag given without one.
+    ``cli=False``: a setting of the Python API only.
+    ``factory``: ``default`` is a zero-argument callable making the default (a mutable one).
+    """
+    if group not in GROUPS:
+        raise ValueError(f"setting group must be one of {sorted(GROUPS)}; found {group!r}")
+    meta = {"help": help, "group": group, "flag": flag, "parse": parse, "choices": choices,
+            "metavar": metavar, "const": const, "cli": cli}
+    if factory:
+        return dataclasses.field(default_factory=default, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def meaning(help_text: str) -> str:
+    """A setting's meaning: its help up to the first ``;`` (what the flag is, whatever the
+    command; what follows is that command's detail)."""
+    return help_text.split(";", 1)[0].strip()
+
+
+# ---------------------------------------------------------------------- readers for the CLI
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected an integer >= 1; found {text!r}") from None
+    if value < 1:
+        raise ValueError(f"expected an integer >= 1; found {value}")
+    return value
+
+
+def csv(text: str) -> list[str]:
+    """A comma-separated list of names."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"expected a comma-separated list; found {text!r}")
+    return items
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """Comma-separated integers >= 1."""
+    return tuple(positive_int(t) for t in csv(text))
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """A JSON object (``'{"obs_type": "pixels"}'``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"expected a JSON object; found {text!r} ({err.msg})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object; found {type(value).__name__}")
+    return value
+
+
+def env_name(text: str) -> str:
+    """A name of the env table (``EVAL_ENVS``), or ``gym:ID``."""
+    from cosmos3_gym.envs.families import ENV_NAMES, GYM_PREFIX
+
+    if text in ENV_NAMES or (text.startswith(GYM_PREFIX) and text[len(GYM_PREFIX):].strip()):
+        return text
+    raise ValueError(f"expected one of {', '.join(ENV_NAMES)} or gym:ID (a registered Gymnasium "
+                     f"id, e.g. gym:gym_pusht/PushT-v0); found {text!r}")
+
+
+def text_or_json_object(text: str) -> str | dict[str, str]:
+    """Plain text, or a JSON object of text (``{"task": "instruction", ...}``)."""
+    return json_object(text) if text.lstrip().startswith("{") else text
+
+
+# ---------------------------------------------------------------------- shared groups
+
+
+@dataclass
+class ModelSettings:
+    """Which model a command runs."""
+
+    checkpoint: str | None = setting(
+        None, "the checkpoint: a folder in the diffusers layout, or a shipped name; default: "
+        "tiny", group="model")
+    domain: str | None = setting(
+        None, "the checkpoint's embodiment (cosmos3_gym.checkpoint.DOMAINS); for a folder without "
+        "action_policy.json (a published nvidia/Cosmos3-* folder): libero gives the official "
+        "LIBERO recipe", group="model", metavar="NAME")
+    recipe: str | None = setting(
+        None, "a released checkpoint's published sampler recipe (docs/recipes.md); over the "
+        "folder's own settings", group="model", metavar="NAME")
+    action_stats: str | None = setting(
+        None, "action statistics JSON replacing the checkpoint's (cosmos-framework's global / "
+        "global_raw blocks); without statistics the actions stay in the model's normalised space",
+        group="model", metavar="FILE")
+    synthetic: str | None = setting(
+        None, "a published model shape with random weights instead of a checkpoint (nano, super, "
+        "edge; tiny on a CPU); its timings are the real model's, its success rates meaningless",
+        group="model", choices=SYNTHETIC_PRESETS)
+
+    def check_model_source(self) -> None:
+        """``synthetic`` builds a model with random weights, so a checkpoint's settings do not
+        go with it: refuse both together (one error naming what would be ignored). Then an
+        unnamed checkpoint is the shipped ``tiny``. Each settings class that holds these calls
+        it when it is made."""
+        if self.synthetic is not None:
+            given = [f"--{name.replace('_', '-')}"
+                     for name in ("checkpoint", "domain", "recipe", "action_stats")
+                     if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"--synthetic {self.synthetic} builds a model with random "
+                                 f"weights; {', '.join(given)} would not be used. Give one or "
+                                 "the other")
+        if self.checkpoint is None:
+            self.checkpoint = "tiny"
+
+
+@dataclass
+class ProgressSettings:
+    """How a run reports as it goes."""
+
+    progress: bool = setting(True, "progress bars", group="runtime", flag="no-progress")
+
+
+def device_setting() -> Any:
+    """``--device``, as every command that runs the model declares it."""
+    return setting(
+        "auto", "where the model runs: auto (the GPU where there is one, cuda:LOCAL_RANK under "
+        "torchrun, else the CPU), cpu, cuda or cuda:N", group="runtime")
+
+
+def precision_setting() -> Any:
+    """``--precision``, as every command that runs the model declares it."""
+    return setting(
+        "auto", "the model's precision: auto (bf16 on CUDA, fp32 on the CPU), fp32, bf16, or fp8 "
+        "(the generation tower's GEMMs in FP8 e4m3, the rest as auto; not the same actions: see "
+        "docs/benchmarks.md)", group="runtime", choices=("auto", "fp32", "bf16", "fp8"))
+
+
+def threads_setting() -> Any:
+    """``--threads``, for the commands that time the model."""
+    return setting(
+        None, "torch intra-op CPU threads; on a shared or busy machine 1 keeps OpenMP from "
+        "oversubscribing the cores (default: torch's choice)", group="runtime",
+        parse=positive_int)
+
+
+@dataclass
+class RuntimeSettings(ProgressSettings):
+    """Where the model runs, in which precision, and how the run reports."""
+
+    device: str = device_setting()
+    precision: str = precision_setting()
+
+    def resolve_runtime(self) -> tuple[Any, Any, bool]:
+        """``(torch device, dtype, fp8)`` on this machine; a device that is not there is an
+        error now, before anything loads."""
+        from cosmos3_gym.devices import resolve_device, resolve_precision
+
+        device = resolve_device(self.device)
+        dtype, fp8 = resolve_precision(self.precision, device)
+        return device, dtype, fp8
+
+
+@dataclass
+class EnvSettings:
+    """Which envs a command runs, and how many at once."""
+
+    env: str = setting(
+        "color_reach", "the env family: color_reach (built in), libero, metaworld, or gym:ID (any "
+        "registered Gymnasium env)", group="env", parse=env_name, metavar="ENV")
+    suite: str | None = setting(
+        None, "the LIBERO suite(s): libero_10, several comma-separated, or libero_4 (spatial, "
+        "object, goal, 10)", group="env")
+    tasks: list[str] | None = setting(
+        None, "the tasks to run, comma-separated: colours for color_reach, task ids for LIBERO, "
+        "task names for metaworld (default: all)", group="env", parse=csv)
+    num_envs: int = setting(4, "env slots stepped together", group="env", parse=positive_int)
+    async_envs: bool = setting(
+        False, "sub-envs in worker processes (crash and hang recovery)", group="env")
+    env_timeout: float = setting(
+        300.0, "seconds an async env's step or reset may take before its worker counts as hung",
+        group="env")
+    overlap: bool = setting(
+        False, "two groups of env slots take turns: one steps while the other's chunks are "
+        "planned (the same episodes, sooner where an env step costs about a model call)",
+        group="env")
+    image_size: int | None = setting(
+        None, "the env's square image size in pixels (default: the env's)", group="env",
+        parse=positive_int)
+    max_episode_steps: int | None = setting(
+        None, "the episode's step limit (default: the env's)", group="env", parse=positive_int)
+    step_budget: str | None = setting(
+        None, "LIBERO's episode budget: cosmos3 (the official client's, settle steps counted "
+        "inside: 510 on libero_10) or openpi (settle steps on top: 520)", group="env",
+        choices=("cosmos3", "openpi"))
+    prompt: str | dict[str, str] | None = setting(
+        None, "--env gym:ID: the instruction, or a JSON object {task: instruction} for several "
+        "tasks", group="env", parse=text_or_json_object, metavar="TEXT")
+    import_modules: list[str] | None = setting(
+        None, "--env gym:ID: modules to import first, comma-separated (the packages that register "
+        "the id, e.g. gym_pusht)", group="env", flag="import", parse=csv, metavar="MODULES")
+    env_kwargs: dict[str, Any] | None = setting(
+        None, "--env gym:ID: keyword arguments of every env, as a JSON object", group="env",
+        parse=json_object, metavar="JSON")
+    success_key: str | None = setting(
+        None, "--env gym:ID: the info key success is read from (default: is_success, else "
+        "success)", group="env", metavar="KEY")
+    action_map: str | None = setting(
+        None, "how the model's actions reach the env's Box: box (an affine map of [-1, 1] onto "
+        "its bounds); none (default): unchanged", group="env", choices=("box",))
+
+
+def fields_of(*classes: type) -> list[dataclasses.Field]:
+    """The settings of ``classes``, in order."""
+    return [f for cls in classes for f in dataclasses.fields(cls)]

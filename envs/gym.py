@@ -1,0 +1,386 @@
+"""Any registered Gymnasium env as a vector env the policy can drive: prompt, image, success.
+
+Benchmarks nobody here wrote (gym-pusht, gym-aloha, ManiSkill3, ...) lack three things the policy
+needs, and :func:`make_gym_vector_env` adds each with one small, separate piece:
+
+- **a prompt**: :class:`TaskPrompt` gives each sub-env a ``task_description`` (alias ``task``),
+  one for all envs or one per env; ``reset(options={"task_description": ...})`` switches it for
+  that episode. Vector envs that have no sub-envs of their own (a ``vector_entry_point`` such as
+  ManiSkill3's GPU simulation) get :class:`VectorTaskPrompt`, which answers
+  ``call("task_description")`` the same way.
+- **an image**: the observation's own uint8 image(s) where it has them; otherwise each sub-env is
+  made with ``render_mode="rgb_array"`` and Gymnasium's own
+  :class:`~gymnasium.wrappers.AddRenderObservation` puts the ``render()`` frame in the
+  observation as ``"pixels"`` (the state stays under ``"state"``).
+- **success**: :class:`ReportSuccess` copies ``info[success_key]`` to ``info["is_success"]``,
+  where the evaluator and LeRobot read it. ``success_key="auto"`` (default) takes
+  ``is_success`` where the env reports it, else ``success`` (ManiSkill3's key), else reports
+  nothing (then an episode counts as a success when it terminates).
+
+The episode budget is the env's own ``spec.max_episode_steps`` (Gymnasium's ``TimeLimit``), or
+``max_episode_steps=`` where given. Every sub-env is wrapped outermost in
+:class:`~cosmos3_gym.envs.EpisodeEndHold` (inert until chunk stepping or the evaluator arms it).
+
+Nothing here imports the model stack; the benchmark's own package is imported by name
+(``import_modules``), because importing it is what registers its ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.envs.registration import load_env_creator
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+from cosmos3_gym.vector_env import ForwardingVectorWrapper
+
+from .chunking import EpisodeEndHold
+
+# Where benchmarks put success, in the order "auto" looks: Gymnasium-robotics / LeRobot's envs
+# (gym-pusht, gym-aloha, Meta-World) report "is_success"; ManiSkill3 reports "success".
+SUCCESS_KEYS = ("is_success", "success")
+# The reset option TaskPrompt reads (and removes before the env below sees the options).
+PROMPT_OPTION = "task_description"
+IMAGE_MODES = ("auto", "obs", "render")
+
+
+def import_env_modules(modules: Sequence[str]) -> None:
+    """Import the packages that register a benchmark's ids (``gym_pusht``, ``gym_aloha``,
+    ``mani_skill.envs``); one clear error for a package that is not installed."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ValueError(
+                f"--import {name}: cannot import it ({err}); install the benchmark's package "
+                "(e.g. pip install gym-pusht), or drop --import where the id needs none"
+            ) from err
+
+
+def has_image(space: spaces.Space) -> bool:
+    """Whether an observation space holds a uint8 ``[H, W, C]`` image (C in 1, 3, 4) anywhere.
+
+    >>> has_image(spaces.Box(0, 255, (96, 96, 3), np.uint8))
+    True
+    >>> has_image(spaces.Dict({"state": spaces.Box(-1, 1, (5,))}))
+    False
+    """
+    if isinstance(space, spaces.Dict):
+        return any(has_image(s) for s in space.spaces.values())
+    if isinstance(space, spaces.Tuple):
+        return any(has_image(s) for s in space.spaces)
+    return (
+        isinstance(space, spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+        and space.shape[-1] in (1, 3, 4)
+    )
+
+
+class TaskPrompt(gym.Wrapper):
+    """Give an env that names no task an instruction: ``task_description`` (alias ``task``).
+
+    ``reset(options={"task_description": text})`` switches the prompt from that episode on; the
+    option is removed before the env below sees the options, so an env that takes no options
+    is not bothered. Everything else passes through unchanged.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> env = TaskPrompt(gym.make("CartPole-v1"), "balance the pole")
+        >>> env.task_description, env.task
+        ('balance the pole', 'balance the pole')
+        >>> _ = env.reset(seed=0, options={"task_description": "keep it upright"})
+        >>> env.task_description
+        'keep it upright'
+    """
+
+    def __init__(self, env: gym.Env, prompt: str) -> None:
+        super().__init__(env)
+        self.task_description = _checked_prompt(prompt, "TaskPrompt")
+
+    @property
+    def task(self) -> str:
+        return self.task_description
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        if options is not None and PROMPT_OPTION in options:
+            options = dict(options)
+            self.task_description = _checked_prompt(options.pop(PROMPT_OPTION), "reset option")
+            options = options or None
+        return self.env.reset(seed=seed, options=options)
+
+
+class ReportSuccess(gym.Wrapper):
+    """Report an env's success as ``info["is_success"]`` (a bool), read from ``info[key]``.
+
+    ``key="auto"`` takes the first of :data:`SUCCESS_KEYS` the info holds and leaves an info
+    that holds neither as it is. A named key must be in the info of every step, or the step
+    raises a ``ValueError`` listing the keys found.
+
+    >>> import gymnasium as gym
+    >>> class Scored(gym.Wrapper):
+    ...     def step(self, action):
+    ...         obs, reward, terminated, truncated, info = self.env.step(action)
+    ...         return obs, reward, terminated, truncated, {**info, "success": reward > 0}
+    >>> env = ReportSuccess(Scored(gym.make("CartPole-v1")))
+    >>> _ = env.reset(seed=0)
+    >>> env.step(0)[4]["is_success"]
+    True
+    """
+
+    def __init__(self, env: gym.Env, key: str = "auto") -> None:
+        super().__init__(env)
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"success key: expected an info key or 'auto'; found {key!r}")
+        self.key = key
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        key = self.key
+        if key == "auto":
+            key = next((k for k in SUCCESS_KEYS if k in info), None)
+            if key is None or key == "is_success":
+                return obs, reward, terminated, truncated, info
+        elif key not in info:
+            raise ValueError(
+                f"success key {key!r} is not in the env's step info; found keys "
+                f"{sorted(info)} (choose one with --success-key)"
+            )
+        return obs, reward, terminated, truncated, {**info, "is_success": _as_bool(info[key])}
+
+
+class VectorTaskPrompt(ForwardingVectorWrapper):
+    """Prompts for a vector env that has no sub-envs to wrap (a ``vector_entry_point``, such as
+    ManiSkill3's ``ManiSkillVectorEnv``): ``call("task_description")`` and ``call("task")``
+    answer one prompt per env, as a vector env of :class:`TaskPrompt` envs would, and
+    ``call("has_wrapper_attr", name)`` says so; every other call passes through."""
+
+    _NAMES = ("task_description", "task")
+
+    def __init__(self, env: VectorEnv, prompts: str | Sequence[str]) -> None:
+        super().__init__(env)
+        self.prompts = per_env_prompts(prompts, env.num_envs)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        if name in self._NAMES and not args and not kwargs:
+            return self.prompts
+        if name == "has_wrapper_attr" and args and args[0] in self._NAMES:
+            return (True,) * self.num_envs
+        return super().call(name, *args, **kwargs)
+
+
+def per_env_prompts(prompts: str | Sequence[str], num_envs: int) -> tuple[str, ...]:
+    """One prompt per env: a string for all of them, or exactly ``num_envs`` strings."""
+    if isinstance(prompts, str):
+        return (_checked_prompt(prompts, "prompt"),) * num_envs
+    prompts = tuple(prompts)
+    if len(prompts) != num_envs:
+        raise ValueError(
+            f"prompts: expected one string for all envs or one per env ({num_envs}); found "
+            f"{len(prompts)}"
+        )
+    return tuple(_checked_prompt(p, f"prompt {i}") for i, p in enumerate(prompts))
+
+
+def with_image(env: gym.Env, image: str = "auto") -> gym.Env:
+    """``env`` whose observation holds an image: as it is where it has one (``image="auto"``,
+    or ``"obs"``, which never renders), else (or always, with ``"render"``) with Gymnasium's
+    :class:`~gymnasium.wrappers.AddRenderObservation` adding the ``render()`` frame as
+    ``"pixels"`` beside the original observation."""
+    if image not in IMAGE_MODES:
+        raise ValueError(f"image: expected one of {IMAGE_MODES}; found {image!r}")
+    if image == "obs" or (image == "auto" and has_image(env.observation_space)):
+        return env
+    if env.render_mode != "rgb_array":
+        raise ValueError(
+            f"{_env_name(env)}'s observation holds no uint8 image ({env.observation_space}) and "
+            f"it renders with render_mode={env.render_mode!r}; expected an env that renders "
+            "'rgb_array' frames (its metadata lists "
+            f"{env.metadata.get('render_modes')}), or an image in its observation "
+            "(e.g. --env-kwargs '{\"obs_type\": \"pixels\"}')"
+        )
+    return gym.wrappers.AddRenderObservation(env, render_only=False)
+
+
+def make_gym_sub_env(
+    env_id: str,
+    *,
+    prompt: str | None,
+    image: str = "auto",
+    success_key: str = "auto",
+    wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
+    **env_kwargs: Any,
+) -> gym.Env:
+    """One sub-env as :func:`make_gym_vector_env` builds it (``gym.make`` then
+    :func:`with_image`, :class:`ReportSuccess`, :class:`TaskPrompt` where ``prompt`` is given,
+    ``wrappers``, and :class:`EpisodeEndHold` outermost). A module-level function, so worker
+    processes can unpickle a ``functools.partial`` of it."""
+    return _wrapped(gym.make(env_id, **env_kwargs), prompt, image, success_key, wrappers)
+
+
+def make_gym_vector_env(
+    env_id: str,
+    num_envs: int = 1,
+    *,
+    prompt: str | Sequence[str] | None = None,
+    vectorization_mode: str | None = None,
+    autoreset_mode: AutoresetMode = AutoresetMode.NEXT_STEP,
+    import_modules: Sequence[str] = (),
+    max_episode_steps: int | None = None,
+    success_key: str = "auto",
+    image: str = "auto",
+    wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
+    **env_kwargs: Any,
+) -> VectorEnv:
+    """The registered env ``env_id`` as a vector env of ``num_envs`` that the policy can drive.
+
+    Built by Gymnasium's own ``gymnasium.make_vec``: ``vectorization_mode`` ``"sync"``,
+    ``"async"`` or ``"vector_entry_point"``; ``None`` is Gymnasium's default (the id's vector
+    entry point where it registers one, else sync), except that where that vector env's
+    observation has no image, sync sub-envs are made instead so that they can render.
+    ``import_modules`` are imported first (what registers the ids); ``env_kwargs`` go to every
+    env; ``prompt`` is one instruction for every env or one per env (``None``: the env must have
+    its own ``task_description``); ``max_episode_steps`` replaces the spec's; ``success_key``
+    and ``image`` are as in the module notes. ``wrappers`` wrap each sub-env after ours, inside
+    its :class:`EpisodeEndHold`.
+
+    An env without an image in its observation is made with ``render_mode="rgb_array"`` where
+    its class offers that mode and ``env_kwargs`` name none (it renders only where needed).
+
+    A vector entry point (ManiSkill3's ``ManiSkillVectorEnv``) is used as it is: it keeps its
+    own autoreset mode (ManiSkill3: ``SAME_STEP``) and infos (``info["success"]``, a tensor),
+    and only the prompt is added (:class:`VectorTaskPrompt`).
+
+    Example:
+        >>> envs = make_gym_vector_env("CartPole-v1", 2, prompt="balance the pole")
+        >>> obs, _ = envs.reset(seed=0)
+        >>> sorted(obs), obs["pixels"].shape, envs.call("task_description")
+        (['pixels', 'state'], (2, 400, 600, 3), ('balance the pole', 'balance the pole'))
+        >>> envs.close()
+    """
+    import_env_modules(import_modules)
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be at least 1; found {num_envs}")
+    spec = gym.spec(env_id)
+    if max_episode_steps is not None:
+        env_kwargs["max_episode_steps"] = max_episode_steps
+    prompts = None if prompt is None else per_env_prompts(prompt, num_envs)
+    explicit = vectorization_mode is not None
+    if vectorization_mode is None:
+        vectorization_mode = "vector_entry_point" if spec.vector_entry_point else "sync"
+    if vectorization_mode == "vector_entry_point":
+        if wrappers or image == "render":
+            raise ValueError(
+                f"{env_id} is vectorised by its own vector_entry_point, which takes no "
+                "per-env wrappers (and so no render() frames); choose vectorization_mode='sync' "
+                "or 'async', or an image in its observation"
+            )
+        # Gymnasium refuses a vector entry point whose spec lists wrappers; ManiSkill3's lists
+        # its TimeLimit, and its vector entry point applies it itself (it builds its batched env
+        # with gymnasium.make(id)), so the spec goes without them.
+        entry_spec = dataclasses.replace(spec, additional_wrappers=())
+        envs = gym.make_vec(entry_spec, num_envs, vectorization_mode=vectorization_mode,
+                            **env_kwargs)
+        if image == "obs" or has_image(envs.single_observation_space):
+            return envs if prompts is None else VectorTaskPrompt(envs, prompts)
+        envs.close()
+        if explicit or spec.entry_point is None:
+            raise ValueError(
+                f"{env_id}'s observation holds no uint8 image ({envs.single_observation_space}); "
+                "choose an observation mode with images (ManiSkill3: obs_mode='rgb'), or "
+                "vectorization_mode='sync' for render() frames"
+            )
+        # Gymnasium's default picked the id's vector env, which has no image: sub-envs render.
+        vectorization_mode = "sync"
+    if vectorization_mode not in ("sync", "async"):
+        raise ValueError(
+            "vectorization_mode: expected 'sync', 'async', 'vector_entry_point' or None; "
+            f"found {vectorization_mode!r}"
+        )
+    if image != "obs" and "render_mode" not in env_kwargs and "render_mode" not in spec.kwargs \
+            and "rgb_array" in _render_modes(spec):
+        env_kwargs["render_mode"] = "rgb_array"
+    wrap = _SubEnvWrappers(None if prompts is None else prompts[0], image, success_key,
+                           tuple(wrappers))
+    envs = gym.make_vec(
+        env_id, num_envs, vectorization_mode=vectorization_mode,
+        vector_kwargs={"autoreset_mode": autoreset_mode}, wrappers=[wrap], **env_kwargs,
+    )
+    try:
+        if prompts is not None and len(set(prompts)) > 1:
+            envs.set_attr("task_description", list(prompts))
+        if prompts is None:
+            found = np.array(envs.call("has_wrapper_attr", "task_description"), dtype=bool)
+            if not found.all():
+                raise ValueError(
+                    f"{env_id} names no task (no task_description attribute); give the "
+                    "instruction with prompt=... (command line: --prompt TEXT)"
+                )
+    except Exception:
+        envs.close()
+        raise
+    return envs
+
+
+def episode_budget(env_id: str, max_episode_steps: int | None = None) -> int | None:
+    """Policy steps per episode: ``max_episode_steps`` where given, else the spec's (the
+    ``TimeLimit`` ``gymnasium.make`` adds), else ``None``."""
+    if max_episode_steps is not None:
+        return int(max_episode_steps)
+    return gym.spec(env_id).max_episode_steps
+
+
+class _SubEnvWrappers:
+    """The one wrapper callable ``gymnasium.make_vec`` applies to each sub-env (picklable)."""
+
+    def __init__(self, prompt: str | None, image: str, success_key: str,
+                 wrappers: tuple[Callable[[gym.Env], gym.Env], ...]) -> None:
+        self.prompt, self.image, self.success_key, self.wrappers = (
+            prompt, image, success_key, wrappers)
+
+    def __call__(self, env: gym.Env) -> gym.Env:
+        return _wrapped(env, self.prompt, self.image, self.success_key, self.wrappers)
+
+
+def _wrapped(env: gym.Env, prompt: str | None, image: str, success_key: str,
+             wrappers: Sequence[Callable[[gym.Env], gym.Env]]) -> gym.Env:
+    env = ReportSuccess(with_image(env, image), success_key)
+    if prompt is not None:
+        env = TaskPrompt(env, prompt)
+    for wrapper in wrappers:
+        env = wrapper(env)
+    return EpisodeEndHold(env)
+
+
+def _render_modes(spec: gym.envs.registration.EnvSpec) -> list[str]:
+    """The render modes the id's env class lists in its metadata, read without making one."""
+    try:
+        creator = spec.entry_point if callable(spec.entry_point) else load_env_creator(
+            spec.entry_point)
+    except (AttributeError, ImportError, ValueError):
+        return []
+    metadata = getattr(creator, "metadata", None)
+    return list(metadata.get("render_modes", [])) if isinstance(metadata, Mapping) else []
+
+
+def _checked_prompt(prompt: Any, what: str) -> str:
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"{what}: expected a non-empty instruction string; found {prompt!r}")
+    return prompt
+
+
+def _as_bool(value: Any) -> bool:
+    """A success flag as a bool: Python and numpy scalars, one-element arrays and tensors."""
+    if hasattr(value, "item"):
+        value = value.item()
+    return bool(value)
+
+
+def _env_name(env: gym.Env) -> str:
+    return env.spec.id if env.spec is not None else type(env.unwrapped).__name__
