@@ -11,11 +11,14 @@ from cosmos3_gym.settings import setting
 VIEW_POINT = "ego_view"
 DOMAIN_NAME = "color_reach"
 DOMAIN_ID = 0  # ColorReach is no released embodiment; row 0 of the DomainAwareLinear tables
+# How the future video's noise level relates to the actions' in training (train/trainer.py).
+VIDEO_NOISE = ("shared", "independent")
 
 
-def _knob(default: Any, text: str, flag: str | None = None) -> Any:
+def _knob(default: Any, text: str, flag: str | None = None,
+          choices: tuple[str, ...] | None = None) -> Any:
     """A field with its default and its one-line help (``cosmos3-gym train --help``)."""
-    return setting(default, text, group="train", flag=flag)
+    return setting(default, text, group="train", flag=flag, choices=choices)
 
 
 @dataclass
@@ -63,10 +66,10 @@ class TrainConfig:
     )
     video_noise: str = _knob(
         "shared", "noise levels of the future video and the action tokens: 'shared' (one per "
-        "sample) or 'independent' (each its own; see train/trainer.py)"
+        "sample) or 'independent' (each its own; see train/trainer.py)", choices=VIDEO_NOISE
     )
     pure_noise_video: float = _knob(
-        0.0, "share of samples whose future video is pure noise (with 'independent')"
+        0.0, "share of samples whose future video is pure noise (with 'independent' video noise)"
     )
     video_motion_weight: float = _knob(
         0.0, "extra weight of the video loss on latent cells the chunk changes, per share of "

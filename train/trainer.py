@@ -36,7 +36,12 @@ The recipe, end to end:
    have (there the future is its own guess); its one-step actions point the right way (cosine
    0.73-0.81 to the expert's) and its 8-step ones do not (-0.02 to 0.50), and success fell to
    5-25% (against 95%) in every variant tried (see the closing note of issue 26). So the shipped
-   checkpoint predicts a still future.
+   checkpoint predicts a still future. ``video_noise="independent"`` (issue 37) draws the future
+   video's σ apart from the actions' (the same distribution; a share ``pure_noise_video`` of the
+   samples at σ = 1, the video pure noise), so the action head learns to act beside a future in
+   any state, the sampler's joint one included (it denoises both at one timestep, which this
+   covers: the sampler is unchanged). ``video_motion_weight`` weights the video loss up on the
+   latent cells whose pixels the chunk changes (:func:`~cosmos3_gym.train.demos.motion_cells`).
 6. **Optimiser.** AdamW, linear warmup then cosine decay, a fixed number of steps, a fixed data
    order from the seed, ``torch.use_deterministic_algorithms(True)``.
 
@@ -60,7 +65,12 @@ import numpy as np
 import torch
 
 from cosmos3_gym.progress import progress_bar
-from cosmos3_gym.train.config import TrainConfig, policy_overrides, transformer_overrides
+from cosmos3_gym.train.config import (
+    VIDEO_NOISE,
+    TrainConfig,
+    policy_overrides,
+    transformer_overrides,
+)
 from cosmos3_gym.train.demos import (
     EncodedDemos,
     collect_demos,
@@ -68,10 +78,27 @@ from cosmos3_gym.train.demos import (
     encode_demos,
     encode_raw_latents,
     latent_statistics,
+    motion_cells,
 )
 from cosmos3_gym.train.vae import reconstruction_psnr, train_vae
 
 VIDEO_TARGETS = ("still", "future")
+
+
+def check_recipe(cfg: TrainConfig) -> None:
+    """Refuse knobs that name no recipe or contradict each other, before anything is written."""
+    if cfg.video_target not in VIDEO_TARGETS:
+        raise ValueError(f"video_target: expected one of {VIDEO_TARGETS}, got {cfg.video_target!r}")
+    if cfg.video_noise not in VIDEO_NOISE:
+        raise ValueError(f"video_noise: expected one of {VIDEO_NOISE}, got {cfg.video_noise!r}")
+    if not 0.0 <= cfg.pure_noise_video <= 1.0:
+        raise ValueError(
+            f"pure_noise_video: expected a share in [0, 1], got {cfg.pure_noise_video}")
+    if cfg.pure_noise_video and cfg.video_noise == "shared":
+        raise ValueError(f"pure_noise_video: {cfg.pure_noise_video} needs video_noise "
+                         "'independent' (with 'shared' the video's σ is the actions')")
+    if cfg.video_motion_weight < 0.0:
+        raise ValueError(f"video_motion_weight: expected >= 0, got {cfg.video_motion_weight}")
 
 
 def sample_sigmas(batch: int, generator: torch.Generator) -> torch.Tensor:
@@ -94,6 +121,8 @@ def sample_noise_levels(
     sigma_actions = sample_sigmas(batch, generator)
     if video_noise == "shared":
         return sigma_actions, sigma_actions
+    if video_noise != "independent":
+        raise ValueError(f"video_noise: expected one of {VIDEO_NOISE}, got {video_noise!r}")
     sigma_video = sample_sigmas(batch, generator)
     pure = torch.rand(batch, generator=generator) < pure_noise_video
     return sigma_actions, torch.where(pure, torch.ones(()), sigma_video)
@@ -110,7 +139,12 @@ def flow_matching_loss(
     With one latent frame per sample (``video_target="still"``) every future latent frame is
     trained towards the conditioning one; with the clip's latent frames (``"future"``) towards
     the latents of the frames the expert's chunk renders. ``video_noise`` and
-    ``pure_noise_video``: the two groups' noise levels (:func:`sample_noise_levels`)."""
+    ``pure_noise_video``: the two groups' noise levels (:func:`sample_noise_levels`).
+    ``motion`` (``[N, h, w]``, :func:`~cosmos3_gym.train.demos.motion_cells`) and
+    ``motion_weight``: each latent cell's video loss weighs ``1 + motion_weight * share moved``,
+    normalised to a weighted mean."""
+    if motion_weight and motion is None:
+        raise ValueError("motion_weight needs the motion cells (train/demos.py, motion_cells)")
     b = index.shape[0]
     latents = data.latents[index]  # [b, 48, 1 or T, h, w]
     cond = latents[:, :, :1]
@@ -174,7 +208,8 @@ def train_transformer(
     motion: torch.Tensor | None = None,
 ) -> list[dict[str, float]]:
     """Fixed-step AdamW on the flow-matching loss; returns the logged loss curve (a progress
-    bar shows the last logged losses)."""
+    bar shows the last logged losses). ``motion``: the demos' motion cells, which
+    ``cfg.video_motion_weight`` needs (:func:`flow_matching_loss`)."""
     model.train().requires_grad_(True)
     generator = torch.Generator().manual_seed(cfg.seed)
     optimizer = torch.optim.AdamW(
@@ -228,6 +263,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
 
     options = InferenceOptions(frame_encoder=False)
 
+    check_recipe(cfg)
     start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
@@ -239,8 +275,6 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
     write_tiny_checkpoint(
         out, seed=cfg.seed, policy_overrides=policy_overrides(cfg), **transformer_overrides(cfg)
     )
-    if cfg.video_target not in VIDEO_TARGETS:
-        raise ValueError(f"video_target: expected one of {VIDEO_TARGETS}, got {cfg.video_target!r}")
     demos = collect_demos(cfg, progress=progress)
     held_out = collect_demos(
         cfg, episodes=range(cfg.episodes, cfg.episodes + cfg.vae_holdout_episodes)
@@ -285,9 +319,13 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
     # The pipeline fuses the GEN projections for inference (fused weights are plain tensors that
     # autograd would not train), so training loads its own unfused copy of the same weights.
     model = Cosmos3Transformer.from_pretrained(out / "transformer")
+    motion = None
+    if cfg.video_motion_weight:  # one cell per latent: the image's pixels over the latent width
+        motion = motion_cells(demos, cfg.image_size // data.latents.shape[-1])
     curve = train_transformer(
         model, data, cfg, raw_action_dim=policy.raw_action_dim, domain_id=policy.domain_id,
         fps=policy.fps, num_latent_frames=pipe.noise.num_latent_frames, progress=progress,
+        motion=motion,
     )
     save_transformer(model.eval(), out / "transformer")
     wall = time.perf_counter() - start
