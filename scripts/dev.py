@@ -1,4 +1,4 @@
-"""The README's two commands, with all their set-up: ``demo`` and ``test`` (stdlib only).
+"""The README's commands, with all their set-up: ``demo``, ``test`` and ``docs`` (stdlib only).
 
     python3 scripts/dev.py demo     # what `make demo` runs
     python3 scripts/dev.py test     # what `make test` and CI (.ci/run) run; args go to pytest
