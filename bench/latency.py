@@ -41,7 +41,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cosmos3_gym.pipeline.sampling import SamplerConfig
-from cosmos3_gym.settings import ModelSettings, RuntimeSettings, int_list, positive_int, setting
+from cosmos3_gym.settings import (
+    ModelSettings,
+    RuntimeSettings,
+    int_list,
+    positive_int,
+    setting,
+    threads_setting,
+)
 
 if TYPE_CHECKING:  # torch and the model stack load when the benchmark runs, not with the CLI
     import torch
@@ -421,10 +428,7 @@ class BenchConfig(ModelSettings, RuntimeSettings):
                                     group="bench", parse=positive_int)
     overlap_trials: int = setting(2, "trials per task of the overlap measurement",
                                   group="bench", parse=positive_int)
-    threads: int | None = setting(
-        None, "torch intra-op CPU threads; on a shared or busy machine 1 keeps OpenMP from "
-        "oversubscribing the cores (default: torch's choice)", group="runtime",
-        parse=positive_int)
+    threads: int | None = threads_setting()
     sampling: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
 
     def __post_init__(self) -> None:

@@ -50,7 +50,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cosmos3_gym.bench.latency import PROMPTS, _paired, _peak_memory_mb, _stage_seconds
-from cosmos3_gym.settings import SYNTHETIC_PRESETS, csv, int_list, positive_int, setting
+from cosmos3_gym.settings import (
+    SYNTHETIC_PRESETS,
+    csv,
+    device_setting,
+    int_list,
+    positive_int,
+    precision_setting,
+    setting,
+    threads_setting,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -600,17 +609,9 @@ class SizeConfig:
         "weights in memory)", group="bench", flag="no-reference")
     warmup: int = setting(1, "untimed pairs before each comparison", group="bench", parse=int)
     repeats: int = setting(3, "timed pairs per comparison", group="bench", parse=positive_int)
-    device: str = setting(
-        "auto", "where the model runs: auto (the GPU where there is one, cuda:LOCAL_RANK under "
-        "torchrun, else the CPU), cpu, cuda or cuda:N", group="runtime")
-    precision: str = setting(
-        "auto", "the model's precision: auto (bf16 on CUDA, fp32 on the CPU), fp32, bf16, or fp8 "
-        "(the generation tower's GEMMs in FP8 e4m3, the rest as auto; not the same actions: see "
-        "docs/benchmarks.md)", group="runtime", choices=("auto", "fp32", "bf16", "fp8"))
-    threads: int | None = setting(
-        None, "torch intra-op CPU threads; on a shared or busy machine 1 keeps OpenMP from "
-        "oversubscribing the cores (default: torch's choice)", group="runtime",
-        parse=positive_int)
+    device: str = device_setting()
+    precision: str = precision_setting()
+    threads: int | None = threads_setting()
 
     def __post_init__(self) -> None:
         from cosmos3_gym.model.presets import preset_config

@@ -168,17 +168,35 @@ class ProgressSettings:
     progress: bool = setting(True, "progress bars", group="runtime", flag="no-progress")
 
 
+def device_setting() -> Any:
+    """``--device``, as every command that runs the model declares it."""
+    return setting(
+        "auto", "where the model runs: auto (the GPU where there is one, cuda:LOCAL_RANK under "
+        "torchrun, else the CPU), cpu, cuda or cuda:N", group="runtime")
+
+
+def precision_setting() -> Any:
+    """``--precision``, as every command that runs the model declares it."""
+    return setting(
+        "auto", "the model's precision: auto (bf16 on CUDA, fp32 on the CPU), fp32, bf16, or fp8 "
+        "(the generation tower's GEMMs in FP8 e4m3, the rest as auto; not the same actions: see "
+        "docs/benchmarks.md)", group="runtime", choices=("auto", "fp32", "bf16", "fp8"))
+
+
+def threads_setting() -> Any:
+    """``--threads``, for the commands that time the model."""
+    return setting(
+        None, "torch intra-op CPU threads; on a shared or busy machine 1 keeps OpenMP from "
+        "oversubscribing the cores (default: torch's choice)", group="runtime",
+        parse=positive_int)
+
+
 @dataclass
 class RuntimeSettings(ProgressSettings):
     """Where the model runs, in which precision, and how the run reports."""
 
-    device: str = setting(
-        "auto", "where the model runs: auto (the GPU where there is one, cuda:LOCAL_RANK under "
-        "torchrun, else the CPU), cpu, cuda or cuda:N", group="runtime")
-    precision: str = setting(
-        "auto", "the model's precision: auto (bf16 on CUDA, fp32 on the CPU), fp32, bf16, or fp8 "
-        "(the generation tower's GEMMs in FP8 e4m3, the rest as auto; not the same actions: see "
-        "docs/benchmarks.md)", group="runtime", choices=("auto", "fp32", "bf16", "fp8"))
+    device: str = device_setting()
+    precision: str = precision_setting()
 
     def resolve_runtime(self) -> tuple[Any, Any, bool]:
         """``(torch device, dtype, fp8)`` on this machine; a device that is not there is an

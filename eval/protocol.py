@@ -101,7 +101,11 @@ def record(config: Any, init_state_rule: str | None, policy: Any) -> dict[str, A
             sampler[field] = given if given is not None else getattr(policy, field, None)
             sources[field] = ("this run's option" if given is not None else
                               (heads or {}).get(field, {}).get("source", "the checkpoint"))
-        sampler.update(sampler_name=sampling.sampler, recipe=config.recipe, sources=sources)
+        # The recipe in force: the one the checkpoint's settings came from (``domain="libero"``
+        # is the LIBERO recipe without --recipe), or the one asked for.
+        named = {s.removeprefix("recipe ") for s in sources.values() if s.startswith("recipe ")}
+        recipe = named.pop() if len(named) == 1 else config.recipe
+        sampler.update(sampler_name=sampling.sampler, recipe=recipe, sources=sources)
     fixed = sampling.noise == "fixed"
     return {
         "name": name,

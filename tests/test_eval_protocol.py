@@ -197,3 +197,22 @@ def test_the_documented_command_reports_four_suites_and_their_average(
     for suite in FOUR:
         assert f"suite {suite}" in summary
     assert "average of 4 suites" in summary and "protocol official: 1 trial per task" in summary
+
+
+def test_the_record_names_the_recipe_the_checkpoints_settings_came_from() -> None:
+    """``domain="libero"`` (or a folder whose settings a recipe wrote) runs a recipe without
+    ``--recipe``; results.json and the summary name it all the same."""
+    from cosmos3_gym.checkpoint import SAMPLER_FIELDS, PolicyConfig
+    from cosmos3_gym.eval import protocol
+
+    # What from_pretrained(folder, domain="libero") resolves (cosmos3_gym.checkpoint).
+    policy = PolicyConfig.for_domain("libero", sampler_sources={name: "recipe libero"
+                                                                for name in SAMPLER_FIELDS})
+    recorded = protocol.record(EvalConfig(), None, policy)["sampler"]
+    assert recorded["recipe"] == "libero"
+    assert "shift 5, recipe libero" in protocol.describe({**protocol.record(
+        EvalConfig(), None, policy), "sampler": recorded})[0]
+    given = PolicyConfig(sampler_sources={name: "action_policy.json" for name in SAMPLER_FIELDS})
+    assert protocol.record(EvalConfig(), None, given)["sampler"]["recipe"] is None
+    assert protocol.record(EvalConfig(recipe="libero"), None, given)["sampler"]["recipe"] == \
+        "libero"
