@@ -148,7 +148,7 @@ class Cosmos3ActionPipeline:
     def sampler_source(self) -> dict[str, str]:
         """Where each sampler default in force came from: ``{"num_inference_steps": "recipe
         nano-policy-droid", "flow_shift": "scheduler/scheduler_config.json", ...}`` (the order
-        is in :mod:`cosmos3_gym.checkpoint`)."""
+        is in docs/recipes.md)."""
         return {name: s["source"] for name, s in self.policy.sampler.items()}
 
     @property
@@ -195,7 +195,7 @@ class Cosmos3ActionPipeline:
         ``action_policy.json`` where it has one. Sampler defaults that none of these states
         come from the folder's ``scheduler/scheduler_config.json`` (its flow shift), else
         :class:`PolicyConfig`'s; :attr:`sampler_source` says which, and
-        :mod:`cosmos3_gym.checkpoint` gives the whole order. ``action_stats`` (a statistics
+        docs/recipes.md gives the whole order. ``action_stats`` (a statistics
         JSON file, or its parsed dict) replaces the head's statistics, checked against it;
         without statistics the actions stay normalised (one warning). ``options``
         (:class:`InferenceOptions`, default: as shipped) says how to compute: the transformer is
