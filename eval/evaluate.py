@@ -302,6 +302,8 @@ class Evaluator:
         self.config = config
         self.out_dir = Path(out_dir)
         self.rank = rank or RankInfo.from_env()
+        # An env handed in is not what config.env names: the folder records the env itself.
+        self.injected_env = eval_env is not None
         self.eval_env = eval_env or make_eval_env(
             config.env,
             suite=config.suite,
@@ -400,6 +402,8 @@ class Evaluator:
         (see the module notes). ``precision`` is the model's precision and dtype as this run
         resolved them (``None`` for a pipeline without one, such as a test stand-in)."""
         identity = {**self.config.identity(), **precision}
+        if self.injected_env:
+            identity["eval_env"] = self.eval_env.identity()
 
         def stale() -> list[Path]:
             return [*self.out_dir.glob("incidents*.jsonl"), *self.out_dir.glob("throughput*.json")]
@@ -509,7 +513,7 @@ class Evaluator:
         homes = [name for name, cls in EVAL_ENVS.items() if domain and cls.domain == domain]
         hint = f"evaluate it with --env {homes[0]}, " if homes and homes[0] != env else ""
         space = self.eval_env.single_action_space()
-        fix = (f"Fix: {hint}or pass a --checkpoint trained for --env {env}"
+        fix = (f"Fix: {hint + 'or ' if hint else ''}pass a --checkpoint trained for --env {env}"
                + (f" (domain {own!r})." if own else "."))
         if getattr(self.eval_env, "sizes_synthetic_head", False) and getattr(space, "shape", None):
             width = int(space.shape[-1])  # --env gym:ID: foreign envs rarely have a checkpoint
