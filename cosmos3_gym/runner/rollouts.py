@@ -457,9 +457,10 @@ def policy_description(policy: Any, eval_env: Any) -> dict[str, Any]:
         "sampler_defaults": None if head is None else {
             "num_inference_steps": head.num_inference_steps, "flow_shift": head.flow_shift,
             "guidance_scale": head.guidance_scale},
+        # The env family and every setting it holds (EvalEnv.identity): two differently made
+        # envs never resume into each other's folder.
         "env": None if eval_env is None else {
-            "family": type(eval_env).__name__, "suite": eval_env.suite,
-            "tasks": list(eval_env.tasks), "episode_budget": eval_env.episode_budget()},
+            **eval_env.identity(), "episode_budget": eval_env.episode_budget()},
     }
 
 
