@@ -2,7 +2,7 @@
 # `python3 scripts/dev.py demo|test` does the same where make is absent.
 PYTHON ?= python3
 
-.PHONY: demo test
+.PHONY: demo test docs
 
 # Evaluate the shipped tiny checkpoint on the built-in env: success table, videos in runs/demo.
 demo:
@@ -11,3 +11,7 @@ demo:
 # ruff and the test suite, LIBERO included (what CI runs); pytest arguments: make test ARGS="-k x"
 test:
 	$(PYTHON) scripts/dev.py test $(ARGS)
+
+# The documentation site into build/site, strictly: a broken link or API reference fails it.
+docs:
+	$(PYTHON) scripts/dev.py docs

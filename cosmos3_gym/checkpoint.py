@@ -1,34 +1,13 @@
 """The one place that knows a Cosmos3 checkpoint folder's layout (diffusers layout).
 
-```
-CHECKPOINT/
-  model_index.json        _class_name Cosmos3OmniPipeline (older: Cosmos3OmniDiffusersPipeline)
-  transformer/            config.json + safetensors (sharded with an index, or one file)
-  vae/                    AutoencoderKLWan (Wan2.2: 48 latent channels, 16x spatial)
-  text_tokenizer/         the Qwen3-VL tokenizer (note: not tokenizer/)
-  scheduler/              its flow shift (and step count, where it has one) are the sampler defaults
-                          of a folder without action_policy.json; the sampler itself is always
-                          FlowUniPC, like sglang and the official code
-  action_policy.json      cosmos3-gym's policy head description (domain, raw width, horizon,
-                          normalisation and its statistics, fps, resolution tier, view point)
-```
+A folder holds ``transformer/``, ``vae/``, ``text_tokenizer/`` (and ``model_index.json``,
+``scheduler/``), as diffusers' ``Cosmos3OmniPipeline.save_pretrained`` writes the published
+``nvidia/Cosmos3-*`` checkpoints, plus ``action_policy.json``: how a fine-tuned policy ships its
+head (:class:`PolicyConfig`). A folder without one loads with an embodiment of :data:`DOMAINS`
+named by argument. Where the sampler defaults come from: :func:`resolve_policy`.
 
-Folders written by diffusers' ``Cosmos3OmniPipeline.save_pretrained`` (the published
-``nvidia/Cosmos3-*`` checkpoints) have no ``action_policy.json``; they load with an embodiment
-named by argument (``domain="droid_lerobot"``, see :data:`DOMAINS`), or with a full
-``PolicyConfig``. ``action_policy.json`` is how a fine-tuned policy ships its head description.
-
-Where the sampler defaults come from (lowest to highest; :func:`resolve_policy`, and
-``PolicyConfig.sampler_sources`` records the one in force for each setting):
-
-1. ``PolicyConfig``'s defaults (the official LIBERO server's: 30 steps, guidance 1, shift 5);
-2. the folder's ``scheduler/scheduler_config.json``: its ``flow_shift`` (``shift`` for a
-   FlowUniPC config) and ``num_inference_steps`` where present, if it describes flow sigmas
-   shifted by a shift (not Karras sigmas, whose shift key does not describe the schedule);
-3. the folder's ``action_policy.json`` (it states every setting);
-4. a recipe (``recipe=NAME``, :mod:`cosmos3_gym.recipes`; ``domain="libero"`` is the LIBERO one);
-5. ``policy=PolicyConfig(...)`` passed in: used as given;
-6. the call's own ``num_inference_steps=`` / ``guidance_scale=`` / ... arguments.
+The layout, the domains, statistics and tiny checkpoints: docs/checkpoints.md; the order of
+the sampler defaults: docs/recipes.md, "Where the sampler defaults come from".
 """
 
 from __future__ import annotations
@@ -441,7 +420,7 @@ def resolve_policy(
     statistics); else the embodiment ``domain`` (:meth:`PolicyConfig.for_domain`); else the
     folder's ``action_policy.json``. Sampler settings no recipe or ``action_policy.json`` states
     come from the folder's scheduler config where it states them (:func:`read_scheduler_defaults`),
-    else from ``PolicyConfig``'s defaults; see the module notes for the whole order.
+    else from ``PolicyConfig``'s defaults; docs/recipes.md gives the whole order.
 
     Reads no weights, so a command can check its policy before it loads the model.
     """

@@ -1,27 +1,12 @@
 """Load Triton's native library so that it keeps its own LLVM, whatever was rendered before.
 
-Triton's ``libtriton.so`` carries a whole LLVM, built into it and exported under LLVM's usual
-symbol names (``llvm::cl::opt``, ``LLVMContextCreate``...). Mesa's software renderer (llvmpipe,
-what EGL renders with on a machine without a GPU) links the system's ``libLLVM-15.so``, and Mesa
-opens its DRI driver with ``RTLD_GLOBAL``, so the first EGL context a simulator makes (MuJoCo,
-robosuite, Meta-World) puts LLVM 15's symbols in the process's global scope. A library opened
-after that resolves its symbols from the global scope before its own: ``libtriton.so``'s static
-initialisers then run LLVM 15 code on their own LLVM's data, and the process dies with a
-segmentation fault in ``import triton`` (diffusers imports Triton, through ``torch._dynamo``,
-whenever it is installed). Opened the other way round, Triton first, nothing clashes: Triton's
-library is opened ``RTLD_LOCAL``, so its symbols never reach Mesa.
-
-:func:`isolate_triton_llvm` opens ``libtriton.so`` with ``RTLD_DEEPBIND`` before anything
-imports Triton: the library then binds to its own definitions first, and renders before or
-after no longer matter (later opens of the same file return the loaded library, already bound).
-Importing this module calls it; the model stack imports it before its
-first import of diffusers or Triton (``cosmos3_gym.model``, ``cosmos3_gym.pipeline``,
-``cosmos3_gym.tiny``). ``envs/`` does not, so env workers never load Triton.
-
-Where NVIDIA's driver is loaded (``/proc/driver/nvidia/version``), Triton is left to load as
-usual: there EGL renders through the driver, not through Mesa's LLVM, and Triton compiles the
-GPU kernels exactly as it did in the measured device runs. ``COSMOS3_GYM_TRITON_DEEPBIND=1``
-or ``=0`` forces the isolation on or off.
+Mesa's software renderer puts the system's LLVM symbols in the process's global scope at the
+first EGL render; a ``libtriton.so`` opened after that would bind to them and crash in
+``import triton``. :func:`isolate_triton_llvm` (called on import; the model stack imports this
+module before diffusers or Triton) opens Triton's library with ``RTLD_DEEPBIND`` first, so a
+simulator may render before or after the model is imported. ``COSMOS3_GYM_TRITON_DEEPBIND=1`` or
+``=0`` forces it on or off. Why, and when it stands aside: docs/troubleshooting.md, "Rendering
+first, then the model".
 """
 
 from __future__ import annotations

@@ -61,8 +61,8 @@ SOURCES: dict[str, str] = {
     "DIF:domains": "diffusers 0.42.1 pipelines/cosmos/pipeline_cosmos3_omni.py "
                    "_EMBODIMENT_TO_DOMAIN_ID / _EMBODIMENT_TO_RAW_ACTION_DIM",
     "mstar": "the mstar serving engine's model table (cosmos3_droid: \"serves the released "
-             "policy sampling defaults (4 steps, guidance 3.0)\"; as quoted in "
-             "shared/reference/field-2026-12.md, not read here)",
+             "policy sampling defaults (4 steps, guidance 3.0)\"; quoted secondhand, the "
+             "table itself not read)",
 }
 
 # The official RoboLab/DROID server's view description, appended to the concat_view framing

@@ -182,6 +182,20 @@ class EvalEnv:
             raise ValueError(f"tasks must be distinct; found {tasks}")
         self.tasks = tasks
 
+    def identity(self) -> dict[str, Any]:
+        """What a run folder records of this env when it is handed to ``evaluate(...,
+        eval_env=...)`` instead of named by the config: its class and every plain setting it
+        holds (tasks, image size, budget, ...), so that two differently made envs never share
+        a folder. Override it where a setting lives elsewhere than in plain attributes.
+
+        >>> ColorReachEval(["red"], image_size=32).identity()["image_size"]
+        32
+        """
+        cls = type(self)
+        plain = {name: value for name, value in sorted(vars(self).items())
+                 if not name.startswith("_") and _plain(value)}
+        return {"family": f"{cls.__module__}.{cls.__qualname__}", "suite": self.suite, **plain}
+
     def episodes(self, trials: int, global_seed: int) -> EpisodeSet:
         """All episodes of the run, task-major: the canonical order ranks and resume share."""
         return EpisodeSet(self, trials, global_seed)
@@ -251,6 +265,17 @@ class EvalEnv:
                 f"found {self.tasks}"
             )
         return self.task_prompt((task_index + 1) % len(self.tasks))
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is JSON data as it is (a setting a run folder can record)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
 
 
 class ColorReachEval(EvalEnv):

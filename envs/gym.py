@@ -1,28 +1,12 @@
 """Any registered Gymnasium env as a vector env the policy can drive: prompt, image, success.
 
-Benchmarks nobody here wrote (gym-pusht, gym-aloha, ManiSkill3, ...) lack three things the policy
-needs, and :func:`make_gym_vector_env` adds each with one small, separate piece:
+:func:`make_gym_vector_env` adds what a benchmark nobody here wrote (gym-pusht, gym-aloha,
+ManiSkill3, ...) lacks, one small piece each: a prompt (:class:`TaskPrompt`,
+:class:`VectorTaskPrompt`), an image (the observation's own, else the ``render()`` frame through
+Gymnasium's ``AddRenderObservation``), success in ``info["is_success"]``
+(:class:`ReportSuccess`). Nothing here imports the model stack.
 
-- **a prompt**: :class:`TaskPrompt` gives each sub-env a ``task_description`` (alias ``task``),
-  one for all envs or one per env; ``reset(options={"task_description": ...})`` switches it for
-  that episode. Vector envs that have no sub-envs of their own (a ``vector_entry_point`` such as
-  ManiSkill3's GPU simulation) get :class:`VectorTaskPrompt`, which answers
-  ``call("task_description")`` the same way.
-- **an image**: the observation's own uint8 image(s) where it has them; otherwise each sub-env is
-  made with ``render_mode="rgb_array"`` and Gymnasium's own
-  :class:`~gymnasium.wrappers.AddRenderObservation` puts the ``render()`` frame in the
-  observation as ``"pixels"`` (the state stays under ``"state"``).
-- **success**: :class:`ReportSuccess` copies ``info[success_key]`` to ``info["is_success"]``,
-  where the evaluator and LeRobot read it. ``success_key="auto"`` (default) takes
-  ``is_success`` where the env reports it, else ``success`` (ManiSkill3's key), else reports
-  nothing (then an episode counts as a success when it terminates).
-
-The episode budget is the env's own ``spec.max_episode_steps`` (Gymnasium's ``TimeLimit``), or
-``max_episode_steps=`` where given. Every sub-env is wrapped outermost in
-:class:`~cosmos3_gym.envs.EpisodeEndHold` (inert until chunk stepping or the evaluator arms it).
-
-Nothing here imports the model stack; the benchmark's own package is imported by name
-(``import_modules``), because importing it is what registers its ids.
+What each piece does, the command line's ``--env gym:ID``: docs/your_own_env.md.
 """
 
 from __future__ import annotations
@@ -247,8 +231,9 @@ def make_gym_vector_env(
     ``import_modules`` are imported first (what registers the ids); ``env_kwargs`` go to every
     env; ``prompt`` is one instruction for every env or one per env (``None``: the env must have
     its own ``task_description``); ``max_episode_steps`` replaces the spec's; ``success_key``
-    and ``image`` are as in the module notes. ``wrappers`` wrap each sub-env after ours, inside
-    its :class:`EpisodeEndHold`.
+    says where success is read (``"auto"``: ``is_success``, else ``success``, else nothing is
+    reported: :class:`ReportSuccess`) and ``image`` where the image comes from (:func:`with_image`).
+    ``wrappers`` wrap each sub-env after ours, inside its :class:`EpisodeEndHold`.
 
     An env without an image in its observation is made with ``render_mode="rgb_array"`` where
     its class offers that mode and ``env_kwargs`` name none (it renders only where needed).

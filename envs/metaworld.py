@@ -1,6 +1,6 @@
 """Meta-World tasks as Gymnasium envs with images and prompts, and a vector env over several tasks.
 
-Needs the ``metaworld`` extra (``metaworld`` 3.0, MuJoCo below 3.4) and a headless GL
+Needs the ``metaworld`` extra (``metaworld`` 3.0, MuJoCo below 3.17) and a headless GL
 (``MUJOCO_GL=egl``). Meta-World is imported only when an env is built, and the simulator is
 created at the first ``reset()``, inside the process that steps it.
 

@@ -1,27 +1,12 @@
-"""Success-rate evaluation: the run's episodes over the episode runner, resumable, recorded.
+"""Success-rate evaluation: a run's episodes over the episode runner, resumable and recorded.
 
-What an evaluation adds to :class:`~cosmos3_gym.runner.EpisodeRunner` (which schedules the env
-slots, checks every action and recovers from env faults; see :mod:`cosmos3_gym.runner.loop`):
+:class:`EvalConfig` holds every setting of ``cosmos3-gym eval``; :func:`evaluate` runs (or
+resumes) one into a folder and returns its ``results.json`` document. An episode is
+``(task, trial)``, a function of the run's seed, whichever slot or rank runs it; the folder holds
+one run's identity, and the same settings resume it.
 
-- **Episodes.** An episode is ``(task, trial)`` (:mod:`cosmos3_gym.envs.families`): its env seed,
-  LIBERO init state and chunk noise seeds (``derive_seed(seed, task, trial, chunk=c)``, or seed 0
-  for every chunk under ``--protocol official``) follow from that pair and the run's seed, never
-  from the env slot, batch or rank that runs it, so one process and a torchrun launch record the
-  same episodes.
-- **Checks first.** Before anything is loaded, built or written: the checkpoint's action width
-  (its ``action_policy.json`` or ``--domain``) through the env's adapter against the env's
-  action space, its statistics (finite, as wide as the head), its chunk length against
-  ``n_action_steps``, the device; a checkpoint made for another env fails in seconds.
-- **Records.** Each finished episode is one line of ``episodes.jsonl`` (:mod:`.results`) holding
-  what replays it, ``seed`` and ``reset_options`` (a sub-env's ``reset(seed=..., options=...)``
-  that starts it again), and ``obs_sha256`` (every observation of the episode as the env
-  returned it), so two runs that record the same hash saw the same episode, frame for frame.
-- **The folder** (:class:`~cosmos3_gym.runner.RunFolder`) is locked for the run; ``config.json``
-  holds the run's identity, written before the first episode; once the folder holds an episode a
-  rerun with another identity is refused, while a run that failed before its first episode (a
-  bad checkpoint, a wrong env) does not block the corrected command. A rerun after a crash or
-  Ctrl-C skips every recorded ``(task, trial)``, so it finishes the run and never repeats or
-  loses an episode; a rerun of a complete folder runs nothing and keeps its stored throughput.
+Design and guarantees: docs/evaluation.md ("Resume, and what a run is", "When an env crashes
+or hangs").
 """
 
 from __future__ import annotations
@@ -288,7 +273,7 @@ def _take(obs: Any, env: int) -> Any:
 
 
 class Evaluator:
-    """Runs this process's share of an evaluation into ``out_dir``; see the module notes."""
+    """Runs this process's share of an evaluation into ``out_dir`` (docs/evaluation.md)."""
 
     def __init__(
         self,
@@ -302,6 +287,8 @@ class Evaluator:
         self.config = config
         self.out_dir = Path(out_dir)
         self.rank = rank or RankInfo.from_env()
+        # An env handed in is not what config.env names: the folder records the env itself.
+        self.injected_env = eval_env is not None
         self.eval_env = eval_env or make_eval_env(
             config.env,
             suite=config.suite,
@@ -397,9 +384,12 @@ class Evaluator:
 
     def bind(self, folder: RunFolder, *, recorded: bool, precision: dict[str, Any]) -> None:
         """Write ``config.json``, or refuse a folder that holds another evaluation's episodes
-        (see the module notes). ``precision`` is the model's precision and dtype as this run
-        resolved them (``None`` for a pipeline without one, such as a test stand-in)."""
+        (docs/evaluation.md, "Resume, and what a run is"). ``precision`` is the model's
+        precision and dtype as this run resolved them (``None`` for a pipeline without one,
+        such as a test stand-in)."""
         identity = {**self.config.identity(), **precision}
+        if self.injected_env:
+            identity["eval_env"] = self.eval_env.identity()
 
         def stale() -> list[Path]:
             return [*self.out_dir.glob("incidents*.jsonl"), *self.out_dir.glob("throughput*.json")]
@@ -509,7 +499,7 @@ class Evaluator:
         homes = [name for name, cls in EVAL_ENVS.items() if domain and cls.domain == domain]
         hint = f"evaluate it with --env {homes[0]}, " if homes and homes[0] != env else ""
         space = self.eval_env.single_action_space()
-        fix = (f"Fix: {hint}or pass a --checkpoint trained for --env {env}"
+        fix = (f"Fix: {hint + 'or ' if hint else ''}pass a --checkpoint trained for --env {env}"
                + (f" (domain {own!r})." if own else "."))
         if getattr(self.eval_env, "sizes_synthetic_head", False) and getattr(space, "shape", None):
             width = int(space.shape[-1])  # --env gym:ID: foreign envs rarely have a checkpoint

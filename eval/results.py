@@ -1,23 +1,11 @@
 """Evaluation results on disk: the per-episode JSONL logs, Wilson intervals, results.json.
 
-The JSONL logs are the source of truth. Every finished episode is one line, appended and fsynced
-before anything else learns of it, so a crash loses at most the episode that was running. A
-crash in the middle of a write leaves a partial last line; readers skip it and writers cut it off
-before appending. ``results.json`` is always a summary recomputed from the logs and replaced
-atomically, so it never holds a half-written state either.
+The JSONL logs (``episodes*.jsonl``, one line per finished episode, appended and fsynced) are
+the source of truth; ``results.json`` is a summary recomputed from them (:func:`summarize`) and
+replaced atomically. A partial last line left by a crash is skipped by readers and cut off by the
+next writer.
 
-Layout of an output folder:
-
-- ``config.json``: the run's identity (see :mod:`cosmos3_gym.eval.evaluate`); ``.lock.rank*``:
-  the run's lock (:class:`~cosmos3_gym.runner.RunFolder`).
-- ``episodes.jsonl`` (one process) or ``episodes.rank{r}.jsonl`` (rank ``r`` of a torchrun
-  launch): one :data:`EpisodeRecord` per line. All of them are read together, so a run may be
-  resumed with a different number of processes.
-- ``incidents*.jsonl``: worker crashes and hangs, same naming.
-- ``throughput*.json``: each process's throughput for its last session, where its model ran
-  (device, dtype, GPU, options, synthetic preset) and where its time went (pipeline calls,
-  env, the rest).
-- ``results.json``: the summary (:func:`summarize`).
+The folder's files and every key: docs/evaluation.md, "What the run folder holds".
 """
 
 from __future__ import annotations
@@ -120,7 +108,8 @@ def summarize(
     ``episodes`` / ``episodes_expected`` / ``successes`` / ``success_rate`` / ``interval``
     (Wilson 95%, ``[low, high]``) over the whole run; ``per_task`` and ``per_suite``: name ->
     ``{success_rate, successes, episodes, interval}`` (tasks in the run's order);
-    ``invalid_action_episodes`` (episodes failed for a non-finite action);
+    ``invalid_action_episodes`` (episodes failed on an action that was not sent: non-finite,
+    or out of range under ``out_of_range="fail"``);
     ``out_of_range_episodes`` (episodes with at least one action outside the action space);
     ``restarted_episodes``; ``incidents`` (list); ``throughput`` (or null); ``imagined``
     (:func:`imagined_summary`, or null without imagined videos);

@@ -1,7 +1,8 @@
-"""The README's two commands, with all their set-up: ``demo`` and ``test`` (stdlib only).
+"""The README's commands, with all their set-up: ``demo``, ``test`` and ``docs`` (stdlib only).
 
     python3 scripts/dev.py demo     # what `make demo` runs
     python3 scripts/dev.py test     # what `make test` and CI (.ci/run) run; args go to pytest
+    python3 scripts/dev.py docs     # what `make docs` runs: the site, built strictly (CI too)
 
 Each command first makes sure the environment is ready, then runs:
 
@@ -59,6 +60,9 @@ DEMO_IMAGINED = ["eval", "--trials", "1", "--num-envs", "4", "--videos", "imagin
 # The demo draws results.png (matplotlib); imagined videos are GIFs unless imageio-ffmpeg is there.
 DEMO_EXTRAS = {"plot"}
 TEST_EXTRAS = {"test", "libero", "metaworld", "gym"}
+DOCS_EXTRAS = {"docs"}
+# Top-level folders installed as subpackages of cosmos3_gym (pyproject.toml, package-dir).
+DOCS_SUBPACKAGES = ("envs", "eval", "bench", "train")
 # Installed without its dependencies after the gym extra: its own pin mujoco<3.9 would break
 # LIBERO, and it runs on the MuJoCo the extras hold (pyproject.toml, the gym extra).
 NO_DEPS = {"gym": ["gym-aloha==0.1.5"]}
@@ -308,7 +312,37 @@ def test(venv: Environment, args: list[str]) -> int:
     return venv.run("-m", "pytest", "-q", *args, env=env)
 
 
-COMMANDS = {"demo": demo, "test": test}
+def stage_sources(target: Path) -> None:
+    """The package as it installs, as a tree of links under ``target``, for the API reference:
+    ``envs/``, ``eval/``, ``bench/`` and ``train/`` become ``cosmos3_gym/envs``, ... as
+    pyproject.toml's package-dir maps them, so the reference reads the source without importing
+    it."""
+    if target.exists():
+        shutil.rmtree(target)
+    package = target / "cosmos3_gym"
+    package.mkdir(parents=True)
+    for entry in sorted((ROOT / "cosmos3_gym").iterdir()):
+        if entry.name != "__pycache__":
+            (package / entry.name).symlink_to(entry)
+    for name in DOCS_SUBPACKAGES:
+        (package / name).symlink_to(ROOT / name)
+
+
+def docs(venv: Environment, args: list[str]) -> int:
+    if args:
+        raise SystemExit("dev.py docs: error: takes no arguments")
+    set_up(venv, DOCS_EXTRAS)
+    stage_sources(ROOT / "build" / "docs-src")
+    say("==> mkdocs build --strict (a broken link, anchor or reference fails it)")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # the theme's banner about its successor
+    code = venv.run("-m", "mkdocs", "build", "--strict", "--config-file",
+                    str(ROOT / "mkdocs.yml"), env=env)
+    if code == 0:
+        say(f"==> the site is in {ROOT / 'build' / 'site'} (open index.html)")
+    return code
+
+
+COMMANDS = {"demo": demo, "test": test, "docs": docs}
 
 
 def main(argv: list[str]) -> int:

@@ -3,7 +3,7 @@ the chunk (top row) above what the env rendered at that step (bottom row).
 
 Reads the frames of a video that ``cosmos3-gym eval --videos imagined`` wrote (MP4 or GIF) and
 cuts the "what it imagined" and "what happened" panels out of each frame of the chunk, at their
-own pixels (every panel is the clip enlarged by whole pixels). The README's picture is made
+own pixels (every panel is the clip enlarged by whole pixels). The docs' picture is made
 from ``make demo``'s imagined run::
 
     python scripts/imagined_strip.py runs/demo_imagined red --chunk 3 \

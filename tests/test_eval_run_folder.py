@@ -298,3 +298,34 @@ def test_the_runner_holds_no_thread_after_a_run(checkpoint, pipeline, tmp_path) 
              tmp_path, pipeline=pipeline)
     assert threading.active_count() == before
     assert np.all([r["steps"] <= 4 for r in read_episode_records(tmp_path)])
+
+
+class _OtherRule(ColorReachEval):
+    """Another env family that happens to share ColorReach's task names and settings."""
+
+
+def test_an_env_handed_to_evaluate_owns_its_folder(checkpoint, pipeline, tmp_path) -> None:
+    """``evaluate(..., eval_env=...)`` runs an env the config does not name: the folder records
+    the env itself, so another env (other settings, or another family with the same task names)
+    is refused instead of resuming into its episodes, and the same env resumes."""
+    from cosmos3_gym.runner import RunMismatch
+
+    config = EvalConfig(checkpoint=str(checkpoint), tasks=TASKS[:1], trials=1, num_envs=1,
+                        seed=7, sampling=SamplerConfig(num_inference_steps=1), progress=False)
+    out = tmp_path / "run"
+
+    def env(cls=ColorReachEval, size=32):
+        return cls(TASKS[:1], image_size=size, max_episode_steps=3)
+
+    first = evaluate(config, out, pipeline=pipeline, eval_env=env(), summary=False)
+    stored = json.loads((out / "config.json").read_text())["identity"]["eval_env"]
+    assert stored["family"] == "cosmos3_gym.envs.families.ColorReachEval"
+    assert (stored["tasks"], stored["image_size"], stored["max_episode_steps"]) == (
+        TASKS[:1], 32, 3)
+    for other in (env(size=48), env(cls=_OtherRule)):
+        with pytest.raises(RunMismatch, match="eval_env"):
+            evaluate(config, out, pipeline=pipeline, eval_env=other, summary=False)
+    assert evaluate(config, out, pipeline=pipeline, eval_env=env(), summary=False) == first
+    with pytest.raises(RunMismatch, match="eval_env"):  # nor the env the config names
+        evaluate(config, out, pipeline=pipeline, summary=False)
+    assert len(read_episode_records(out)) == 1

@@ -284,7 +284,7 @@ def _actions(checkpoint, images, steps, dtype=None, **options) -> np.ndarray:
 def test_pipeline_fp8_steps_are_the_middle_ones(checkpoint, images) -> None:
     """The first and last fp8_bf16_steps steps run unquantised: with no step left between
     them the actions are the unquantised ones, bit for bit; with FP8 steps they move, within
-    a tenth of the actions' range (the accuracy gates measure how far: scripts/fp8_gate.py)."""
+    a tenth of the actions' range (the accuracy gates measure how far: bench/fp8_gate.py)."""
     plain = _actions(checkpoint, images, 6)
     np.testing.assert_array_equal(_actions(checkpoint, images, 6, fp8=True), plain)
     quantised = _actions(checkpoint, images, 6, fp8=True, fp8_bf16_steps=1)

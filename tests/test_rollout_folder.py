@@ -228,3 +228,27 @@ def test_a_foreign_folder_is_refused_before_the_model_loads(checkpoint: Path, tm
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "holds rollouts of another command" in err
     assert "'seed'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_python_rollouts_of_another_env_are_refused(checkpoint: Path, tmp_path: Path) -> None:
+    """``collect_rollouts`` with an env the caller built: the folder records the env's family
+    and settings, so the same tasks at another image size do not resume into it."""
+    from cosmos3_gym.envs import ColorReachEval
+    from cosmos3_gym.policy import VectorPolicy
+    from cosmos3_gym.runner import RunMismatch, collect_rollouts
+
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint)
+    out = tmp_path / "run"
+
+    def collect(size: int) -> Path:
+        policy = VectorPolicy(pipe, adapter="generic", seed=0, num_inference_steps=1)
+        env = ColorReachEval(["red"], image_size=size, max_episode_steps=3)
+        return collect_rollouts(policy, env, 6, out, num_envs=1, shard_steps=3)
+
+    collect(32)
+    identity = json.loads((out / "rollout.json").read_text())["identity"]["env"]
+    assert (identity["family"], identity["image_size"]) == (
+        "cosmos3_gym.envs.families.ColorReachEval", 32)
+    with pytest.raises(RunMismatch, match="image_size"):
+        collect(48)
+    assert collect(32) == out  # the same env: complete, nothing to run

@@ -1,28 +1,11 @@
 """``cosmos3-gym rl grpo``: on-policy GRPO fine-tuning of a tiny policy on ColorReach.
 
-The reference loop, end to end, on a CPU:
-
-1. **Start.** The shipped tiny policy (``--init tiny``, or any checkpoint folder) in a harder
-   ColorReach: ``max_speed`` 0.28 instead of the 0.08 it was trained at, so its actions move the
-   agent 3.5 times as far and it overshoots near the target (about 50% success instead of
-   100%). It is loaded with unfused projections, so the pipeline's transformer is itself the
-   trained model: it samples under ``torch.inference_mode`` and is scored and updated with
-   gradients outside it.
-2. **Collect.** Each iteration rolls ``groups x group_size`` ColorReach envs for one episode
-   budget with :func:`~cosmos3_gym.runner.collect_on_policy`: every group's G envs start
-   from the same seed (layout and target), the action tokens are sampled with Flow-SDE (one
-   random stochastic denoising step per chunk, ``noise_level``), and every chunk records its
-   log-probability over the executed actions.
-3. **Advantages.** Group-relative (GRPO): an episode's return (1 for reaching the named target,
-   0 otherwise) minus its group's mean, over the group's standard deviation; groups whose
-   members all finished count, and every chunk of an episode shares its advantage.
-4. **Update.** PPO's clipped surrogate on the chunk ratio ``exp(log π_new − log π_old)``, the
-   new log-probabilities from :func:`~cosmos3_gym.pipeline.sde.chunk_log_prob` with gradients,
-   ``epochs`` passes over shuffled minibatches, AdamW.
-5. **Measure.** Success on held-out seeds (other seeds than the training episodes') with the
-   deterministic sampler, before, every ``eval_every`` iterations and after; ``curve.json`` and
-   ``curve.png`` (the ``plot`` extra) in ``--out``, and the fine-tuned checkpoint in
-   ``--out/checkpoint``.
+The reference loop, end to end on a CPU: the shipped tiny policy in a harder ColorReach (a higher
+``max_speed``), groups of episodes from one start state collected with Flow-SDE
+(:func:`~cosmos3_gym.runner.collect_on_policy`), group-relative advantages of their success, PPO's
+clipped surrogate on :func:`~cosmos3_gym.pipeline.chunk_log_prob`, and held-out success with the
+deterministic sampler. What each step does, its learning curve and how to size the groups:
+docs/rl.md, "GRPO".
 """
 
 from __future__ import annotations

@@ -1,50 +1,12 @@
 """LeRobot's own evaluator drives Cosmos3: two factories, and no glue for the user to write.
 
-``make_lerobot_policy(policy)`` turns a :class:`~cosmos3_gym.VectorPolicy` into the
-``PreTrainedPolicy`` that ``lerobot.scripts.lerobot_eval.eval_policy`` accepts, and
-``make_lerobot_env(envs, policy)`` turns a cosmos3-gym vector env (ColorReach or LIBERO, sync)
-into the vector env that ``eval_policy`` expects::
+:func:`make_lerobot_policy` turns a :class:`~cosmos3_gym.VectorPolicy` into the
+``PreTrainedPolicy`` that ``lerobot.scripts.lerobot_eval.eval_policy`` accepts;
+:func:`make_lerobot_env` turns a cosmos3-gym vector env (ColorReach or LIBERO, sync) into the
+vector env it expects. This module does not import LeRobot (the env side needs Gymnasium only);
+the policy class lives in :mod:`cosmos3_gym.integrations.lerobot_policy`.
 
-    from lerobot.policies.factory import make_pre_post_processors
-    from lerobot.processor import PolicyProcessorPipeline
-    from lerobot.scripts.lerobot_eval import eval_policy
-
-    policy = make_lerobot_policy(VectorPolicy(pipe, adapter="generic", seed=0))
-    env = make_lerobot_env(make_color_reach_vector_env(10), policy)
-    preprocessor, postprocessor = make_pre_post_processors(policy.config)
-    info = eval_policy(env, policy, PolicyProcessorPipeline(), PolicyProcessorPipeline(),
-                       preprocessor, postprocessor, n_episodes=20, start_seed=0)
-    info["aggregated"]["pc_success"]
-
-What is still translated between the two, and why:
-
-- **Images.** LeRobot hands policies float32 ``[B, C, H, W]`` in ``[0, 1]`` (its
-  ``preprocess_observation`` divides the env's uint8 frames by 255); the Cosmos3 pipeline takes
-  the uint8 ``[B, H, W, C]`` frames. ``round(x * 255)`` recovers every byte exactly, and anything
-  that is not such a frame (a normalising or resizing processor in between) is refused rather
-  than fed to the model.
-- **Observation keys.** LeRobot reads ``pixels`` (one array, or one entry per camera) and
-  ``agent_pos`` from env observations and renames them ``observation.image`` /
-  ``observation.images.<camera>`` / ``observation.state``. Our LIBERO cameras take LeRobot's
-  LIBERO names on the way out (``agentview_image`` -> ``image``, ``wrist_image`` -> ``image2``)
-  and their own names on the way back, so the LIBERO adapter finds them. Images stay as the
-  simulator renders them: the adapter rotates them, so use identity env processors (not
-  LeRobot's ``LiberoProcessorStep``, which would rotate them a second time).
-- **Prompts.** LeRobot reads each sub-env's ``task_description`` (via ``hasattr`` on the
-  sub-env) into ``batch["task"]``; the policy takes its prompts from there, one per env.
-- **Episode ends.** LeRobot counts success only from ``info["final_info"]["is_success"]``, which
-  Gymnasium emits only under ``SAME_STEP`` autoreset; our envs default to ``NEXT_STEP``, under
-  which LeRobot reports 0% without an error. The env made here is always ``SAME_STEP``. LeRobot
-  tells a policy only when a whole rollout starts (``reset()``), so the env tells the
-  :class:`VectorPolicy` when one of its envs starts a new episode mid-rollout, and that env's
-  action queue starts afresh from the new episode's observation and prompt.
-- **Step budget.** LeRobot stops a rollout after ``env.call("_max_episode_steps")[0]`` steps,
-  env 0's; the sub-envs here report their own budget under that name, and envs with different
-  budgets are refused (LeRobot would cut the longer episodes short).
-
-This module does not import LeRobot: the env side needs Gymnasium only. The policy class, which
-subclasses LeRobot's, lives in :mod:`cosmos3_gym.integrations.lerobot_policy`, imported by
-:func:`make_lerobot_policy`.
+Install, an example, and what is translated between the two and why: docs/lerobot.md.
 """
 
 from __future__ import annotations
@@ -74,8 +36,8 @@ OBS_IMAGES_PREFIX = "observation.images."
 OBS_STATE = "observation.state"
 
 INSTALL_HINT = (
-    "LeRobot is not importable. cosmos3-gym works with LeRobot 0.4.4, installed beside it as the "
-    "README's 'LeRobot' section says: pip install -e '.[lerobot]' and then "
+    "LeRobot is not importable. cosmos3-gym works with LeRobot 0.4.4, installed beside it as "
+    "docs/lerobot.md says: a torch with its torchvision, pip install -e '.[lerobot]', and then "
     "pip install --no-deps lerobot==0.4.4"
 )
 

@@ -1,22 +1,11 @@
 """Rollouts as a LeRobot dataset: the npz shards of ``cosmos3-gym rollout``, one LeRobot episode
-per finished env episode, written by LeRobot's own ``LeRobotDataset`` (its v3 layout: parquet
-data, one MP4 per camera, ``meta/`` with info, tasks, episodes and stats).
+per finished env episode, written by LeRobot's own ``LeRobotDataset`` (its v3 layout), so it
+needs LeRobot installed (docs/lerobot.md, "Install").
 
-Writing goes through LeRobot itself, so the layout is exactly the one the installed LeRobot
-(0.4.4 here) reads; it needs LeRobot installed as the README's "LeRobot" section says.
-
-What each frame holds, for env ``b`` at step ``t`` of a finished episode:
-
-- ``observation.images.<camera>``: the env's uint8 frame the action was chosen from (video);
-  an array observation is the camera ``image``;
-- ``observation.state``: the env's ``"state"`` entry, float32, where the env has one;
-- ``action``: float32, exactly what the env received;
-- ``next.reward`` (float32), ``next.done`` (terminated or truncated), ``next.success``
-  (terminated: our envs terminate exactly on success) after that action;
-- ``task``: the env's task string at that step.
-
-Steps that are not part of an episode are left out: the reset step that follows an episode end
-under ``NEXT_STEP`` autoreset, and the steps of episodes still running when the rollout ended.
+Each frame holds the camera image(s) the action was chosen from, ``observation.state``, the
+``action`` the env received and ``next.reward`` / ``next.done`` / ``next.success`` after it;
+steps of no finished episode are left out. Details: docs/lerobot.md, "Rollouts as a LeRobot
+dataset".
 """
 
 from __future__ import annotations

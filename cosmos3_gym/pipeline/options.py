@@ -72,7 +72,8 @@ class InferenceOptions:
     # The GEN tower's four GEMM groups (Q/K/V, attention output, gate/up, down) in FP8 e4m3:
     # per-output-channel weights quantised once, per-token activation scales made by the kernel
     # that produces each GEMM's input (cosmos3_gym.model.fp8). NOT the same actions: the
-    # accuracy it costs is measured by scripts/fp8_gate.py (docs/benchmarks.md). Needs
+    # accuracy it costs is measured by `python -m cosmos3_gym.bench.fp8_gate`
+    # (docs/benchmarks.md, docs/pipeline.md). Needs
     # compute capability >= 8.9 on CUDA (switched off with one warning below that); on the CPU
     # torch emulates the FP8 products (the tests and the closed-loop gate run that way). Off by
     # default until a real checkpoint's closed-loop result says otherwise.

@@ -148,7 +148,7 @@ class Cosmos3ActionPipeline:
     def sampler_source(self) -> dict[str, str]:
         """Where each sampler default in force came from: ``{"num_inference_steps": "recipe
         nano-policy-droid", "flow_shift": "scheduler/scheduler_config.json", ...}`` (the order
-        is in :mod:`cosmos3_gym.checkpoint`)."""
+        is in docs/recipes.md)."""
         return {name: s["source"] for name, s in self.policy.sampler.items()}
 
     @property
@@ -195,7 +195,7 @@ class Cosmos3ActionPipeline:
         ``action_policy.json`` where it has one. Sampler defaults that none of these states
         come from the folder's ``scheduler/scheduler_config.json`` (its flow shift), else
         :class:`PolicyConfig`'s; :attr:`sampler_source` says which, and
-        :mod:`cosmos3_gym.checkpoint` gives the whole order. ``action_stats`` (a statistics
+        docs/recipes.md gives the whole order. ``action_stats`` (a statistics
         JSON file, or its parsed dict) replaces the head's statistics, checked against it;
         without statistics the actions stay normalised (one warning). ``options``
         (:class:`InferenceOptions`, default: as shipped) says how to compute: the transformer is
@@ -318,16 +318,20 @@ class Cosmos3ActionPipeline:
             prompts: one task per image, or one string for all.
             seed: one int for every item, or one per item (default 0). Item i's noise depends
                 only on its own seed.
-            num_inference_steps / guidance_scale / guidance_interval / flow_shift: this call's
-                sampler settings (None: the checkpoint's, :attr:`sampler_source`).
-                ``guidance_interval=(lo, hi)`` applies guidance only on the steps whose model
+            num_inference_steps: this call's denoising steps (None, as for the next three: the
+                checkpoint's, :attr:`sampler_source`).
+            guidance_scale: this call's classifier-free guidance scale (1: off).
+            guidance_interval: ``(lo, hi)`` applies guidance only on the steps whose model
                 timestep t has ``lo < t < hi``; the other steps run the conditional rows alone.
+            flow_shift: this call's flow shift of the sigma schedule.
             state: for a state-conditioned head (``history_length`` S > 0): ``[B, S, D]`` float
                 robot state rows in the action representation and units (``D =
                 raw_action_dim``), normalised here like the actions and fed as clean leading
                 action rows; the returned chunks are the H predicted rows only.
-            action_noise / video_noise: ``[B, H, 64]`` / ``[B, 48, T, h, w]`` float noise that
-                replaces the seeded draw (RL replay, parity tests).
+            action_noise: ``[B, H, 64]`` float noise that replaces the seeded draw of the
+                action tokens (RL replay, parity tests).
+            video_noise: ``[B, 48, T, h, w]`` float noise that replaces the seeded draw of the
+                predicted video's latents.
             progress: show the denoising progress bar (rank 0 only).
             return_video: also decode the predicted future frames (``out.video``): True for
                 every item, or one bool per item (e.g. only the envs that record a video; the
@@ -336,9 +340,9 @@ class Cosmos3ActionPipeline:
             sampler: ``"flow_unipc"`` (default, deterministic given the noise), or for RL
                 ``"flow_sde"`` / ``"flow_cps"``: Gaussian action steps with a log-probability
                 (:mod:`cosmos3_gym.pipeline.sde`; ``out.stochastic`` records them).
-            noise_level / sde_steps: the stochastic steps' noise level and which steps are
-                stochastic (``"random"``: one per chunk, from the item's seed; ``"all"``; or
-                step indices).
+            noise_level: the stochastic steps' noise level.
+            sde_steps: which steps are stochastic (``"random"``: one per chunk, from the item's
+                seed; ``"all"``; or step indices).
             executed_actions: how many leading actions of a chunk the env executes: the rows
                 the log-probability sums over (default: all H).
         """

@@ -1,30 +1,12 @@
 """FlowUniPC: the multistep sampler Cosmos3 (and Wan) use for flow-matching inference.
 
-This is the official cosmos-framework sampler (``FlowUniPCMultistepScheduler`` with
-``solver_order=2``, ``solver_type="bh2"``, ``predict_x0=True``, ``lower_order_final=True``,
-``final_sigmas_type="zero"``), written so that a batched policy can use it on the hot path:
+The official cosmos-framework sampler (``FlowUniPCMultistepScheduler``, ``solver_order=2``,
+``solver_type="bh2"``, ``predict_x0=True``) on the official sigma grid, written for a batched
+hot path: every coefficient a Python float computed once, an explicit step index, element-wise
+updates (a batch gets what each item gets alone). The model predicts ``v ≈ ε − x0``.
 
-* The sigma grid is the official one: ``σ = linspace(σ_max, 0, N+1)[:-1]`` with
-  ``σ_max = float32(0.999)`` (the last training sigma), shifted by ``σ ← s·σ / (1 + (s−1)·σ)``,
-  followed by a final ``σ = 0``. Model timesteps are ``int64(σ·1000)`` (truncated).
-* Every coefficient of every step is a Python float computed once in ``__init__`` (in float64,
-  from the float32 sigmas the official scheduler stores), so ``step`` never synchronises with
-  the device and builds no small tensors.
-* The update is element-wise with scalar coefficients, so a batch of B items gets, item by item,
-  exactly what each item would get alone, and the joint ``[vision | action]`` state can be stepped
-  as one tensor or as several tensors sharing one schedule (pass tuples to :meth:`step`).
-
-Where we deliberately differ from the official code (results are the same in normal use):
-
-* We index steps explicitly (``step(v, i, x)``). The official scheduler finds its first step by
-  looking up the timestep value and, when that integer value occurs twice (possible for very
-  large ``N`` with a strong shift), starts at the *second* occurrence. Explicit indexing never
-  skips a sigma.
-* The official coefficients are evaluated in float32 torch scalars; ours in float64. The
-  difference is at float32 rounding level (measured against diffusers in the tests).
-
-The model is expected to predict the flow velocity ``v ≈ ε − x0`` ("flow_prediction"), so the
-data estimate at noise level σ is ``x0 = x_σ − σ·v``.
+Its differences from the official code (explicit indexing, float64 coefficients): docs/pipeline.md,
+"The sampler: FlowUniPC".
 """
 
 from __future__ import annotations

@@ -1,69 +1,11 @@
 """Stochastic action steps for RL: Flow-SDE and Flow-CPS inside FlowUniPC, with log-probabilities.
 
-FlowUniPC is deterministic given its initial noise, so a chunk it samples has no density and
-PPO/GRPO have nothing to take a ratio of. The cure used by πRL (RLinf's ``flow_sde``),
-Flow-GRPO and DPPO/ReinFlow is to turn a few denoising steps into Gaussian transitions
-``x_next ~ N(mean(x, v), std²)``; the log-probability of a chunk is then the sum of those
-transitions' log-densities, and it can be recomputed, with gradients, under new weights.
+A few denoising steps of the action tokens become Gaussian transitions (πRL's / RLinf's
+``flow_sde``, Flow-GRPO; RLinf's ``flow_cps``), so every chunk has a log-probability;
+:class:`StochasticRecord` keeps what scoring it needs, and :func:`chunk_log_prob` recomputes it
+with gradients under new weights. The deterministic sampler is untouched.
 
-Derivation in our conventions. The state at noise level ``σ`` is ``x_σ = (1−σ)·x0 + σ·ε``, the
-model predicts ``v ≈ ε − x0``, so
-
-    x0̂ = x − σ·v,        ε̂ = x + (1−σ)·v        (and x = (1−σ)·x0̂ + σ·ε̂).
-
-Sigmas run ``σ_0 = 0.999 > σ_1 > ... > σ_N = 0`` (the checkpoint's shift applied); step ``i``
-goes from ``σ = σ_i`` to ``σ' = σ_{i+1}``, ``Δ = σ − σ' > 0``. The probability-flow ODE is
-``dx/dσ = v``. With ``τ = 1 − σ`` running forwards, ``dx = −v dτ``, and for any ``g`` the SDE
-``dx = [−v + ½g²·∇log p_σ(x)] dτ + g dW`` has the same marginals (the drift correction cancels
-the diffusion in the Fokker-Planck equation). For the flow path ``∇log p_σ(x) = −E[ε | x]/σ ≈
-−ε̂/σ``. One Euler-Maruyama step of length ``Δ``:
-
-    x' = x − Δ·v − (g²Δ / 2σ)·ε̂ + g·√Δ·z
-       = (1−σ')·x0̂ + (σ' − g²Δ/(2σ))·ε̂ + g·√Δ·z,        z ~ N(0, I),
-
-since ``x − Δ·v = (1−σ')·x0̂ + σ'·ε̂``. The diffusion scale is πRL's and Flow-GRPO's
-``g = a·√(σ / (1−σ))`` with noise level ``a`` (default 0.5), which grows as ``σ → 1``. Our grid
-starts at ``σ_0 = 0.999``, where ``1−σ = 0.001`` would give ``g ≈ 31.6·a`` (a step that throws
-the sample far off the data path); like RLinf, whose grid starts at exactly 1 and divides by the
-next grid point's ``1−σ`` there, step 0 uses ``1 − σ_1``. So
-
-    flow_sde:  mean = (1−σ')·x0̂ + (σ' − g²Δ/(2σ))·ε̂,   std = g·√Δ,
-               g = a·√(σ / (1 − σ))  (step 0: a·√(σ / (1 − σ_1))).
-
-**Flow-CPS** (coefficients-preserving, RLinf's ``flow_cps``) keeps the step on the interpolation
-path: the noise part ``σ'·ε̂`` is rotated towards fresh noise by the angle ``θ = π·a/2``:
-
-    flow_cps:  mean = (1−σ')·x0̂ + σ'·cos θ·ε̂,   std = σ'·sin θ.
-
-Its last step (``σ' = 0``) has no noise, so flow_cps never draws it.
-
-Which steps. By default one step per chunk, drawn uniformly (flow_sde: any of the N; flow_cps:
-the first N−1) from the item's seed, as RLinf does; the others stay FlowUniPC. ``sde_steps``
-may instead name the steps (a window, e.g. ``(2, 3)``) or be ``"all"``. A stochastic step hands
-its sample to a fresh FlowUniPC run starting at the next step (first order, no history:
-:class:`~cosmos3_gym.pipeline.scheduler.FlowUniPCScheduler` with ``first_step``), because
-UniPC's corrector would otherwise rebuild the next sample from the pre-step state and erase the
-noise. Only the action tokens are stochastic: the predicted-video tokens always take the
-FlowUniPC step (deterministic given the state). The step choice and the noise ``z`` come from
-the item's seed (``numpy.random.default_rng([seed, tag])``), so a chunk is reproducible from
-its record. Padding channels carry no noise and stay zero.
-
-Log-probabilities. ``log π(x' | x) = Σ [−½((x' − mean)/std)² − log std − ½ log 2π]`` in fp32,
-summed over the stochastic steps, over the executed actions (the first ``executed_actions``
-rows of the chunk: what the env receives, ``n_action_steps``) and the real action channels
-(``raw_action_dim`` of the 64); both masks are recorded.
-
-What a chunk records, and why (:class:`StochasticRecord`). The transition density conditions on
-the whole model input at that step: the action state ``x`` *and* the predicted-video state,
-which is itself the product of earlier steps (and of earlier stochastic ones). Recomputing it
-under new weights would re-run a different deterministic trajectory, not score the one sampled;
-so the record keeps, per stochastic step, the video latent fed to the model (``[48, T, h, w]``
-fp32: 6 KB for the tiny ColorReach head, about 490 KB for LIBERO's 256x512 canvas with
-``T = 5``, per stochastic step and chunk), the action latents before and after (``[H, 64]``
-each), the step index, its sigmas and its model timestep. With those, the prompt and the image
-size (which fixes the caption's canvas), :func:`chunk_log_prob` recomputes the log-probability
-with one GEN forward per stochastic step and gradients, equal to the recorded value while the
-weights are unchanged.
+Design (the step derived in the sampler's conventions): docs/rl.md, "Design: the stochastic step".
 """
 
 from __future__ import annotations
@@ -93,7 +35,7 @@ class StochasticSampling:
     ('random', (2, 3))
     """
 
-    # "flow_sde" (πRL / Flow-GRPO) or "flow_cps" (coefficients-preserving); see the module notes.
+    # "flow_sde" (πRL / Flow-GRPO) or "flow_cps" (coefficients-preserving); docs/rl.md.
     sampler: str = "flow_sde"
     # a: flow_sde's g = a·√(σ/(1−σ)); flow_cps's angle π·a/2. RLinf's default.
     noise_level: float = 0.5

@@ -2,28 +2,11 @@
 
 The model and the pipeline know nothing of benchmarks. An adapter turns a Gymnasium vector
 observation into the uint8 images the pipeline takes, a task string into the prompt the
-checkpoint was trained on, and the pipeline's raw actions into the actions the env takes.
+checkpoint was trained on, and the pipeline's raw actions into the actions the env takes
+(:class:`Adapter`: three hooks, and ``state`` for state-conditioned heads); :data:`ADAPTERS`
+names the built-in ones.
 
-Writing one for your own benchmark takes a few lines; subclass :class:`Adapter` and override what
-differs from the identity::
-
-    >>> import numpy as np
-    >>> from cosmos3_gym.policy import Adapter
-    >>> class MyArmAdapter(Adapter):
-    ...     name = "my_arm"
-    ...     def images(self, obs):                  # dict obs -> uint8 [B, H, W, C]
-    ...         return obs["front_rgb"]
-    ...     def prompt(self, task):                 # what the checkpoint was trained on
-    ...         return f"The robot arm must {task}."
-    ...     def actions(self, raw):                 # [B, H, D] -> [B, H, D_env]
-    ...         return np.clip(raw[..., :7], -1.0, 1.0)
-    >>> MyArmAdapter().prompt("stack the blocks")
-    'The robot arm must stack the blocks.'
-
-Pass the instance as ``VectorPolicy(pipeline, adapter=MyArmAdapter())``. The policy checks what
-an adapter returns (dtype, rank, batch size) and names the adapter in its errors. A fourth hook,
-``state(obs)``, reads the robot state for heads conditioned on it (``history_length`` > 0): as
-``[B, S, D]`` rows in the head's action representation, the current state last.
+The built-in adapters and how to write one: docs/your_own_env.md, "Adapters".
 """
 
 from __future__ import annotations
@@ -41,6 +24,25 @@ from cosmos3_gym.policy.rotations import rot6d_to_axis_angle
 
 class Adapter:
     """The identity adapter and the base to subclass: three data-to-data methods.
+
+    Override what differs from the identity::
+
+        >>> import numpy as np
+        >>> class MyArmAdapter(Adapter):
+        ...     name = "my_arm"
+        ...     def images(self, obs):                  # dict obs -> uint8 [B, H, W, C]
+        ...         return obs["front_rgb"]
+        ...     def prompt(self, task):                 # what the checkpoint was trained on
+        ...         return f"The robot arm must {task}."
+        ...     def actions(self, raw):                 # [B, H, D] -> [B, H, D_env]
+        ...         return np.clip(raw[..., :7], -1.0, 1.0)
+        >>> MyArmAdapter().prompt("stack the blocks")
+        'The robot arm must stack the blocks.'
+
+    Pass the instance as ``VectorPolicy(pipeline, adapter=MyArmAdapter())``. The policy checks
+    what an adapter returns (dtype, rank, batch size) and names the adapter in its errors.
+    :meth:`state` reads the robot state for heads conditioned on it (``history_length`` > 0): as
+    ``[B, S, D]`` rows in the head's action representation, the current state last.
 
     Attributes:
         name: how errors and records name this adapter.

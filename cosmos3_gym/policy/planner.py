@@ -130,11 +130,6 @@ class ChunkRecord:
         actions: float32 ``[N, H, D_env]``, the env-space actions after the adapter.
         fresh_noise: whether each chunk's noise came fresh from the ``per_chunk`` seed rule
             (False under ``fixed``, or where seeds or action noise were passed in).
-
-    Replaying row ``k`` (same observation, prompt and sampler settings) takes both noises:
-    ``action_noise=record.action_noise[k:k+1]`` and ``seed=[record.seeds[k]]`` for the video
-    noise; :meth:`VectorPolicy.predict_action_chunk` takes the whole record's as ``action_noise``
-    and ``seeds``.
         video: per row, the pipeline's decoded future clip (uint8 ``[H + 1, h, w, 3]``; frame 0
             is the observation as decoded, frame k follows action k) where the plan asked for
             it, else None; None when no row asked.
@@ -144,6 +139,11 @@ class ChunkRecord:
         state: float32 ``[N, S, D]``, the robot state rows a state-conditioned head was given
             (as the adapter read them, before normalisation), else None. Replaying a row needs
             them too: ``state=record.state[k:k+1]``.
+
+    Replaying row ``k`` (same observation, prompt and sampler settings) takes both noises:
+    ``action_noise=record.action_noise[k:k+1]`` and ``seed=[record.seeds[k]]`` for the video
+    noise; :meth:`VectorPolicy.predict_action_chunk` takes the whole record's as ``action_noise``
+    and ``seeds``.
     """
 
     env_indices: np.ndarray

@@ -1,27 +1,11 @@
 """VectorPolicy: a batched Cosmos3 action pipeline behind LeRobot's policy surface, per env.
 
-How the queues follow autoreset. Each env owns a queue of env-space actions and two counters,
-its episode index and the index of the next chunk within that episode. ``select_action`` pops one
-action per env and replans, in one batched pipeline call, only the envs whose queue is empty,
-refilling each with the first ``n_action_steps`` of its new chunk. An episode end clears that
-env's queue and nothing else. What happens next depends on ``envs.metadata["autoreset_mode"]``,
-which the wrapper returned by :meth:`VectorPolicy.attach` reads while it watches ``step`` and
-``reset``: under ``SAME_STEP`` the observation returned with the done is already the new
-episode's, so the env starts its new episode at once (prompt re-read, replan from that obs);
-under ``NEXT_STEP`` the observation returned with the done is the old episode's final one and the
-env will ignore the next action while it resets, so the env is marked *stale*: the next
-``select_action`` plans nothing for it and returns a zero placeholder, and the step after that
-(the reset step) begins its new episode, so planning resumes from the reset observation; under
-``DISABLED`` the env is stale until the caller resets it (``envs.reset(options={"reset_mask":
-...})`` through the wrapper, or ``policy.reset(mask)``). An action is therefore never drawn from
-a chunk planned in an earlier episode, and no chunk is planned from a final observation. Noise
-seeds derive from ``(seed, env index, episode index, chunk index)`` alone, so an env's chunks do
-not depend on which other envs replan in the same call, nor on the batch size.
+Each env has its own prompt, action queue and episode and chunk counters; ``select_action``
+replans only the envs whose queue is empty, in one pipeline call, and an episode end clears that
+env's queue only, as the vector env's autoreset mode says. Chunks are planned by
+:class:`~cosmos3_gym.policy.ChunkPlanner`, queued in :class:`~cosmos3_gym.policy.ActionQueues`.
 
-What lives where: chunks are planned by :class:`~cosmos3_gym.policy.ChunkPlanner` (adapter,
-pipeline call, output checks), the queues are :class:`~cosmos3_gym.policy.ActionQueues`, and
-observation helpers are in :mod:`~cosmos3_gym.policy.observations`. This module keeps the
-policy's surface, its per-env episode counters, and :class:`PolicyFeed`.
+Design (the queues under each autoreset mode, the seeds): docs/design.md, "The policy".
 """
 
 from __future__ import annotations
@@ -124,9 +108,8 @@ class VectorPolicy:
       ``last_action_sources``: per env, the :class:`ActionSource` (chunk record, row, step) of
       the action the last ``select_action`` returned (``None`` for a placeholder).
 
-    Chunks are planned by a :class:`~cosmos3_gym.policy.ChunkPlanner` (:attr:`planner`) whose
-    seed rule follows ``(seed, env, episode, chunk)``; the policy keeps the per-env counters and
-    queues around it.
+    Each chunk's noise seed follows ``(seed, env, episode, chunk)`` alone, so a batch returns
+    what its envs' single requests return (docs/design.md, "The policy").
 
     Example (any callable with the pipeline's signature works; production passes a
     ``Cosmos3ActionPipeline``):
@@ -313,7 +296,7 @@ class VectorPolicy:
         """One action per env, float32 ``[B, D_env]``, from per-env queues.
 
         Only envs whose queue is empty are replanned, all in one pipeline call. An env whose
-        observation is a stale final one (see the module notes), or whose episode was ended
+        observation is a stale final one (docs/design.md, "The policy"), or whose episode was ended
         with :meth:`end_episodes`, gets a zero placeholder and is not planned for. ``video``
         (one bool per env) asks the chunks planned for those envs to decode their predicted
         future too (``last_chunk_record.video``); no action changes.
@@ -585,7 +568,7 @@ class PolicyFeed(ForwardingVectorWrapper):
     (or ``"task"`` where the envs have no ``task_description``) whenever envs reset, and, for an
     env that autoresets, when its new episode begins: at the done step under ``SAME_STEP``, at
     the reset step after it under ``NEXT_STEP``; prompts given to ``attach(envs, prompts)`` are
-    used instead, and nothing is read. See the module notes for the queue rules. The done flags
+    used instead, and nothing is read. The queue rules: docs/design.md, "The policy". The done flags
     may be numpy arrays or torch tensors (GPU simulators return them on their device).
     """
 

@@ -12,7 +12,7 @@ Evaluations and rollouts write into a folder that is somebody's result, so both 
 - **Identity.** :meth:`RunFolder.bind` compares the run's identity (the settings that decide
   which episodes the folder holds) with the one stored, under the lock. It is written atomically
   before the first record; once the folder holds a record a different identity is refused
-  (:class:`FileExistsError` listing the differences). The identity holds no path of the folder
+  (:class:`RunMismatch` listing the differences). The identity holds no path of the folder
   itself, so a moved or copied folder resumes.
 - **Left-overs.** Temporary files that a killed single-process run left behind are removed when
   the folder is opened (failed writes remove their own: :mod:`cosmos3_gym.jsonio`).

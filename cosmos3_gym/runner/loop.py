@@ -2,43 +2,11 @@
 
 Evaluations, rollouts on disk, on-policy batches, GRPO's held-out success and the overlap
 benchmark are thin layers over :class:`EpisodeRunner`; they differ in their schedule (which
-episodes, how long), their seed rule (in the policy) and what they keep (a
-:class:`RunObserver`).
+episodes, how long), their seed rule (in the policy) and what they keep (a :class:`RunObserver`).
+The runner gives free slots their next episodes at once, checks every action before it is sent,
+charges an env fault to the episodes whose own env faulted, and can overlap two env groups.
 
-Slots. The vector env's sub-envs are slots. A free slot is given its schedule's next episode at
-once and reset alone (a masked ``reset``), so episodes of any tasks mix in one batch and no slot
-waits for the others. Autoreset is disabled and each sub-env's
-:class:`~cosmos3_gym.envs.EpisodeEndHold` is armed: a sub-env whose episode has ended stands
-still (no simulator step) until it is given its next one.
-
-Policy. Actions come from the :class:`~cosmos3_gym.policy.VectorPolicy`'s public surface:
-``select_action(obs, prompts)`` pops one action per slot from its queue and replans, in one
-pipeline call, the slots whose queue is empty; ``reset(mask, episode_ids=...)`` starts a slot's
-episode (the run-wide id is the seed rule's episode coordinate where the layer's rule reads it);
-``end_episodes(mask)`` takes a finished or idle slot out of planning. Each planned chunk row gets
-a run-wide chunk id (from ``first_chunk_id``, so a resumed run continues its numbering) and every
-executed action says which chunk it came from.
-
-Actions. Every action is checked before it is sent: a non-finite one ends its episode as a failure
-(``invalid_action``) and is never sent; one outside the action space's bounds is counted
-(``out_of_range_steps``, ``max_action_excess``) and then sent unchanged (``out_of_range=
-"report"``, the env applies its own handling) or ends the episode as a failure (``"fail"``).
-Nothing is clipped here.
-
-Faults. A sub-env that raises, dies or hangs (:mod:`cosmos3_gym.runner.envs`) has its group's
-vector env rebuilt. With ``faults="restart"`` (evaluations) every episode in flight there is
-re-run from its start (same seed and reset options, so the same episode); only the episodes whose
-own env faulted are charged a restart, and one charged more than ``max_episode_restarts`` times is
-recorded as a failure with its ``error``. With ``faults="cut"`` (step-budget runs) the episodes in
-flight end there, unfinished. More than ``max_consecutive_faults`` faults with no episode ending
-in between abort the run.
-
-Overlap. With ``overlap=True`` the slots form two groups, each its own vector env and its own
-policy (a clone, seeded as the slots' global indices): while one group executes its actions (in
-a helper thread, its sub-envs in their worker processes), the other group's chunks are planned.
-A group executes until it needs the main thread (a queue ran empty, an episode ended, its step
-budget is spent). The groups take turns in a fixed order, so a run is the same every time; an
-evaluation's episodes, each a function of its own seeds, are the same with or without overlap.
+Design (slots, actions, faults, overlap): docs/design.md, "The episode runner".
 """
 
 from __future__ import annotations
@@ -83,7 +51,7 @@ class RunnerOptions:
     max_consecutive_faults: int = 5
     # Actions outside the action space: "report" (count them, send them) or "fail".
     out_of_range: str = "report"
-    # Episodes in flight when their env faults: "restart" them or "cut" them (see the module).
+    # Episodes in flight when their env faults: "restart" them or "cut" them (docs/design.md).
     faults: str = "restart"
     # Two env groups taking turns: one executes while the other's chunks are planned.
     overlap: bool = False
@@ -706,7 +674,7 @@ class EpisodeRunner:
         })
 
     def _fault(self, group: _Group, fault: EnvFault) -> None:
-        """Rebuild the group's envs; restart or cut its episodes in flight (module notes)."""
+        """Rebuild the group's envs; restart or cut its episodes in flight (docs/design.md)."""
         self._count_fault(fault)
         in_flight = [(group.offset + i, s.spec) for i, s in enumerate(group.slots)
                      if s.spec is not None]

@@ -1,49 +1,11 @@
 """RL rollouts on disk: the episode runner's steps in ``.npz`` shards, resumable from any kill.
 
-Format, ``SCHEMA_VERSION`` 3 (:func:`load_rollouts` reads 1, 2 and 3). In ``OUT/``:
+:func:`collect_rollouts` writes a folder (``rollout.json``, the identity, before the first step;
+``shard-{k:05d}.npz`` atomically; ``meta.json`` last) and resumes it after a kill as a new part
+whose chunk, episode and group ids continue the run's; :func:`load_rollouts` and
+:func:`iter_rollout_shards` read it (schema ``SCHEMA_VERSION`` 3, and 1 and 2).
 
-- ``rollout.json``: the run's identity (written before the first step; it names no path, so a
-  moved or copied folder resumes) and its ``parts`` (one per session: steps, noise seed, first
-  shard).
-- ``shard-{k:05d}.npz``, each ``T`` vector steps (time-major, ``B`` envs), written atomically:
-
-  - ``obs`` (array obs) or ``obs.{key}`` (dict obs): the observation each action was chosen
-    from, ``[T, B, ...]``, images as uint8, exactly as the env returned it;
-  - ``prompts``: unicode ``[T, B]``, each env's task string at that step;
-  - ``actions``: float32 ``[T, B, D_env]`` sent to the env; ``raw_actions``: float32
-    ``[T, B, D_raw]``, the pipeline's action behind it (before the adapter);
-  - ``rewards`` float32, ``terminations`` / ``truncations`` / ``valid`` bool, ``[T, B]``
-    (``valid`` is False where a slot's action was not sent: refused by the action check);
-  - ``chunk_ids`` / ``episode_ids``: int64 ``[T, B]``, the run-wide chunk the action came from
-    (-1 if none) and the run-wide episode; ``step_first``: the run-wide step of row 0;
-  - chunk arrays, one row per chunk whose first action was executed during the shard's steps,
-    from run-wide chunk ``chunk_first``: ``chunk_env``, ``chunk_episode`` (run-wide episode),
-    ``chunk_index`` (within its episode), ``chunk_seed`` (the seed of its video and action
-    noise), ``chunk_noise`` float32 ``[N, H, 64]`` (the initial action noise; with the seed,
-    enough to replay it), ``chunk_raw_actions``, ``chunk_actions``, ``chunk_prompts`` (the
-    pipeline's prompts), for a state-conditioned head ``chunk_state`` float32 ``[N, S, D]``
-    (the clean leading rows it was given); with a stochastic sampler also ``chunk_log_prob``
-    float32 ``[N]`` and the stochastic steps ``chunk_sde_*``
-    (:class:`~cosmos3_gym.pipeline.sde.StochasticRecord`);
-  - the episode table ``episode_*`` (id, env slot, GRPO group, task, trial, seed, init state,
-    first step, length, return, success, finished) of every episode the shard's steps touched,
-    as it stands at the shard's end: an episode's last row is the one a loader keeps, so the
-    finished episodes of a run cut short are all recorded, and the ones it cut say so;
-  - in the last shard of each part: ``last_obs`` (``[B, ...]`` or ``last_obs.{key}``), the
-    observation after the final step.
-- ``meta.json``, written last: ``schema_version``, ``num_envs``, ``num_steps``, the shards, the
-  parts, the ``provenance`` (checkpoint and weights hash, domain, action statistics, sampler
-  settings, seed, env / suite / tasks, package versions) and, for a stochastic sampler, the
-  ``sde_settings`` and ``weights`` that :func:`~cosmos3_gym.runner.stochastic_record` needs to
-  recompute every chunk's log-probability from the folder alone.
-
-Every episode is started by the run (:class:`~cosmos3_gym.runner.TaskRotation`: the run's tasks
-in turn, LIBERO's init states by trial). Resume: the folder is locked for the run
-(:class:`~cosmos3_gym.runner.RunFolder`); rerunning the same command after a kill at any point
-keeps every saved shard, removes what a cut write left, and collects the remaining steps as a
-new part with fresh episodes (a new noise root, the schedule's next tasks) whose chunk, episode
-and group ids continue the run's; a folder whose shards are all there but whose ``meta.json``
-is not is completed; a complete folder runs nothing; another run's folder is refused.
+The format, file by file and key by key, and what resume guarantees: docs/rl.md, "Rollouts on disk".
 """
 
 from __future__ import annotations
@@ -266,8 +228,8 @@ def collect_rollouts(
     session: dict[str, Any] | None = None,
 ) -> Path:
     """Roll ``policy`` (a :class:`~cosmos3_gym.policy.VectorPolicy`) in ``num_envs`` envs of
-    ``eval_env`` for ``num_steps`` vector steps into ``out_dir`` (the module notes: format,
-    resume). ``provenance`` goes into ``meta.json`` beside what the policy knows (sampler
+    ``eval_env`` for ``num_steps`` vector steps into ``out_dir`` (format and resume:
+    docs/rl.md). ``provenance`` goes into ``meta.json`` beside what the policy knows (sampler
     settings, weights hash, domain, action statistics) and the package versions. An env fault
     ends the episodes in flight unfinished; the run goes on in a rebuilt vector env.
     """
@@ -495,9 +457,10 @@ def policy_description(policy: Any, eval_env: Any) -> dict[str, Any]:
         "sampler_defaults": None if head is None else {
             "num_inference_steps": head.num_inference_steps, "flow_shift": head.flow_shift,
             "guidance_scale": head.guidance_scale},
+        # The env family and every setting it holds (EvalEnv.identity): two differently made
+        # envs never resume into each other's folder.
         "env": None if eval_env is None else {
-            "family": type(eval_env).__name__, "suite": eval_env.suite,
-            "tasks": list(eval_env.tasks), "episode_budget": eval_env.episode_budget()},
+            **eval_env.identity(), "episode_budget": eval_env.episode_budget()},
     }
 
 
