@@ -43,7 +43,7 @@ The recipe, end to end:
    covers: the sampler is unchanged). ``video_motion_weight`` weights the video loss up on the
    latent cells whose pixels the chunk changes (:func:`~cosmos3_gym.train.demos.motion_cells`).
    Measured with it (``pure_noise_video`` 0.3, video loss weight 1, 2400 steps): 2 layers lose
-   the policy (60-95% demo success); 4 layers keep it (100% right, 10-15% shuffled) and their
+   the policy (60-80% demo success); 4 layers keep it (100% right, 10-15% shuffled) and their
    predicted frames beat the observed frame copied by 2-4 dB and the env's frames 4 steps
    earlier, not yet those 4 steps later (on long full-speed moves the predicted agent fades),
    so the shipped checkpoint still predicts a still future.
