@@ -121,7 +121,7 @@ IMAGINED_MARGIN_DB = 1.0
     "the shipped checkpoint predicts a still future (video_target 'still'), measured on the "
     "demo's imagined run: predicted 21.0 dB at their own step, the observed frame copied 19.6; "
     "the env's frames 4 steps earlier 21.2 (predicted 20.8 there), 4 steps later 21.6 "
-    "(predicted 20.6 there). The independent-noise recipe (issue 37) is not shipped yet"))
+    "(predicted 20.6 there). The independent-noise recipe (train/trainer.py) is not shipped yet"))
 def test_the_demo_imagined_frames_predict_the_future(demo_imagined) -> None:
     """The predicted frames are the future the policy acts in: nearer the env's frame at their
     own step, by 1 dB, than the observed frame copied and than the env's frames 4 steps (one

@@ -1,4 +1,4 @@
-"""Training's noise levels for the future video and the actions (issue 37): one shared σ (the
+"""Training's noise levels for the future video and the actions: one shared σ (the
 shipped recipe, drawn exactly as before) or each its own, with a share of pure-noise video; and
 the video loss weighted towards the latent cells the chunk moves."""
 

@@ -35,8 +35,8 @@ The recipe, end to end:
    policy learns to read its actions off the noisy future frames, which the sampler does not
    have (there the future is its own guess); its one-step actions point the right way (cosine
    0.73-0.81 to the expert's) and its 8-step ones do not (-0.02 to 0.50), and success fell to
-   5-25% (against 95%) in every variant tried (see the closing note of issue 26). So the shipped
-   checkpoint predicts a still future. ``video_noise="independent"`` (issue 37) draws the future
+   5-25% (against 95%) in every variant tried. So the shipped checkpoint predicts a still
+   future. ``video_noise="independent"`` draws the future
    video's σ apart from the actions' (the same distribution; a share ``pure_noise_video`` of the
    samples at σ = 1, the video pure noise), so the action head learns to act beside a future in
    any state, the sampler's joint one included (it denoises both at one timestep, which this
