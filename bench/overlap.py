@@ -4,8 +4,10 @@ With one group of env slots the loop alternates: the policy plans while every en
 the envs step while the policy waits. With ``overlap`` (:class:`~cosmos3_gym.runner.RunnerOptions`)
 the slots form two groups that take turns: while one group executes its actions (its sub-envs
 in their worker processes), the other group's chunks are planned. :func:`measure_overlap` runs
-the same episodes both ways, checks that every episode is the same (its observation hash,
-steps and outcome), and reports the two throughputs. The gain is largest where an env's chunk
+the same episodes both ways and reports the two throughputs and whether every episode was the
+same (its observation hash, steps and outcome): a group plans half the slots per call, which
+moves the actions by float rounding, so ColorReach's episodes match and LIBERO's frames may not
+(docs/benchmarks.md, "Overlap"). The gain is largest where an env's chunk
 takes about as long as the model's call (LIBERO's software rendering on a GPU box: up to 2x).
 """
 
