@@ -162,12 +162,12 @@ def closed_loop(trials: int, num_envs: int, seed: int, steps: int | None, fp8_bf
     from cosmos3_gym.pipeline import InferenceOptions, SamplerConfig
     from cosmos3_gym.policy import VectorPolicy
     from cosmos3_gym.runner import (
+        EndedEpisodes,
         EpisodeList,
         EpisodeRunner,
-        EpisodeSpec,
         RunnerOptions,
-        RunObserver,
         episode_seed_rule,
+        episode_specs,
     )
 
     arms = {"fp32": (torch.float32, InferenceOptions()),
@@ -180,24 +180,17 @@ def closed_loop(trials: int, num_envs: int, seed: int, steps: int | None, fp8_bf
     result: dict[str, Any] = {"episodes": len(episodes), "arms": {},
                               "fp8_bf16_steps": fp8_bf16_steps}
 
-    class Outcomes(RunObserver):
-        def __init__(self, into: dict[tuple[str, int], bool]) -> None:
-            self.into = into
-
-        def episode_ended(self, ended: Any) -> None:
-            self.into[ended.spec.tag.key] = bool(ended.success)
-
     for name, (dtype, options) in arms.items():
         pipe = Cosmos3ActionPipeline.from_pretrained("tiny", device="cpu", dtype=dtype,
                                                      options=options)
         policy = VectorPolicy(pipe, sampling=SamplerConfig(num_inference_steps=steps),
                               seed_rule=episode_seed_rule(seed, episodes.__getitem__))
-        specs = (EpisodeSpec(id=k, seed=e.seed, reset_options=eval_env.reset_options(e),
-                             rule_episode=k, tag=e) for k, e in enumerate(episodes))
         start = time.perf_counter()
-        outcomes[name] = {}
-        EpisodeRunner(policy, lambda n: eval_env.make(n, False), EpisodeList(specs),
-                      RunnerOptions(num_envs=num_envs), Outcomes(outcomes[name])).run()
+        ended = EndedEpisodes()
+        EpisodeRunner(policy, lambda n: eval_env.make(n, False),
+                      EpisodeList(episode_specs(eval_env, episodes)),
+                      RunnerOptions(num_envs=num_envs), ended).run()
+        outcomes[name] = {r.spec.tag.key: bool(r.success) for r in ended.results.values()}
         wins = sum(outcomes[name].values())
         low, high = wilson_interval(wins, len(outcomes[name]))
         result["arms"][name] = {"successes": wins, "episodes": len(outcomes[name]),

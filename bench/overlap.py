@@ -43,12 +43,12 @@ def measure_overlap(
     from cosmos3_gym.envs import EVAL_ENVS, EvalEnv, make_eval_env
     from cosmos3_gym.policy import VectorPolicy, get_adapter
     from cosmos3_gym.runner import (
+        EndedEpisodes,
         EpisodeList,
         EpisodeRunner,
-        EpisodeSpec,
         RunnerOptions,
-        RunObserver,
         episode_seed_rule,
+        episode_specs,
     )
 
     if num_envs < 2:
@@ -57,29 +57,19 @@ def measure_overlap(
     eval_env = make_eval_env(env, suite=suite, tasks=tasks, image_size=image_size)
     episodes = eval_env.episodes(trials, seed)
 
-    def specs() -> list[EpisodeSpec]:
-        return [EpisodeSpec(id=k, seed=e.seed, reset_options=eval_env.reset_options(e),
-                            rule_episode=k, tag=e) for k, e in enumerate(episodes)]
-
-    class Outcomes(RunObserver):
-        def __init__(self) -> None:
-            self.seen: dict[int, tuple[str, int, bool]] = {}
-
-        def episode_ended(self, result: Any) -> None:
-            self.seen[result.spec.id] = (result.obs_sha256, result.steps, result.success)
-
     def run(overlap: bool) -> tuple[float, Any, dict[int, Any]]:
         policy = VectorPolicy(pipeline, adapter=get_adapter(adapter or eval_env.adapter),
                               sampling=sampling,
                               seed_rule=episode_seed_rule(seed, episodes.__getitem__))
-        outcomes = Outcomes()
+        ended = EndedEpisodes()
         runner = EpisodeRunner(policy, lambda n: eval_env.make(n, async_envs),
-                               EpisodeList(specs()),
+                               EpisodeList(episode_specs(eval_env, episodes)),
                                RunnerOptions(num_envs=num_envs, async_envs=async_envs,
-                                             overlap=overlap), outcomes)
+                                             overlap=overlap), ended)
         start = time.perf_counter()
         runner.run()
-        return time.perf_counter() - start, runner, outcomes.seen
+        seen = {k: (r.obs_sha256, r.steps, r.success) for k, r in ended.results.items()}
+        return time.perf_counter() - start, runner, seen
 
     run(False)  # warm-up: worker start, first render, first pipeline calls
     sequential_s, sequential, seen_sequential = run(False)

@@ -51,7 +51,7 @@ def evaluate_success(
     from cosmos3_gym.envs import make_color_reach_vector_env
     from cosmos3_gym.policy import VectorPolicy
     from cosmos3_gym.policy.planner import SeedRule, chunk_seed
-    from cosmos3_gym.runner import EpisodeList, EpisodeRunner, RunnerOptions, RunObserver
+    from cosmos3_gym.runner import EndedEpisodes, EpisodeList, EpisodeRunner, RunnerOptions
 
     if prompts not in ("right", "shuffled"):
         raise ValueError(f"prompts must be 'right' or 'shuffled', got {prompts!r}")
@@ -64,18 +64,16 @@ def evaluate_success(
         rule = SeedRule.fixed(seed)
     policy = VectorPolicy(pipe, adapter="generic", n_action_steps=n_action_steps, seed=seed,
                           seed_rule=rule, **policy_kwargs)
-    outcomes = np.zeros(episodes, bool)
-
-    class Outcomes(RunObserver):
-        def episode_ended(self, result: Any) -> None:
-            outcomes[result.spec.id] = result.success
-
+    ended = EndedEpisodes()
     runner = EpisodeRunner(
         policy,
         lambda n: make_color_reach_vector_env(n, autoreset_mode=AutoresetMode.DISABLED,
                                               **env_kwargs),
         EpisodeList(success_episodes(episodes, num_envs, seed, prompts, env_kwargs)),
-        RunnerOptions(num_envs=num_envs), Outcomes())
+        RunnerOptions(num_envs=num_envs), ended)
     runner.run()
+    outcomes = np.zeros(episodes, bool)
+    for k, result in ended.results.items():
+        outcomes[k] = result.success
     return {"episodes": episodes, "num_envs": num_envs, "seed": seed, "prompts": prompts,
             "success_rate": float(np.mean(outcomes)), "successes": int(np.sum(outcomes))}

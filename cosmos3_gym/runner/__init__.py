@@ -12,6 +12,7 @@
 from cosmos3_gym.runner.envs import EnvFault, GuardedEnvs
 from cosmos3_gym.runner.folder import FolderInUse, RunFolder, RunMismatch
 from cosmos3_gym.runner.loop import (
+    EndedEpisodes,
     EpisodeResult,
     EpisodeRunner,
     PlannedChunks,
@@ -35,9 +36,11 @@ from cosmos3_gym.runner.schedule import (
     Schedule,
     TaskRotation,
     episode_seed_rule,
+    episode_specs,
 )
 
 __all__ = [
+    "EndedEpisodes",
     "EnvFault",
     "EpisodeList",
     "EpisodeResult",
@@ -59,6 +62,7 @@ __all__ = [
     "collect_on_policy",
     "collect_rollouts",
     "episode_seed_rule",
+    "episode_specs",
     "hash_observation",
     "iter_rollout_shards",
     "load_rollouts",

@@ -226,6 +226,17 @@ class RunObserver:
         """An env fault was handled (the incident says what happened and to whom)."""
 
 
+class EndedEpisodes(RunObserver):
+    """Every episode's :class:`EpisodeResult`, by its spec's id (``results``): what a
+    measurement over the runner reads back once the run is over."""
+
+    def __init__(self) -> None:
+        self.results: dict[int, EpisodeResult] = {}
+
+    def episode_ended(self, result: EpisodeResult) -> None:
+        self.results[result.spec.id] = result
+
+
 def hash_observation(digest: Any, obs: Any, env: int, path: str = "obs") -> None:
     """Feed env ``env``'s slice of a vector observation to a ``hashlib`` digest: every array by
     sorted key path, with its dtype and shape, then its bytes."""

@@ -129,6 +129,14 @@ class TaskRotation:
         return spec
 
 
+def episode_specs(env: EvalEnv, episodes: Iterable[Episode]) -> list[EpisodeSpec]:
+    """A fixed episode set (``env.episodes(trials, seed)``) as the runner starts it: episode
+    ``k`` is spec ``k``, tagged with the episode, its chunks seeded as episode ``k``'s (pair with
+    :func:`episode_seed_rule` over the same set)."""
+    return [EpisodeSpec(id=k, seed=e.seed, reset_options=env.reset_options(e), rule_episode=k,
+                        tag=e) for k, e in enumerate(episodes)]
+
+
 def episode_seed_rule(global_seed: int, episode_of: Callable[[int], Episode],
                       fresh: bool = True) -> SeedRule:
     """The evaluation's seed rule: chunk ``c`` of the episode with run-wide id ``k`` gets
