@@ -217,10 +217,13 @@ def run_benchmark(
     domain: str | None = None,
     recipe: str | None = None,
     action_stats: str | None = None,
+    vae: str | None = None,
+    tokenizer: str | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark and return its JSON-ready result (see the module docstring).
 
-    ``domain``, ``recipe`` and ``action_stats`` say how the checkpoint's head is used
+    ``domain``, ``recipe``, ``action_stats``, ``vae`` and ``tokenizer`` say how the checkpoint
+    is loaded and its head used
     (:meth:`~cosmos3_gym.pipeline.Cosmos3ActionPipeline.from_pretrained`); every call samples
     as ``sampling`` says (default: the checkpoint's settings)."""
     import torch
@@ -233,8 +236,8 @@ def run_benchmark(
     precision, fp8 = resolve_precision(precision_name, dev)
     sampling = sampling or SamplerConfig()
     pipe = Cosmos3ActionPipeline.from_pretrained(
-        checkpoint, domain=domain, recipe=recipe, action_stats=action_stats, device=dev,
-        dtype=precision, options=InferenceOptions(fp8=fp8))
+        checkpoint, domain=domain, recipe=recipe, action_stats=action_stats, vae=vae,
+        tokenizer=tokenizer, device=dev, dtype=precision, options=InferenceOptions(fp8=fp8))
     horizon = pipe.action_horizon
     rng = np.random.default_rng(0)
     max_b = max(*batch_sizes, compare_batch)
@@ -292,10 +295,12 @@ def run_benchmark(
         options, _ = pipe.options.flip(option)  # off, with what needs it (graphs, kernels)
         if option in TRANSFORMER_OPTIONS:
             return Cosmos3ActionPipeline.from_pretrained(
-                checkpoint, device=dev, dtype=precision, policy=pipe.policy, options=options
+                checkpoint, device=dev, dtype=precision, policy=pipe.policy, options=options,
+                vae=vae, tokenizer=tokenizer,
             )
         return Cosmos3ActionPipeline(
-            pipe.transformer, pipe.vae, pipe.tokenizer, pipe.policy, options=options
+            pipe.transformer, pipe.vae, pipe.tokenizer, pipe.policy, options=options,
+            contract=pipe.contract, checkpoint=pipe.checkpoint
         )
 
     # Each optimisation switched off alone, paired with the pipeline as shipped: slowdown
@@ -456,7 +461,7 @@ def run(config: BenchConfig) -> dict[str, Any]:
         sampling=config.sampling, warmup=config.warmup, repeats=config.repeats,
         compare_batch=config.compare_batch, overlap_env=config.overlap_env,
         overlap_envs=config.overlap_num_envs, overlap_trials=config.overlap_trials,
-        domain=config.domain, recipe=config.recipe, action_stats=config.action_stats,
+        **config.checkpoint_options(),
     )
     out = Path(config.out)
     out.parent.mkdir(parents=True, exist_ok=True)

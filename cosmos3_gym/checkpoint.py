@@ -1,10 +1,12 @@
-"""The one place that knows a Cosmos3 checkpoint folder's layout (diffusers layout).
+"""How a Cosmos3 checkpoint's action head is used: :class:`PolicyConfig`, the embodiments
+(:data:`DOMAINS`), statistics, and where each setting comes from (:func:`resolve_policy`).
 
-A folder holds ``transformer/``, ``vae/``, ``text_tokenizer/`` (and ``model_index.json``,
-``scheduler/``), as diffusers' ``Cosmos3OmniPipeline.save_pretrained`` writes the published
-``nvidia/Cosmos3-*`` checkpoints, plus ``action_policy.json``: how a fine-tuned policy ships its
-head (:class:`PolicyConfig`). A folder without one loads with an embodiment of :data:`DOMAINS`
-named by argument. Where the sampler defaults come from: :func:`resolve_policy`.
+A checkpoint's on-disk formats are :mod:`cosmos3_gym.formats`' (diffusers folders, LeRobot
+policy folders, cosmos-framework exports). A diffusers folder holds ``transformer/``, ``vae/``,
+``text_tokenizer/`` (and ``model_index.json``, ``scheduler/``), plus ``action_policy.json``: how
+a fine-tuned policy ships its head. A folder without one loads with an embodiment of
+:data:`DOMAINS` or a recipe named by argument; a LeRobot folder declares its head in its
+``config.json``.
 
 The layout, the domains, statistics and tiny checkpoints: docs/checkpoints.md; the order of
 the sampler defaults: docs/recipes.md, "Where the sampler defaults come from".
@@ -79,8 +81,16 @@ DEFAULT_SOURCE = "PolicyConfig default"
 GIVEN_SOURCE = "PolicyConfig given"
 SCHEDULER_SOURCE = f"{SCHEDULER}/scheduler_config.json"
 
-NORMALIZATIONS = ("quantile", "quantile_rot", "meanstd", "minmax", "none")
+NORMALIZATIONS = ("quantile", "quantile_rot", "meanstd", "minmax", "quantile10", "none")
 VIEW_POINTS = ("concat_view", "ego_view", "third_person_view", None)
+# How a task becomes the caption (pipeline/prompt.py): cosmos-framework's JSON caption, or
+# LeRobot's plain-text one.
+CAPTION_FORMATS = ("json", "lerobot")
+# How the conditioning frame is resized (pipeline/preprocess.py): rounded back to uint8 as the
+# official transforms do, or kept in float as LeRobot's and diffusers' pipelines do.
+RESIZES = ("uint8", "float")
+# Which canvas table a tier's bins come from (pipeline/preprocess.py).
+CANVAS_BINS = ("cosmos-framework", "diffusers")
 
 
 @dataclass
@@ -126,6 +136,32 @@ class PolicyConfig:
     view_description: str | None = None
     max_sequence_length: int = 4096
     negative_prompt: str = ""
+    # The caption around the task (CAPTION_FORMATS): "json", the structured caption of
+    # cosmos-framework's format_prompt_as_json (the official LIBERO recipe); "lerobot", the
+    # plain-text caption LeRobot's Cosmos3 processor writes (task, view sentences, duration,
+    # resolution).
+    caption_format: str = "json"
+    # The two ids appended after the chat template: eos, then the start of generation
+    # (<|vision_start|>); None takes the tokenizer's own. LeRobot folders state both.
+    eos_token_id: int | None = None
+    vision_start_token_id: int | None = None
+    # How the conditioning frame is resized (RESIZES): "uint8" rounds the bicubic result back to
+    # uint8 as cosmos-framework's transforms do; "float" keeps it in float (LeRobot, diffusers).
+    resize: str = "uint8"
+    # The table of canvases per tier (CANVAS_BINS): cosmos-framework's (tier 480 has a 2:3 bin,
+    # and there is a 768 tier), or diffusers' _ACTION_RESOLUTION_BINS (what LeRobot reads).
+    canvas_bins: str = "cosmos-framework"
+    # The denoising scheduler: None runs the official FlowUniPC (pipeline/scheduler.py); a
+    # diffusers UniPCMultistepScheduler config (a LeRobot folder's scheduler_config) runs that
+    # scheduler, as LeRobot's Cosmos3 policy does.
+    scheduler_config: dict[str, Any] | None = None
+    # The model sees the gripper as 1 - g (LeRobot's invert_gripper): the sampled gripper is
+    # turned back before un-normalisation, and a state row's after its normalisation.
+    invert_gripper: bool = False
+    # State rows normalised with statistics of their own (LeRobot's observation.state) in this
+    # mode (NORMALIZATIONS); None: like the actions, with the action statistics.
+    state_normalization: str | None = None
+    state_stats: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # Where each sampler setting (SAMPLER_FIELDS) came from: "recipe NAME", "action_policy.json",
     # "scheduler/scheduler_config.json", "PolicyConfig default" or "PolicyConfig given"; filled
@@ -170,6 +206,23 @@ class PolicyConfig:
             self.history_length < 0
         ):
             raise ValueError(f"history_length must be an int >= 0, got {self.history_length!r}")
+        for name, allowed in (("caption_format", CAPTION_FORMATS), ("resize", RESIZES),
+                              ("canvas_bins", CANVAS_BINS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.state_normalization not in (None, *NORMALIZATIONS):
+            raise ValueError(f"state_normalization must be None or one of {NORMALIZATIONS}, got "
+                             f"{self.state_normalization!r}")
+        if self.state_stats is not None:
+            from cosmos3_gym.pipeline.normalization import ActionStats
+
+            ActionStats.from_dict(self.state_stats, source="state_stats")
+        if self.state_normalization not in (None, "none") and self.state_stats is None:
+            raise ValueError(f"state_normalization {self.state_normalization!r} needs "
+                             "state_stats (the state's own statistics)")
+        if self.scheduler_config is not None and not isinstance(self.scheduler_config, dict):
+            raise ValueError(f"scheduler_config must be a diffusers scheduler config (a dict) or "
+                             f"None, got {type(self.scheduler_config).__name__}")
 
     @property
     def sampler(self) -> dict[str, Any]:
@@ -184,8 +237,30 @@ class PolicyConfig:
             for name in SAMPLER_FIELDS
         }
 
+    @property
+    def recipe(self) -> str | None:
+        """The recipe (:mod:`cosmos3_gym.recipes`) the sampler settings come from, where they
+        all come from one."""
+        names = {source.removeprefix("recipe ") for source in self.sampler_sources.values()
+                 if source.startswith("recipe ")}
+        return names.pop() if len(names) == 1 else None
+
+    @property
+    def scheduler(self) -> dict[str, Any]:
+        """The denoising scheduler in force, for a run's record: ``flow_unipc`` (the official
+        FlowUniPC on cosmos-framework's sigmas) or ``diffusers_unipc`` with the config it is
+        built from, and where that came from.
+
+        >>> PolicyConfig().scheduler["name"]
+        'flow_unipc'
+        """
+        name = "flow_unipc" if self.scheduler_config is None else "diffusers_unipc"
+        return {"name": name, "config": self.scheduler_config,
+                "source": self.sampler_sources.get("scheduler", GIVEN_SOURCE)}
+
     def describe_sampler(self) -> str:
-        """One line naming the sampler settings and where each came from.
+        """One line naming the sampler settings and where each came from (the scheduler too
+        where it is not the official FlowUniPC).
 
         >>> PolicyConfig(guidance_scale=3.0, guidance_interval=(960, 1001)).describe_sampler()
         'sampler 30 steps, guidance 3 on timesteps (960, 1001), shift 5 (all: PolicyConfig given)'
@@ -196,6 +271,8 @@ class PolicyConfig:
             guidance += f" on timesteps ({lo:g}, {hi:g})"
         text = (f"sampler {self.num_inference_steps} steps, {guidance}, "
                 f"shift {self.flow_shift:g}")
+        if self.scheduler_config is not None:
+            text += ", diffusers UniPCMultistepScheduler"
         sources = {name: s["source"] for name, s in self.sampler.items()}
         if len(set(sources.values())) == 1:
             return f"{text} (all: {next(iter(sources.values()))})"
@@ -388,22 +465,11 @@ def _stats_widths(stats: dict[str, Any] | None) -> dict[str, int]:
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """``path`` as a checkpoint folder, or a name of a checkpoint shipped in the package."""
-    candidate = Path(path)
-    if candidate.is_dir():
-        return candidate
-    shipped = Path(__file__).parent / "checkpoints" / str(path)
-    if shipped.is_dir():
-        return shipped
-    hint = ""
-    if str(path) == "tiny":
-        hint = ("; the tiny checkpoint is not shipped with this install (expected "
-                "cosmos3_gym/checkpoints/tiny/): pass a checkpoint folder, e.g. one written by "
-                "cosmos3_gym.tiny.write_tiny_checkpoint")
-    raise FileNotFoundError(
-        f"no checkpoint folder at {str(path)!r} (and no shipped checkpoint of that name); "
-        f"expected a diffusers-layout folder with transformer/, vae/ and text_tokenizer/{hint}"
-    )
+    """``path`` as a checkpoint folder, or a name of a checkpoint shipped in the package
+    (:func:`cosmos3_gym.formats.resolve_checkpoint`)."""
+    from cosmos3_gym.formats import resolve_checkpoint as resolve
+
+    return resolve(path)
 
 
 def resolve_policy(
@@ -412,15 +478,18 @@ def resolve_policy(
     domain: str | None = None,
     *,
     recipe: str | None = None,
+    declared: PolicyConfig | None = None,
 ) -> PolicyConfig:
     """How the checkpoint at ``root`` is used, with the source of each sampler setting.
 
-    ``policy`` as given; else a ``recipe`` (:data:`~cosmos3_gym.recipes.RECIPES`; on a folder
-    with ``action_policy.json`` it replaces the settings it names and keeps the folder's
-    statistics); else the embodiment ``domain`` (:meth:`PolicyConfig.for_domain`); else the
-    folder's ``action_policy.json``. Sampler settings no recipe or ``action_policy.json`` states
-    come from the folder's scheduler config where it states them (:func:`read_scheduler_defaults`),
-    else from ``PolicyConfig``'s defaults; docs/recipes.md gives the whole order.
+    ``policy`` as given; else a ``recipe`` (:data:`~cosmos3_gym.recipes.RECIPES`; over the
+    folder's own policy where it has one, keeping its statistics); else the embodiment
+    ``domain`` (:meth:`PolicyConfig.for_domain`); else the policy the folder declares:
+    ``declared`` (what a LeRobot folder's ``config.json`` says, read by
+    :mod:`cosmos3_gym.formats`) or its ``action_policy.json``. Sampler settings no recipe or
+    folder policy states come from the folder's scheduler config where it states them
+    (:func:`read_scheduler_defaults`), else from ``PolicyConfig``'s defaults; docs/recipes.md
+    gives the whole order.
 
     Reads no weights, so a command can check its policy before it loads the model.
     """
@@ -436,6 +505,14 @@ def resolve_policy(
         return dataclasses.replace(policy, sampler_sources=sources)
     policy_file = root / POLICY_CONFIG
     folder = PolicyConfig.from_json_file(policy_file) if policy_file.exists() else None
+    if declared is not None:
+        if domain is not None and recipe is None:
+            raise ValueError(
+                f"{root} declares its own policy (domain {declared.domain_name!r}, config.json); "
+                f"--domain {domain} would not be used: leave it out (or name a recipe)")
+        if recipe is not None:
+            return _apply_recipe(get_recipe(recipe), None, declared, root / "config.json")
+        return declared
     if recipe is not None:
         return _apply_recipe(get_recipe(recipe), domain, folder, policy_file)
     if domain is not None:
@@ -449,10 +526,10 @@ def resolve_policy(
     else:
         raise FileNotFoundError(
             f"{root} has no {POLICY_CONFIG} saying how its action head is used (a diffusers "
-            "folder such as a published nvidia/Cosmos3-* checkpoint); choose the embodiment "
-            f"with domain=NAME (command line: --domain NAME), NAME one of {sorted(DOMAINS)} "
-            "('libero' gives the official LIBERO recipe), a recipe=NAME of "
-            f"{sorted(RECIPES)}, or pass policy=PolicyConfig(...)"
+            "folder such as a published nvidia/Cosmos3-* checkpoint, or a cosmos-framework "
+            "export); choose the embodiment with domain=NAME (command line: --domain NAME), NAME "
+            f"one of {sorted(DOMAINS)} ('libero' gives the official LIBERO recipe), a "
+            f"recipe=NAME of {sorted(RECIPES)}, or pass policy=PolicyConfig(...)"
         )
     scheduler, _ = read_scheduler_defaults(root)
     sources, changes = {}, {}
@@ -528,40 +605,76 @@ def check_action_stats(stats: dict[str, Any], policy: PolicyConfig, source: str)
 
 def checkpoint_policy(checkpoint: str | Path, domain: str | None = None,
                       action_stats: str | Path | None = None,
-                      recipe: str | None = None) -> PolicyConfig | None:
+                      recipe: str | None = None, *, vae: str | Path | None = None,
+                      tokenizer: str | Path | None = None) -> PolicyConfig | None:
     """A checkpoint's :class:`PolicyConfig` as a run would use it (:func:`resolve_policy` of
-    ``domain`` / ``recipe`` / its ``action_policy.json``; ``action_stats`` replacing its
+    ``domain`` / ``recipe`` / the policy its folder declares; ``action_stats`` replacing its
     statistics, checked against the head), read without loading any weights; ``None`` where
-    none of them says, or the folder is not found (loading reports that)."""
+    none of them says, or the folder is not found (loading reports that). A folder that is
+    found but broken (a partial download, a config that does not parse) raises."""
+    from cosmos3_gym.formats import read_checkpoint
+
     try:
-        policy = resolve_policy(resolve_checkpoint(checkpoint), domain=domain, recipe=recipe)
+        root = resolve_checkpoint(checkpoint)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    folder = read_checkpoint(root, vae=vae, tokenizer=tokenizer)
+    try:
+        policy = resolve_policy(root, domain=domain, recipe=recipe, declared=folder.policy)
     except FileNotFoundError:
         return None
     if action_stats is not None:
         stats = read_action_stats(action_stats)
         check_action_stats(stats, policy, f"action statistics {action_stats}")
         policy = dataclasses.replace(policy, stats=stats)
+    check_statistics_present(policy, folder.format, root)
     return policy
 
 
+def checkpoint_contract(checkpoint: str | Path, domain: str | None = None,
+                        recipe: str | None = None, *, vae: str | Path | None = None,
+                        tokenizer: str | Path | None = None) -> Any:
+    """The observation contract a checkpoint declares
+    (:func:`cosmos3_gym.formats.contract_of`), read without loading weights; None where it
+    declares none or is not found (loading reports that)."""
+    from cosmos3_gym.formats import contract_of, read_checkpoint
+
+    try:
+        root = resolve_checkpoint(checkpoint)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    folder = read_checkpoint(root, vae=vae, tokenizer=tokenizer)
+    try:
+        policy = resolve_policy(root, domain=domain, recipe=recipe, declared=folder.policy)
+    except FileNotFoundError:
+        return contract_of(folder, None)
+    return contract_of(folder, policy.domain_name)
+
+
+def check_statistics_present(policy: PolicyConfig, format_name: str, root: Path) -> None:
+    """Refuse a cosmos-framework export without statistics: it carries none, and its own server
+    then silently un-normalises with min-max defaults; here that is one error instead."""
+    if format_name == "cosmos-framework" and policy.normalization != "none" and (
+            policy.stats is None):
+        raise ValueError(
+            f"{root} is a cosmos-framework export, which carries no action statistics, and its "
+            f"{policy.domain_name!r} head un-normalises with {policy.normalization!r}: give "
+            "--action-stats FILE (for LIBERO: cosmos-framework's data/generator/action/"
+            "normalizer_stats/libero_native_frame_wise_relative_rot6d.json)")
+
+
 def check_layout(root: Path) -> None:
-    """Raise FileNotFoundError naming every required part the folder lacks."""
-    missing = [name for name in (TRANSFORMER, VAE, TEXT_TOKENIZER) if not (root / name).is_dir()]
-    if missing:
-        raise FileNotFoundError(f"checkpoint {root} lacks {missing} (diffusers layout expected)")
+    """Raise FileNotFoundError naming every required part the folder lacks (any format)."""
+    check_files(root)
 
 
-def check_files(root: Path) -> None:
+def check_files(root: Path, *, vae: str | Path | None = None,
+                tokenizer: str | Path | None = None) -> None:
     """Everything about a checkpoint folder that can be known without loading it, each fault
-    one error naming its file: the layout, the transformer's ``config.json`` (types, the keys
-    that fix its shape), the VAE's ``config.json``, and every weight file complete and in
-    safetensors (shards an index names inside the folder). A command calls it before it
-    writes anything, so a broken download fails in a second, not after a run folder is made."""
-    from cosmos3_gym.model.config import Cosmos3Config
-    from cosmos3_gym.model.weights import safetensors_files
+    one error naming its file (:func:`cosmos3_gym.formats.read_checkpoint`: the format, its
+    configs, every weight file complete and in safetensors, every tensor name known, nothing
+    read from outside the folder). A command calls it before it writes anything, so a broken
+    download fails in a second, not after a run folder is made."""
+    from cosmos3_gym.formats import read_checkpoint
 
-    check_layout(root)
-    Cosmos3Config.from_json_file(root / TRANSFORMER / "config.json")
-    read_json_object(root / VAE / "config.json", what="VAE config.json")
-    for part in (TRANSFORMER, VAE):
-        safetensors_files(root / part)
+    read_checkpoint(root, vae=vae, tokenizer=tokenizer)

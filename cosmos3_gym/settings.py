@@ -126,7 +126,8 @@ class ModelSettings:
     """Which model a command runs."""
 
     checkpoint: str | None = setting(
-        None, "the checkpoint: a folder in the diffusers layout, or a shipped name; default: "
+        None, "the checkpoint: a folder as downloaded (a diffusers folder, a LeRobot policy "
+        "folder or a cosmos-framework export; docs/checkpoints.md), or a shipped name; default: "
         "tiny", group="model")
     domain: str | None = setting(
         None, "the checkpoint's embodiment (cosmos3_gym.checkpoint.DOMAINS); for a folder without "
@@ -139,10 +140,24 @@ class ModelSettings:
         None, "action statistics JSON replacing the checkpoint's (cosmos-framework's global / "
         "global_raw blocks); without statistics the actions stay in the model's normalised space",
         group="model", metavar="FILE")
+    vae: str | None = setting(
+        None, "the VAE of a cosmos-framework export, which holds none: a diffusers "
+        "AutoencoderKLWan folder, or a Cosmos3 diffusers checkpoint whose vae/ is used",
+        group="model", metavar="PATH")
+    tokenizer: str | None = setting(
+        None, "the tokenizer folder of a LeRobot policy folder, instead of the one its config "
+        "names (text_processor_name_or_path)", group="model", metavar="PATH")
     synthetic: str | None = setting(
         None, "a published model shape with random weights instead of a checkpoint (nano, super, "
         "edge; tiny on a CPU); its timings are the real model's, its success rates meaningless",
         group="model", choices=SYNTHETIC_PRESETS)
+
+    def checkpoint_options(self) -> dict[str, Any]:
+        """What, beside the folder, says how the checkpoint is loaded and used: the keywords of
+        ``Cosmos3ActionPipeline.from_pretrained`` and ``checkpoint_policy`` these settings
+        give (one place, so every command passes the same ones)."""
+        return {"domain": self.domain, "recipe": self.recipe, "action_stats": self.action_stats,
+                "vae": self.vae, "tokenizer": self.tokenizer}
 
     def check_model_source(self) -> None:
         """``synthetic`` builds a model with random weights, so a checkpoint's settings do not
@@ -151,7 +166,8 @@ class ModelSettings:
         it when it is made."""
         if self.synthetic is not None:
             given = [f"--{name.replace('_', '-')}"
-                     for name in ("checkpoint", "domain", "recipe", "action_stats")
+                     for name in ("checkpoint", "domain", "recipe", "action_stats", "vae",
+                                  "tokenizer")
                      if getattr(self, name) is not None]
             if given:
                 raise ValueError(f"--synthetic {self.synthetic} builds a model with random "

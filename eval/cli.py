@@ -26,6 +26,9 @@ Examples:
     cosmos3-gym train --out runs/tiny                              # the shipped tiny checkpoint
     cosmos3-gym rl grpo --out runs/grpo                            # GRPO on ColorReach
     cosmos3-gym report runs/right runs/shuffled --out compare.png  # two runs in one plot
+    cosmos3-gym inspect /models/Cosmos3-Nano-Policy-LIBERO_10       # format, head, sampler
+    cosmos3-gym convert /models/export OUT --vae /models/Cosmos3-Nano \
+        --recipe nano-libero10-export --action-stats stats.json    # a diffusers folder
 """
 
 from __future__ import annotations
@@ -52,6 +55,10 @@ COMMAND_HELP = {
     "rl": "reinforcement learning fine-tuning: rl grpo (GRPO on ColorReach)",
     "report": "print a run's results table and redraw its plot (finished or partial runs; "
               "several runs side by side)",
+    "inspect": "what a checkpoint folder is and how it would run (any format), before any weight "
+               "loads",
+    "convert": "write a checkpoint of any format as a diffusers folder (+ action_policy.json and "
+               "its statistics)",
 }
 
 
@@ -259,6 +266,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     report.add_arguments(sub.add_parser("report", help=COMMAND_HELP["report"],
                                         description=COMMAND_HELP["report"]))
+    from cosmos3_gym.settings import ModelSettings
+
+    for name in ("inspect", "convert"):
+        p = sub.add_parser(name, help=COMMAND_HELP[name], description=COMMAND_HELP[name])
+        p.add_argument("path", metavar="PATH", help="the checkpoint folder (any format), or a "
+                                                     "shipped name")
+        if name == "convert":
+            p.add_argument("out", metavar="OUT", help="the diffusers folder to write (new)")
+        else:
+            p.add_argument("--json", action="store_true", help="print the rows as JSON")
+        add_settings(p, ModelSettings, exclude=("checkpoint", "synthetic"))
     return parser
 
 
@@ -403,6 +421,8 @@ def _run(args: argparse.Namespace, command: str) -> int:
         from cosmos3_gym.eval import report
 
         return report.run(args)
+    if command in ("inspect", "convert"):
+        return _checkpoint_command(args, command)
     config = command_settings(args, classes[command])
     if command == "eval":
         from cosmos3_gym.eval.evaluate import run_eval_command
@@ -431,6 +451,54 @@ def _run(args: argparse.Namespace, command: str) -> int:
     from cosmos3_gym.train.grpo import run_grpo
 
     run_grpo(config, progress=progress)
+    return 0
+
+
+def _checkpoint_command(args: argparse.Namespace, command: str) -> int:
+    """``inspect PATH`` and ``convert PATH OUT``: read the folder (no weights), resolve its
+    head as a run would, then describe it or write it as a diffusers folder."""
+    from cosmos3_gym.checkpoint import (
+        check_action_stats,
+        check_statistics_present,
+        read_action_stats,
+        resolve_policy,
+    )
+    from cosmos3_gym.formats import contract_of, read_checkpoint
+    from cosmos3_gym.settings import ModelSettings
+
+    model = settings_from(ModelSettings, given_settings(args, ModelSettings))
+    folder = read_checkpoint(args.path, vae=model.vae, tokenizer=model.tokenizer)
+    policy, why = None, None
+    try:
+        policy = resolve_policy(folder.root, domain=model.domain, recipe=model.recipe,
+                                declared=folder.policy)
+    except FileNotFoundError as err:
+        why = str(err)
+        if command == "convert":
+            raise
+    if policy is not None and model.action_stats is not None:
+        stats = read_action_stats(model.action_stats)
+        check_action_stats(stats, policy, f"action statistics {model.action_stats}")
+        policy = dataclasses.replace(policy, stats=stats)
+    contract = contract_of(folder, policy.domain_name if policy else None)
+    if command == "convert":
+        from cosmos3_gym.formats.convert import convert
+
+        check_statistics_present(policy, folder.format, folder.root)
+        out = convert(folder, policy, contract, args.out)
+        print(f"wrote {out}: a diffusers folder of the {folder.format} checkpoint {folder.root} "
+              f"({policy.domain_name} head, {policy.describe_sampler()}); run it with "
+              f"--checkpoint {out}")
+        return 0
+    from cosmos3_gym.formats.summary import describe, render
+
+    rows = describe(folder, policy, contract, why)
+    if args.json:
+        import json
+
+        print(json.dumps(dict(rows) | {"notes": [v for k, v in rows if k == "note"]}, indent=2))
+    else:
+        print(render(rows))
     return 0
 
 

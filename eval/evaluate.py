@@ -49,7 +49,7 @@ from cosmos3_gym.policy import (
     get_adapter,
     pipeline_action_head,
 )
-from cosmos3_gym.policy.adapters import with_action_map
+from cosmos3_gym.policy.adapters import adapter_for_contract, with_action_map
 from cosmos3_gym.progress import progress_bar
 from cosmos3_gym.runner import (
     EpisodeList,
@@ -304,7 +304,12 @@ class Evaluator:
 
             self.adapter: Adapter = synthetic_adapter(self.eval_env)
         else:
-            self.adapter = get_adapter(self.eval_env.adapter)
+            # The conventions the checkpoint declares (a LeRobot folder's, a LIBERO export's),
+            # else the env family's.
+            contract = getattr(pipeline, "contract", None) if pipeline is not None else (
+                self._declared_contract())
+            self.adapter = (adapter_for_contract(contract) if contract is not None
+                            else get_adapter(self.eval_env.adapter))
         if config.action_map is not None:
             self.adapter = with_action_map(self.adapter, config.action_map,
                                            self.eval_env.single_action_space())
@@ -340,7 +345,8 @@ class Evaluator:
         if self.pipeline is None and self.config.synthetic is None:
             from cosmos3_gym.checkpoint import check_files, resolve_checkpoint
 
-            check_files(resolve_checkpoint(self.config.checkpoint))
+            check_files(resolve_checkpoint(self.config.checkpoint), vae=self.config.vae,
+                        tokenizer=self.config.tokenizer)
         checked = self.check_action_fit()
         units_checked = self.check_action_units()
         device, dtype = self._device()  # a device that is not there fails here, before writing
@@ -427,6 +433,13 @@ class Evaluator:
             return {"precision": None, "dtype": None}
         return {"precision": precision_name(dtype, self._fp8()), "dtype": dtype_name(dtype)}
 
+    def _declared_contract(self) -> Any:
+        from cosmos3_gym.checkpoint import checkpoint_contract
+
+        cfg = self.config
+        return checkpoint_contract(cfg.checkpoint, cfg.domain, cfg.recipe, vae=cfg.vae,
+                                   tokenizer=cfg.tokenizer)
+
     def _load(self, device: Any, dtype: Any) -> Any:
         from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions
 
@@ -438,8 +451,8 @@ class Evaluator:
             return synthetic_pipeline(cfg.synthetic, device=device, dtype=dtype, options=options,
                                       eval_env=self.eval_env)
         return Cosmos3ActionPipeline.from_pretrained(
-            cfg.checkpoint, domain=cfg.domain, recipe=cfg.recipe, action_stats=cfg.action_stats,
-            device=device, dtype=dtype, options=options)
+            cfg.checkpoint, **cfg.checkpoint_options(), device=device, dtype=dtype,
+            options=options)
 
     def _runtime(self) -> dict[str, Any]:
         """Where and how this session's model ran, for throughput*.json and the summary."""
@@ -470,7 +483,7 @@ class Evaluator:
             from cosmos3_gym.synthetic import synthetic_policy
 
             return synthetic_policy(self.eval_env), f"--synthetic {cfg.synthetic}"
-        return (checkpoint_policy(cfg.checkpoint, cfg.domain, cfg.action_stats, cfg.recipe),
+        return (checkpoint_policy(cfg.checkpoint, **cfg.checkpoint_options()),
                 f"--checkpoint {cfg.checkpoint}")
 
     def check_action_fit(self) -> bool:

@@ -94,7 +94,7 @@ def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
     from cosmos3_gym.envs import make_eval_env
     from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions
     from cosmos3_gym.policy import VectorPolicy, get_adapter
-    from cosmos3_gym.policy.adapters import with_action_map
+    from cosmos3_gym.policy.adapters import adapter_for_contract, with_action_map
     from cosmos3_gym.runner import collect_rollouts
     from cosmos3_gym.synthetic import synthetic_adapter, synthetic_pipeline, view_size
 
@@ -105,7 +105,7 @@ def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
     if cfg.synthetic is None:
         from cosmos3_gym.checkpoint import check_files, resolve_checkpoint
 
-        check_files(resolve_checkpoint(cfg.checkpoint))
+        check_files(resolve_checkpoint(cfg.checkpoint), vae=cfg.vae, tokenizer=cfg.tokenizer)
     check_rollout_folder(out, command)
     image_size = view_size(cfg.env, cfg.synthetic, cfg.image_size)
     eval_env = make_eval_env(cfg.env, suite=cfg.suite, tasks=cfg.tasks,
@@ -120,9 +120,11 @@ def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
         adapter = synthetic_adapter(eval_env)
     else:
         pipeline = Cosmos3ActionPipeline.from_pretrained(
-            cfg.checkpoint, domain=cfg.domain, recipe=cfg.recipe, action_stats=cfg.action_stats,
-            device=device, dtype=dtype, options=options)
-        adapter = get_adapter(eval_env.adapter)
+            cfg.checkpoint, **cfg.checkpoint_options(), device=device, dtype=dtype,
+            options=options)
+        contract = pipeline.contract  # the checkpoint's declared conventions, else the env's
+        adapter = (adapter_for_contract(contract) if contract is not None
+                   else get_adapter(eval_env.adapter))
     adapter = with_action_map(adapter, cfg.action_map, eval_env.single_action_space())
     policy = VectorPolicy(pipeline, adapter=adapter, n_action_steps=cfg.n_action_steps,
                           seed=cfg.seed, sampling=cfg.sampling)

@@ -90,9 +90,11 @@ class Cosmos3Config:
             raise ValueError("sound_dim must be set when sound_gen is true")
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], source: str = "config") -> Cosmos3Config:
+    def from_dict(cls, raw: dict[str, Any], source: str = "config", *, strict: bool = False
+                  ) -> Cosmos3Config:
         """The config of a parsed ``config.json``; values of the wrong JSON type are refused
-        (naming ``source``), unused keys logged."""
+        (naming ``source``), unused keys logged (``strict``: refused, for formats whose
+        configs hold only the constructor's arguments)."""
         from cosmos3_gym.checkpoint import check_types
 
         known = {f.name for f in dataclasses.fields(cls)}
@@ -100,6 +102,9 @@ class Cosmos3Config:
         check_types(cls, kwargs, source)
         unknown = sorted(k for k in raw if k not in known and not k.startswith("_"))
         unknown = [k for k in unknown if k not in _IGNORED_KEYS]
+        if unknown and strict:
+            raise ValueError(f"{source}: keys unknown to cosmos3-gym's Cosmos3 generator: "
+                             f"{unknown}; they may change the model, so it is not built")
         if unknown:
             logger.warning("Cosmos3 config keys not used by cosmos3-gym: %s", unknown)
         try:

@@ -1,8 +1,9 @@
-"""Loading a diffusers ``transformer/`` folder: safetensors only, strict keys, straight to device.
+"""Loading weights: safetensors only, strict keys, straight to the device.
 
-This module is the one place that knows how transformer weights sit on disk:
-``config.json`` plus ``diffusion_pytorch_model.safetensors`` or sharded
-``*.safetensors`` with a ``*.safetensors.index.json``.
+This module reads tensors: a folder's safetensors (``diffusion_pytorch_model.safetensors`` or
+shards with a ``*.safetensors.index.json``), checked complete before anything is built, and a
+component's tensors wherever a checkpoint format keeps them
+(:class:`~cosmos3_gym.formats.WeightFiles`: the files and how their names map to ours).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from cosmos3_gym.jsonio import read_json_object
 from cosmos3_gym.model.config import Cosmos3Config
 
 if TYPE_CHECKING:
+    from cosmos3_gym.formats import WeightFiles
     from cosmos3_gym.model.transformer import Cosmos3Transformer
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -97,32 +99,53 @@ def load_state_dict(
     skip: tuple[str, ...] = (),
 ) -> dict[str, torch.Tensor]:
     """Read every tensor of a safetensors folder onto ``device`` (cast to ``dtype`` if given)."""
+    from cosmos3_gym.formats import WeightFiles
+
     folder = Path(folder)
+    weights = WeightFiles(tuple(safetensors_files(folder)), lambda key: key, str(folder))
+    return load_weights(weights, device=device, dtype=dtype, skip=skip)
+
+
+def load_weights(
+    weights: WeightFiles,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    skip: tuple[str, ...] = (),
+    keep_in_fp32: tuple[str, ...] = KEEP_IN_FP32,
+) -> dict[str, torch.Tensor]:
+    """One component's tensors onto ``device`` under their parameter names (``weights.rename``;
+    names in ``skip`` are read past), floats cast to ``dtype`` if given except those under
+    ``keep_in_fp32``; a name given twice is an error naming both places."""
     device = torch.device(device)
     state: dict[str, torch.Tensor] = {}
-    for path in safetensors_files(folder):
+    seen: dict[str, str] = {}
+    for path in weights.files:
         with safe_open(str(path), framework="pt", device=str(device)) as f:
             for key in f.keys():
-                if key in skip:
+                name = weights.rename(key)
+                if name is None or name in skip:
                     continue
-                if key in state:
-                    raise ValueError(f"tensor {key!r} appears in more than one shard of {folder}")
+                if name in state:
+                    raise ValueError(f"tensor {name!r} is given twice: {seen[name]} and {key!r} "
+                                     f"in {path}")
                 tensor = f.get_tensor(key)
                 if dtype is not None and tensor.is_floating_point():
-                    keep = any(key.startswith(prefix) for prefix in KEEP_IN_FP32)
+                    keep = any(name.startswith(prefix) for prefix in keep_in_fp32)
                     tensor = tensor.to(torch.float32 if keep else dtype)
-                state[key] = tensor
+                state[name], seen[name] = tensor, f"{key!r} in {path}"
     return state
 
 
-def check_keys(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+def check_keys(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str,
+               what: str = "the Cosmos3 generator built from its config") -> None:
     """Raise a ValueError listing missing and unexpected keys, or shape mismatches."""
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
         raise ValueError(
-            f"checkpoint {source} does not match the Cosmos3 generator built from its config: "
+            f"checkpoint {source} does not match {what}: "
             f"missing keys {missing[:20]}{' ...' if len(missing) > 20 else ''} ({len(missing)}); "
             f"unexpected keys {unexpected[:20]}{' ...' if len(unexpected) > 20 else ''} "
             f"({len(unexpected)})"
@@ -133,7 +156,8 @@ def check_keys(model: torch.nn.Module, state: dict[str, torch.Tensor], source: s
         if tuple(state[k].shape) != tuple(v.shape)
     ]
     if wrong:
-        raise ValueError(f"checkpoint {source} has tensors of the wrong shape: {wrong[:20]}")
+        raise ValueError(f"checkpoint {source} has tensors of the wrong shape for {what}: "
+                         f"{wrong[:20]}")
 
 
 def load_transformer(
@@ -152,13 +176,55 @@ def load_transformer(
     config_path = folder / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"no config.json in {folder} (expected a diffusers transformer/)")
+    from cosmos3_gym.formats import WeightFiles
+
     config = Cosmos3Config.from_json_file(config_path)
+    weights = WeightFiles(tuple(safetensors_files(folder)), lambda key: key, str(folder))
+    return build_transformer(cls, config, weights, device=device, dtype=dtype)
+
+
+def build_transformer(
+    cls: type[Cosmos3Transformer],
+    config: Cosmos3Config,
+    weights: WeightFiles,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+) -> Cosmos3Transformer:
+    """The generator of ``config`` with ``weights`` loaded strictly (every parameter given, no
+    tensor left over, every shape right).
+
+    The module is built on the meta device (no memory) and the tensors are assigned as read,
+    so a 16B checkpoint is never materialised twice nor on the wrong device.
+    """
     with torch.device("meta"):
         model = cls(config)
-    state = load_state_dict(folder, device=device, dtype=dtype, skip=cls.UNUSED_CHECKPOINT_KEYS)
-    check_keys(model, state, str(folder))
+    state = load_weights(weights, device=device, dtype=dtype, skip=cls.UNUSED_CHECKPOINT_KEYS)
+    check_keys(model, state, weights.mapping)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval().requires_grad_(False)
+
+
+def build_vae(config: dict, weights: WeightFiles, *, device: str | torch.device = "cpu"
+              ) -> torch.nn.Module:
+    """diffusers' ``AutoencoderKLWan`` of ``config`` with ``weights`` loaded strictly, in fp32
+    (the VAE encodes one frame per request; fp32 keeps the conditioning latent exact)."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
+
+    settings = {k: v for k, v in config.items() if not k.startswith("_")}
+    try:
+        with torch.device("meta"):
+            vae = AutoencoderKLWan(**settings)
+    except TypeError as err:
+        raise ValueError(f"VAE config ({weights.mapping}): {err}") from None
+    state = load_weights(weights, device=device, dtype=torch.float32, keep_in_fp32=())
+    check_keys(vae, state, weights.mapping, what="the AutoencoderKLWan built from its config")
+    vae.load_state_dict(state, strict=True, assign=True)
+    meta = [n for n, t in [*vae.named_parameters(), *vae.named_buffers()] if t.is_meta]
+    if meta:  # a buffer the state dict does not hold: build it for real instead
+        vae = AutoencoderKLWan(**settings)
+        vae.load_state_dict(state, strict=True)
+    return vae.to(device).eval().requires_grad_(False)
 
 
 def save_transformer(model: Cosmos3Transformer, folder: str | Path) -> Path:

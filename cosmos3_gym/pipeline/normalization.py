@@ -1,17 +1,22 @@
 """Action statistics and (un)normalisation between the model's [-1, 1] space and raw actions.
 
 Stats files use the cosmos-framework layout: ``{"global": {...}, "global_raw": {...}}`` (plus
-optional ``metadata``), each block holding ``mean``, ``std``, ``min``, ``max``, ``q01``, ``q99``
-vectors of length ``raw_action_dim``. A file holding one flat block is read as ``global``.
+optional ``metadata``), each block holding vectors of length ``raw_action_dim``: ``mean``,
+``std``, ``min``, ``max``, ``q01``, ``q99`` (and LeRobot's ``q10``, ``q90``). A file holding one
+flat block is read as ``global``. A block needs only the vectors its mode reads
+(:data:`MODE_KEYS`); LeRobot's processor state holds what its dataset computed, which need not be
+all of them.
 
-Modes (the four the official LIBERO policy server supports):
+Modes (the four the official LIBERO policy server supports, and LeRobot's fifth):
 
-* ``quantile``:      ``a = (â + 1)/2 · (q99 − q01) + q01`` with the ``global`` block.
+* ``quantile``:      ``a = (â + 1)/2 · (q99 − q01) + q01`` with the ``global`` block
+  (LeRobot's ``QUANTILES``).
 * ``quantile_rot``:  the same formula on *all* dims with the ``global_raw`` block (the raw rot6d
   statistics the LIBERO recipe trains with). sglang reads ``global`` here, which passes the rot6d
   dims through unchanged; we follow the official server.
-* ``meanstd``:       ``a = â · std + mean`` (``global``).
-* ``minmax``:        ``a = (â + 1)/2 · (max − min) + min`` (``global``).
+* ``meanstd``:       ``a = â · std + mean`` (``global``; LeRobot's ``MEAN_STD``).
+* ``minmax``:        ``a = (â + 1)/2 · (max − min) + min`` (``global``; LeRobot's ``MIN_MAX``).
+* ``quantile10``:    ``a = (â + 1)/2 · (q90 − q10) + q10`` (``global``; LeRobot's ``QUANTILE10``).
 
 As in the official server, ranges are clamped to ``>= 1e-6`` and ``std`` to ``>= 1e-8`` (a
 constant action dimension would otherwise divide by zero when normalising), and the forward
@@ -29,9 +34,14 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 import torch
 
-NormalizationMode = Literal["quantile", "quantile_rot", "meanstd", "minmax"]
-MODES: tuple[str, ...] = ("quantile", "quantile_rot", "meanstd", "minmax")
-STAT_KEYS: tuple[str, ...] = ("mean", "std", "min", "max", "q01", "q99")
+NormalizationMode = Literal["quantile", "quantile_rot", "meanstd", "minmax", "quantile10"]
+MODES: tuple[str, ...] = ("quantile", "quantile_rot", "meanstd", "minmax", "quantile10")
+STAT_KEYS: tuple[str, ...] = ("mean", "std", "min", "max", "q01", "q99", "q10", "q90")
+# The vectors each mode reads: (low, high), or (mean, std) for meanstd.
+MODE_KEYS: dict[str, tuple[str, str]] = {
+    "quantile": ("q01", "q99"), "quantile_rot": ("q01", "q99"), "meanstd": ("mean", "std"),
+    "minmax": ("min", "max"), "quantile10": ("q10", "q90"),
+}
 _MIN_RANGE = 1e-6
 _MIN_STD = 1e-8
 
@@ -40,14 +50,35 @@ ArrayT = TypeVar("ArrayT", np.ndarray, torch.Tensor)
 
 @dataclass(frozen=True)
 class StatsBlock:
-    """Per-dimension statistics, each a float32 ``[raw_action_dim]`` vector."""
+    """Per-dimension statistics, each a float32 ``[raw_action_dim]`` vector, or None where the
+    file has no such vector (a mode that reads it then refuses the block)."""
 
-    mean: np.ndarray
-    std: np.ndarray
-    min: np.ndarray
-    max: np.ndarray
-    q01: np.ndarray
-    q99: np.ndarray
+    mean: np.ndarray | None = None
+    std: np.ndarray | None = None
+    min: np.ndarray | None = None
+    max: np.ndarray | None = None
+    q01: np.ndarray | None = None
+    q99: np.ndarray | None = None
+    q10: np.ndarray | None = None
+    q90: np.ndarray | None = None
+
+    @property
+    def width(self) -> int:
+        return next(int(v.shape[0]) for v in self.vectors().values())
+
+    def vectors(self) -> dict[str, np.ndarray]:
+        """The vectors the block holds, by name."""
+        return {k: getattr(self, k) for k in STAT_KEYS if getattr(self, k) is not None}
+
+    def pair(self, mode: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+        """The two vectors ``mode`` reads (:data:`MODE_KEYS`); a ``ValueError`` naming the
+        missing ones otherwise."""
+        keys = MODE_KEYS[mode]
+        missing = [k for k in keys if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"mode {mode!r} reads {' and '.join(keys)} from {where}, which has "
+                             f"no {', '.join(missing)} (it holds {sorted(self.vectors())})")
+        return getattr(self, keys[0]), getattr(self, keys[1])
 
 
 @dataclass(frozen=True)
@@ -59,7 +90,7 @@ class ActionStats:
 
     @property
     def raw_action_dim(self) -> int:
-        return int(self.global_.mean.shape[0])
+        return self.global_.width
 
     @classmethod
     def from_json(cls, path: str | Path) -> ActionStats:
@@ -78,22 +109,25 @@ class ActionStats:
         raw = None
         if "global_raw" in data:
             raw = _block(data["global_raw"], f"{source}['global_raw']")
-            if raw.mean.shape != global_.mean.shape:
+            if raw.width != global_.width:
                 raise ValueError(
                     f"{source}: expected 'global' and 'global_raw' of one length, got "
-                    f"{global_.mean.shape[0]} and {raw.mean.shape[0]}"
+                    f"{global_.width} and {raw.width}"
                 )
         return cls(global_=global_, global_raw=raw)
 
     def block_for(self, mode: str) -> StatsBlock:
-        """The block a mode reads: ``global_raw`` for ``quantile_rot``, ``global`` otherwise."""
+        """The block a mode reads: ``global_raw`` for ``quantile_rot``, ``global`` otherwise;
+        a ``ValueError`` where it lacks the vectors the mode reads."""
         _check_mode(mode)
         if mode == "quantile_rot":
             if self.global_raw is None:
                 raise ValueError(
                     "mode 'quantile_rot': expected a 'global_raw' stats block, found none"
                 )
+            self.global_raw.pair(mode, "the 'global_raw' block")
             return self.global_raw
+        self.global_.pair(mode, "the 'global' block")
         return self.global_
 
 
@@ -101,17 +135,18 @@ def _block(data: Any, where: str) -> StatsBlock:
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected an object with {list(STAT_KEYS)}, got "
                          f"{type(data).__name__}")
-    missing = [k for k in STAT_KEYS if k not in data]
-    if missing:
-        raise ValueError(f"{where}: expected keys {list(STAT_KEYS)}, missing {missing}")
+    present = [k for k in STAT_KEYS if k in data]
+    if not present:
+        raise ValueError(f"{where}: expected statistics vectors among {list(STAT_KEYS)}, found "
+                         f"keys {sorted(data)}")
     try:
-        vectors = {k: np.asarray(data[k], dtype=np.float32) for k in STAT_KEYS}
+        vectors = {k: np.asarray(data[k], dtype=np.float32) for k in present}
     except (TypeError, ValueError):
-        found = {k: type(data[k]).__name__ for k in STAT_KEYS}
-        raise ValueError(f"{where}: expected vectors of numbers for {list(STAT_KEYS)}, got "
+        found = {k: type(data[k]).__name__ for k in present}
+        raise ValueError(f"{where}: expected vectors of numbers for {present}, got "
                          f"{found}") from None
     lengths = {k: v.shape for k, v in vectors.items()}
-    first = vectors["mean"].shape
+    first = next(iter(vectors.values())).shape
     if len(first) != 1 or first[0] == 0 or any(s != first for s in lengths.values()):
         raise ValueError(f"{where}: expected non-empty 1-D vectors of one length, got {lengths}")
     bad = {k: np.flatnonzero(~np.isfinite(v)).tolist() for k, v in vectors.items()
@@ -128,11 +163,13 @@ def _check_mode(mode: str) -> None:
 
 
 def _low_and_range(stats: ActionStats, mode: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(low, range)`` float32 ``[D]`` vectors: (q01, q99−q01), (min, max−min) or (mean, std)."""
+    """``(low, range)`` float32 ``[D]`` vectors: (q01, q99−q01), (min, max−min), (q10, q90−q10)
+    or (mean, std)."""
     block = stats.block_for(mode)
+    where = "the 'global_raw' block" if mode == "quantile_rot" else "the 'global' block"
+    low, high = block.pair(mode, where)
     if mode == "meanstd":
-        return block.mean, np.maximum(block.std, np.float32(_MIN_STD))
-    low, high = (block.min, block.max) if mode == "minmax" else (block.q01, block.q99)
+        return low, np.maximum(high, np.float32(_MIN_STD))
     return low, np.maximum(high - low, np.float32(_MIN_RANGE))
 
 

@@ -14,12 +14,14 @@ import torch
 
 from cosmos3_gym import checkpoint as layout
 from cosmos3_gym.checkpoint import PolicyConfig
+from cosmos3_gym.formats import CheckpointFolder, ObservationContract, contract_of
 from cosmos3_gym.model import Cosmos3Transformer
 from cosmos3_gym.pipeline.admission import admit
 from cosmos3_gym.pipeline.normalization import ActionStats, normalize_actions
 from cosmos3_gym.pipeline.options import InferenceOptions
 from cosmos3_gym.pipeline.output import ActionOutput
 from cosmos3_gym.pipeline.preprocess import plan_canvas
+from cosmos3_gym.pipeline.prompt import load_tokenizer
 from cosmos3_gym.pipeline.prompt_cache import PromptCache
 from cosmos3_gym.pipeline.sde import (
     DEFAULT_SAMPLER,
@@ -73,9 +75,13 @@ class Cosmos3ActionPipeline:
         *,
         max_batch_size: int | None = None,
         options: InferenceOptions | None = None,
+        contract: ObservationContract | None = None,
+        checkpoint: CheckpointFolder | None = None,
     ) -> None:
         """Assemble the stages around loaded components (:meth:`from_pretrained` loads them and
-        prepares the transformer as ``options`` asks; the stages read the other options)."""
+        prepares the transformer as ``options`` asks; the stages read the other options).
+        ``contract`` is the observation contract the checkpoint declares (the policy's default
+        adapter follows it), ``checkpoint`` what was read from disk."""
         if not transformer.config.action_gen:
             raise ValueError("this transformer has no action heads (action_gen is false)")
         if max_batch_size is not None and max_batch_size < 1:
@@ -87,6 +93,8 @@ class Cosmos3ActionPipeline:
             )
         self.transformer, self.vae, self.tokenizer = transformer, vae, tokenizer
         self.policy = policy
+        self.contract = contract
+        self.checkpoint = checkpoint
         self.max_batch_size = max_batch_size
         # The largest micro-batch that fit in device memory after an out-of-memory error
         # (None until one happens); later calls split by it too.
@@ -94,6 +102,9 @@ class Cosmos3ActionPipeline:
         self.device = transformer.device
         options = (options or InferenceOptions()).resolve(self.device.type)
         stats = ActionStats.from_dict(policy.stats) if policy.denormalizes else None
+        self.state_stats = None
+        if policy.history_length and policy.state_stats is not None:
+            self.state_stats = ActionStats.from_dict(policy.state_stats)
         if policy.normalization != "none" and policy.stats is None:
             logger.warning(
                 "no action statistics for domain %r (normalization %r): actions are returned in "
@@ -101,7 +112,8 @@ class Cosmos3ActionPipeline:
                 "--action-stats FILE) for actions in the domain's units",
                 policy.domain_name, policy.normalization,
             )
-        self.preprocess = PreprocessStage(self.device, next(vae.parameters()).dtype)
+        self.preprocess = PreprocessStage(self.device, next(vae.parameters()).dtype,
+                                          round_resized=policy.resize == "uint8")
         cache = None
         if options.prompt_cache:
             cache = PromptCache(transformer, max_bytes=options.prompt_cache_mb * 2**20)
@@ -140,9 +152,7 @@ class Cosmos3ActionPipeline:
     @property
     def recipe(self) -> str | None:
         """The recipe (:mod:`cosmos3_gym.recipes`) the sampler settings come from, if any."""
-        names = {source.removeprefix("recipe ") for source in self.sampler_source.values()
-                 if source.startswith("recipe ")}
-        return names.pop() if len(names) == 1 else None
+        return self.policy.recipe
 
     @property
     def sampler_source(self) -> dict[str, str]:
@@ -153,9 +163,9 @@ class Cosmos3ActionPipeline:
 
     @property
     def sampler_record(self) -> dict[str, Any]:
-        """The sampler defaults for a run's record (``results.json``): the recipe, and each
-        setting's value and source."""
-        return {"recipe": self.recipe, **self.policy.sampler}
+        """The sampler defaults for a run's record (``results.json``): the recipe, each
+        setting's value and source, and the scheduler."""
+        return {"recipe": self.recipe, **self.policy.sampler, "scheduler": self.policy.scheduler}
 
     def describe_sampler(self) -> str:
         """One summary line: the sampler defaults and where they came from."""
@@ -180,40 +190,49 @@ class Cosmos3ActionPipeline:
         recipe: str | None = None,
         options: InferenceOptions | None = None,
         trainable: bool = False,
+        vae: str | Path | None = None,
+        tokenizer: str | Path | None = None,
     ) -> Cosmos3ActionPipeline:
-        """Load a diffusers-layout checkpoint folder (or the name of a shipped checkpoint).
+        """Load a Cosmos3 checkpoint folder as downloaded, or the name of a shipped checkpoint.
+
+        The format is told from the files (:mod:`cosmos3_gym.formats`): a diffusers folder
+        (``transformer/``, ``vae/``, ``text_tokenizer/``), a LeRobot policy folder
+        (``config.json`` + ``model.safetensors`` + processors), or a cosmos-framework export
+        (``config.json`` with a ``"model"`` section + ``model-*.safetensors``). Every tensor is
+        loaded strictly: a missing, extra or mis-shaped one is an error naming it. ``vae`` is
+        the VAE of an export (which holds none): a diffusers ``AutoencoderKLWan`` folder, or a
+        Cosmos3 diffusers checkpoint whose ``vae/`` is used; ``tokenizer`` replaces the
+        tokenizer a LeRobot folder names.
 
         ``device`` is a device or ``"auto"`` (:func:`cosmos3_gym.devices.resolve_device`: the GPU
         where there is one); ``dtype`` defaults to bfloat16 on CUDA and float32 on CPU. How the
-        action head is used
-        comes from, in order: ``policy``; ``domain``, an embodiment of
-        :data:`~cosmos3_gym.checkpoint.DOMAINS` (``"droid_lerobot"``, ...; ``"libero"`` is the
-        official LIBERO recipe), for folders that have no ``action_policy.json``, like the ones
-        diffusers' ``Cosmos3OmniPipeline.save_pretrained`` writes; the folder's
-        ``action_policy.json``. ``recipe`` names a released checkpoint's published settings
-        (:data:`~cosmos3_gym.recipes.RECIPES`: ``"nano-policy-droid"``, ...), over the folder's
-        ``action_policy.json`` where it has one. Sampler defaults that none of these states
+        action head is used comes from, in order: ``policy``; a ``recipe``
+        (:data:`~cosmos3_gym.recipes.RECIPES`), over the folder's own policy where it has one;
+        ``domain``, an embodiment of :data:`~cosmos3_gym.checkpoint.DOMAINS` (``"libero"`` is
+        the official LIBERO recipe) for folders that declare none (a published diffusers
+        folder, an export); the policy the folder declares (a LeRobot folder's ``config.json``
+        and processors: its caption, sampler, scheduler, statistics and gripper convention; a
+        diffusers folder's ``action_policy.json``). Sampler defaults that none of these states
         come from the folder's ``scheduler/scheduler_config.json`` (its flow shift), else
-        :class:`PolicyConfig`'s; :attr:`sampler_source` says which, and
-        docs/recipes.md gives the whole order. ``action_stats`` (a statistics
-        JSON file, or its parsed dict) replaces the head's statistics, checked against it;
-        without statistics the actions stay normalised (one warning). ``options``
-        (:class:`InferenceOptions`, default: as shipped) says how to compute: the transformer is
-        fused, folded and compiled here as they ask, the stages get the rest.
+        :class:`PolicyConfig`'s; :attr:`sampler_source` says which, and docs/recipes.md gives
+        the whole order. ``action_stats`` (a statistics JSON file, or its parsed dict) replaces
+        the head's statistics, checked against it; without statistics the actions stay
+        normalised (one warning), except for an export, which is refused without them.
+        ``options`` (:class:`InferenceOptions`, default: as shipped) says how to compute: the
+        transformer is fused, folded and compiled here as they ask, the stages get the rest.
 
         ``trainable=True`` gives a pipeline to fine-tune with: the transformer's projections
         stay unfused (autograd reaches every weight; fused copies are plain tensors), it is in
         train mode with ``requires_grad=True`` on every parameter, and sampling and
         :func:`~cosmos3_gym.pipeline.chunk_log_prob` run on those same weights.
         """
-        from diffusers import AutoencoderKLWan
-        from transformers import AutoTokenizer
-
         from cosmos3_gym.devices import resolve_device, resolve_dtype
-        from cosmos3_gym.model.weights import safetensors_files
+        from cosmos3_gym.formats import read_checkpoint
+        from cosmos3_gym.model.weights import build_transformer, build_vae
 
-        root = layout.resolve_checkpoint(path)
-        layout.check_layout(root)
+        # Everything that can be known without the weights, checked first: configs, files
+        # complete, every tensor name accounted for, the policy and its statistics.
+        folder = read_checkpoint(path, vae=vae, tokenizer=tokenizer)
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         options = options or InferenceOptions()
@@ -221,7 +240,8 @@ class Cosmos3ActionPipeline:
             # Fused (and FP8) weights are copies autograd does not reach.
             options = replace(options, fuse_projections=False, fp8=False)
         options = options.resolve(device.type)
-        policy = layout.resolve_policy(root, policy, domain, recipe=recipe)
+        policy = layout.resolve_policy(folder.root, policy, domain, recipe=recipe,
+                                       declared=folder.policy)
         if action_stats is not None:
             source = "action statistics"
             if not isinstance(action_stats, dict):
@@ -229,24 +249,18 @@ class Cosmos3ActionPipeline:
                 action_stats = layout.read_action_stats(action_stats)
             layout.check_action_stats(action_stats, policy, source)
             policy = replace(policy, stats=action_stats)
-        # Safetensors only, checked whole, before anything is built (never diffusers' pickled
-        # .bin fallback: pickle can run code).
-        safetensors_files(root / layout.VAE)
-        transformer = Cosmos3Transformer.from_pretrained(
-            root / layout.TRANSFORMER, device=device, dtype=dtype
-        )
+        layout.check_statistics_present(policy, folder.format, folder.root)
+        text_tokenizer = load_tokenizer(folder.tokenizer)
+        transformer = build_transformer(Cosmos3Transformer, folder.transformer,
+                                        folder.transformer_weights, device=device, dtype=dtype)
         _prepare_transformer(transformer, options)
         if trainable:
             transformer.train().requires_grad_(True)
-        # The VAE encodes one frame per request; fp32 keeps the conditioning latent exact.
-        vae = AutoencoderKLWan.from_pretrained(
-            root / layout.VAE, torch_dtype=torch.float32, low_cpu_mem_usage=False,
-            use_safetensors=True,
-        )
-        vae = vae.to(device).eval().requires_grad_(False)
-        tokenizer = AutoTokenizer.from_pretrained(root / layout.TEXT_TOKENIZER)
+        vae_model = build_vae(folder.vae_config, folder.vae_weights, device=device)
+        contract = contract_of(folder, policy.domain_name)
         return cls(
-            transformer, vae, tokenizer, policy, max_batch_size=max_batch_size, options=options
+            transformer, vae_model, text_tokenizer, policy, max_batch_size=max_batch_size,
+            options=options, contract=contract, checkpoint=folder,
         )
 
     @classmethod
@@ -270,8 +284,6 @@ class Cosmos3ActionPipeline:
         so its timings and memory are the real model's; its actions mean nothing. For sizing
         hardware and measuring a whole evaluation loop before the weights are at hand.
         """
-        from transformers import AutoTokenizer
-
         from cosmos3_gym.devices import resolve_device, resolve_dtype
         from cosmos3_gym.model.presets import random_transformer, random_vae, vae_preset
 
@@ -281,9 +293,7 @@ class Cosmos3ActionPipeline:
         transformer = random_transformer(preset, device=device, dtype=dtype, seed=seed)
         _prepare_transformer(transformer, options)
         vae = random_vae(vae_preset(preset), device=device, seed=seed + 1)
-        tokenizer = AutoTokenizer.from_pretrained(
-            layout.resolve_checkpoint("tiny") / layout.TEXT_TOKENIZER
-        )
+        tokenizer = load_tokenizer(layout.resolve_checkpoint("tiny") / layout.TEXT_TOKENIZER)
         return cls(
             transformer, vae, tokenizer, policy, max_batch_size=max_batch_size, options=options
         )
@@ -351,10 +361,7 @@ class Cosmos3ActionPipeline:
             admitted = admit(images, prompts)
             count = admitted.batch_size
             seeds = _seeds(seed, count)
-            action_noise = _noise_tensor(
-                "action_noise", action_noise, count,
-                (self.policy.action_horizon, self.noise.action_dim),
-            )
+            action_noise = self._action_noise(action_noise, count)
             video_noise = _noise_tensor("video_noise", video_noise, count, ("C", "T", "h", "w"))
             state_rows = self._state_rows(state, count)
             interval = self.policy.guidance_interval if guidance_interval is None else (
@@ -367,6 +374,9 @@ class Cosmos3ActionPipeline:
                     self.policy.guidance_scale if guidance_scale is None else guidance_scale
                 ) != 1.0),
             ) if used]
+            if self.policy.scheduler_config is not None:
+                unscorable.append("a diffusers scheduler (this checkpoint's scheduler_config; the "
+                                  "stochastic steps are defined on the official FlowUniPC)")
             if sampler != DEFAULT_SAMPLER and unscorable:
                 raise ValueError(
                     f"sampler {sampler!r} does not take {' and '.join(unscorable)} yet; use the "
@@ -383,6 +393,7 @@ class Cosmos3ActionPipeline:
                 progress=progress,
                 stochastic=stochastic_sampling(sampler, noise_level, sde_steps, executed_actions),
                 guidance_interval=interval,
+                scheduler_config=self.policy.scheduler_config,
             )
             if params.stochastic is not None:  # refuse step indices outside the schedule now
                 params.stochastic.steps_for(0, params.num_inference_steps)
@@ -428,10 +439,23 @@ class Cosmos3ActionPipeline:
             ),
         )
 
+    def _action_noise(self, noise: Any, count: int) -> torch.Tensor | None:
+        """Caller action noise as ``[B, H, 64]``: the H predicted rows (this pipeline's layout),
+        or ``[B, S + H, 64]`` with the S state rows first (LeRobot's draw, whose first S rows
+        the state replaces: they are dropped)."""
+        rows, horizon = self.history_length, self.policy.action_horizon
+        if noise is not None and rows:
+            shape = tuple(torch.as_tensor(noise).shape)
+            if len(shape) == 3 and shape[1] == rows + horizon:
+                noise = torch.as_tensor(noise)[:, rows:]
+        return _noise_tensor("action_noise", noise, count, (horizon, self.noise.action_dim))
+
     def _state_rows(self, state: Any, count: int) -> torch.Tensor | None:
         """The call's state as the head's clean leading action rows: ``[B, S, 64]`` float32,
-        normalised with the head's statistics like the actions (taken as given without
-        statistics, as the actions then come back normalised), zero beyond the raw width."""
+        normalised like the actions with the head's statistics, or with statistics of its own
+        (``PolicyConfig.state_stats``), taken as given without either (the actions then come
+        back normalised), zero beyond the state's width, the gripper (the last of the raw
+        width) turned to ``1 - g`` where the head inverts it."""
         rows, raw = self.history_length, self.policy.raw_action_dim
         if rows == 0:
             if state is not None:
@@ -440,25 +464,32 @@ class Cosmos3ActionPipeline:
                     "(history_length 0); found a state input"
                 )
             return None
+        own = self.state_stats
+        width = own.raw_action_dim if own is not None else raw
         if state is None:
             raise ValueError(
                 f"state: this {self.policy.domain_name!r} head is conditioned on the robot state "
-                f"(history_length {rows}); pass state=[{count}, {rows}, {raw}] rows"
+                f"(history_length {rows}); pass state=[{count}, {rows}, {width}] rows"
             )
         if isinstance(state, torch.Tensor):
             state = state.detach().cpu().numpy()
         array = np.asarray(state)
-        if (array.dtype.kind != "f" or array.shape != (count, rows, raw)
+        if (array.dtype.kind != "f" or array.shape != (count, rows, width)
                 or not np.isfinite(array).all()):
             raise ValueError(
-                f"state: expected finite float [{count}, {rows}, {raw}] (B, history_length, "
-                f"raw_action_dim); found {array.dtype} {list(array.shape)}"
+                f"state: expected finite float [{count}, {rows}, {width}] (B, history_length, "
+                f"state width); found {array.dtype} {list(array.shape)}"
             )
         array = array.astype(np.float32)
-        if self.decode.stats is not None:
+        mode = self.policy.state_normalization
+        if mode is None and self.decode.stats is not None:  # like the actions
             array = normalize_actions(array, self.decode.stats, self.policy.normalization)
+        elif mode not in (None, "none"):
+            array = normalize_actions(array, own, mode)
         padded = torch.zeros(count, rows, self.noise.action_dim)
-        padded[..., :raw] = torch.from_numpy(np.asarray(array, dtype=np.float32))
+        padded[..., :width] = torch.from_numpy(np.asarray(array, dtype=np.float32))
+        if self.policy.invert_gripper:
+            padded[..., raw - 1] = 1.0 - padded[..., raw - 1]
         return padded
 
     def _run(
@@ -506,7 +537,8 @@ class Cosmos3ActionPipeline:
         :attr:`memory_batch_limit`)."""
         groups: dict[Any, list[int]] = {}
         for i, image in enumerate(images):
-            plan = plan_canvas(image.shape[0], image.shape[1], self.policy.resolution_tier)
+            plan = plan_canvas(image.shape[0], image.shape[1], self.policy.resolution_tier,
+                               bins=self.policy.canvas_bins)
             groups.setdefault(plan, []).append(i)
         limits = [n for n in (self.max_batch_size, self.memory_batch_limit) if n is not None]
         limit = min(limits, default=len(images))

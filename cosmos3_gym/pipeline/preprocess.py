@@ -16,6 +16,12 @@ After VAE encoding, the latent is cropped back to the content region
 (:func:`latent_content_shape`), so the padding conditions nothing. For LIBERO's 256×512
 (third-person | wrist) image: canvas 192×320, content 160×320, latent content 10×20.
 
+LeRobot's Cosmos3 policy (huggingface/lerobot PR #3745) runs the same steps with two
+differences, which a LeRobot folder's policy selects (``PolicyConfig.resize`` and
+``canvas_bins``): the bins are diffusers' ``_ACTION_RESOLUTION_BINS`` (cosmos-framework's table
+without tier 480's 2:3 bin and without tier 768: :func:`tier_bins`), and the resized pixels stay
+in float (no rounding back to uint8).
+
 sglang (PR #36301) instead resizes and centre-crops to a fixed ``height × width`` (LANCZOS), which
 for LIBERO's 2:1 image at 192×320 cuts 32 px off both the third-person and the wrist views and
 never matches what the official post-training saw; diffusers reproduces the official recipe but
@@ -45,6 +51,32 @@ TIER_BINS: dict[str, dict[str, tuple[int, int]]] = {
     "768": {"1,1": (1024, 1024), "4,3": (1184, 880), "3,4": (880, 1184), "16,9": (1360, 768),
             "9,16": (768, 1360)},
 }
+# The bins diffusers' pipeline_cosmos3_omni._ACTION_RESOLUTION_BINS lists (diffusers 0.42.1), in
+# the same order: cosmos-framework's tiers 256, 480, 704 and 720 without tier 480's 2:3 bin.
+_DIFFUSERS_TIERS = ("256", "480", "704", "720")
+_NOT_IN_DIFFUSERS = {("480", "2,3")}
+
+
+def tier_bins(tier: str, bins: str = "cosmos-framework") -> dict[str, tuple[int, int]]:
+    """The canvases of ``tier`` as ``{name: (width, height)}`` in the table ``bins`` names:
+    ``"cosmos-framework"`` (:data:`TIER_BINS`) or ``"diffusers"`` (what LeRobot reads).
+
+    >>> sorted(tier_bins("480", "diffusers")) == sorted(set(TIER_BINS["480"]) - {"2,3"})
+    True
+    """
+    if bins == "cosmos-framework":
+        table = TIER_BINS
+    elif bins == "diffusers":
+        table = {t: {name: size for name, size in TIER_BINS[t].items()
+                     if (t, name) not in _NOT_IN_DIFFUSERS} for t in _DIFFUSERS_TIERS}
+    else:
+        raise ValueError(f"bins: expected 'cosmos-framework' or 'diffusers', got {bins!r}")
+    if tier not in table:
+        raise ValueError(f"tier: expected one of {sorted(table, key=int)} ({bins} bins), got "
+                         f"{tier!r}")
+    return table[tier]
+
+
 # The official tier function compares (H, W) against these pairs as listed.
 _EXACT_768_SHAPES = ((1024, 1024), (1184, 880), (880, 1184), (1360, 768), (768, 1360))
 
@@ -73,24 +105,24 @@ class CanvasPlan:
     content_w: int
 
 
-def plan_canvas(height: int, width: int, tier: str | int | None = None) -> CanvasPlan:
-    """Plan the canvas for a ``height × width`` image; ``tier`` overrides the automatic choice."""
+def plan_canvas(height: int, width: int, tier: str | int | None = None,
+                bins: str = "cosmos-framework") -> CanvasPlan:
+    """Plan the canvas for a ``height × width`` image; ``tier`` overrides the automatic choice,
+    ``bins`` names the canvas table (:func:`tier_bins`)."""
     if not (isinstance(height, int) and isinstance(width, int) and height > 0 and width > 0):
         raise ValueError(f"image size: expected positive int H and W, got {height!r} x {width!r}")
     tier = resolution_tier(height, width) if tier is None else str(tier)
-    if tier not in TIER_BINS:
-        raise ValueError(f"tier: expected one of {sorted(TIER_BINS, key=int)}, got {tier!r}")
     ratio = height / width
     best = None
-    for cand_w, cand_h in TIER_BINS[tier].values():
+    for cand_w, cand_h in tier_bins(tier, bins).values():
         diff = abs(ratio - cand_h / cand_w)
         if best is None or diff < best[0]:
             best = (diff, cand_w, cand_h)
     assert best is not None
     _, target_w, target_h = best
     scale = min(target_w / width, target_h / height, 1.0)  # never upscale
-    content_h = int(scale * height + 0.5)
-    content_w = int(scale * width + 0.5)
+    content_h = max(int(scale * height + 0.5), 1)
+    content_w = max(int(scale * width + 0.5), 1)
     return CanvasPlan(height, width, tier, target_h, target_w, content_h, content_w)
 
 
@@ -99,9 +131,11 @@ def latent_content_shape(plan: CanvasPlan, spatial_factor: int = 16) -> tuple[in
     return max(plan.content_h // spatial_factor, 1), max(plan.content_w // spatial_factor, 1)
 
 
-def crop_latent_to_content(latent: torch.Tensor, plan: CanvasPlan) -> torch.Tensor:
-    """``[B, C, T, H_c/16, W_c/16]`` canvas latents -> float32 ``[B, C, T, h, w]`` content."""
-    h, w = latent_content_shape(plan)
+def crop_latent_to_content(latent: torch.Tensor, plan: CanvasPlan,
+                           spatial_factor: int = 16) -> torch.Tensor:
+    """``[B, C, T, H_c/f, W_c/f]`` canvas latents -> float32 ``[B, C, T, h, w]`` content (``f``:
+    the VAE's spatial compression, 16 for Wan2.2)."""
+    h, w = latent_content_shape(plan, spatial_factor)
     return latent[..., :h, :w].float().contiguous()
 
 
@@ -110,8 +144,12 @@ def preprocess(
     plan: CanvasPlan,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
+    round_resized: bool = True,
 ) -> torch.Tensor:
     """Resize and pad B uint8 ``[H, W, 3]`` images of the plan's size to ``[B, 3, H_c, W_c]``.
+
+    ``round_resized=False`` keeps the resized pixels in float (LeRobot's and diffusers' way)
+    instead of rounding them back to uint8 as the official transforms do.
 
     All images must have the plan's source size (group images by plan before calling). Each is
     a numpy array or a tensor; a tensor already on ``device`` is used there (no host round
@@ -140,8 +178,9 @@ def preprocess(
             align_corners=False,
             antialias=True,
         )  # [B, 3, content_h, content_w]
-        # The official resize runs on uint8 tensors, which round and clamp back to uint8.
-        pixels = pixels.round_().clamp_(0.0, 255.0)
+        if round_resized:
+            # The official resize runs on uint8 tensors, which round and clamp back to uint8.
+            pixels = pixels.round_().clamp_(0.0, 255.0)
     pad_right = plan.target_w - plan.content_w
     pad_bottom = plan.target_h - plan.content_h
     if pad_right or pad_bottom:

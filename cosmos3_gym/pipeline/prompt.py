@@ -11,6 +11,13 @@ so their captions differ from the training captions. We follow the official one.
 DROID server sends no idle-frame count (its entry is dropped) and appends its camera layout to
 the framing sentence (``with_idle_frame=False``, ``view_description=...``).
 
+LeRobot's Cosmos3 processor (huggingface/lerobot PR #3745) writes a plain-text caption instead
+(:func:`build_lerobot_caption`): the task, the view-point sentence with the folder's view
+description, "The video is D seconds long and is of F FPS." and "This video is of HxW
+resolution.", each sentence joined with one space after a full stop and ". " otherwise. Its
+duration is ``int(num_frames / fps)`` printed with one decimal (17 frames at 20 FPS: "0.0"), and
+only four view points have a sentence there (:data:`LEROBOT_VIEWPOINTS`).
+
 Tokens. Per caption: ``apply_chat_template([{"role": "user", "content": caption}],
 add_generation_prompt=True)`` with no system message, then ``eos`` and ``<|vision_start|>``
 appended (the vision tokens follow in the joint sequence). Captions of different lengths share a
@@ -24,6 +31,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -142,6 +150,52 @@ def build_action_caption(
     return json.dumps(caption)
 
 
+# The view points LeRobot's caption has a sentence for; another one gets none there.
+LEROBOT_VIEWPOINTS = ("concat_view", "ego_view", "third_person_view", "wrist_view")
+
+
+def _join_sentence(text: str, sentence: str) -> str:
+    """``sentence`` after ``text``: one space after a final full stop, else ". "."""
+    if not sentence:
+        return text
+    if not text:
+        return sentence
+    text = text.rstrip()
+    return text + (" " if text.endswith(".") else ". ") + sentence
+
+
+def build_lerobot_caption(
+    task: str,
+    *,
+    view_point: str | None,
+    num_frames: int,
+    fps: float,
+    canvas_h: int,
+    canvas_w: int,
+    view_description: str | None = None,
+) -> str:
+    """The plain-text caption LeRobot's Cosmos3 processor writes for one policy query.
+
+    Example:
+        >>> build_lerobot_caption("pick up the bowl", view_point="concat_view", num_frames=17,
+        ...                       fps=20, canvas_h=256, canvas_w=256)
+        'pick up the bowl. This video contains concatenated views from multiple camera perspectives. The video is 0.0 seconds long and is of 20 FPS. This video is of 256x256 resolution.'
+    """  # noqa: E501
+    if not isinstance(task, str) or not task.strip():
+        raise ValueError(f"task: expected a non-empty str, got {task!r}")
+    if not (isinstance(fps, (int, float)) and math.isfinite(fps) and fps > 0):
+        raise ValueError(f"fps: expected a finite number > 0, got {fps!r}")
+    caption = task.rstrip()
+    if view_point in LEROBOT_VIEWPOINTS:
+        framing = VIEWPOINT_TEMPLATES[view_point]
+        description = (view_description or "").rstrip()
+        caption = _join_sentence(caption, _join_sentence(framing, description))
+    seconds = int(num_frames / fps)
+    caption = _join_sentence(
+        caption, f"The video is {seconds:.1f} seconds long and is of {fps:.0f} FPS.")
+    return _join_sentence(caption, f"This video is of {canvas_h}x{canvas_w} resolution.")
+
+
 @dataclass(frozen=True)
 class TokenizedPrompts:
     """A right-padded token batch: ``input_ids`` / ``attention_mask`` are ``[B, L_max]``."""
@@ -160,6 +214,8 @@ def tokenize_captions(
     *,
     max_sequence_length: int,
     allow_empty: bool = False,
+    eos_token_id: int | None = None,
+    vision_start_token_id: int | None = None,
 ) -> TokenizedPrompts:
     """Chat-template each caption (no system turn), append eos and ``<|vision_start|>``, pad.
 
@@ -175,6 +231,8 @@ def tokenize_captions(
         max_sequence_length: the model's text budget per prompt, the two appended tokens included.
         allow_empty: accept ``""`` (the default negative prompt of the unconditional CFG pass,
             which is chat-templated as is, without the JSON caption, as diffusers does).
+        eos_token_id, vision_start_token_id: the two ids appended after the template, where the
+            checkpoint states them (LeRobot's config.json); None takes the tokenizer's.
     """
     if isinstance(captions, str) or len(captions) == 0:
         raise ValueError(
@@ -183,7 +241,8 @@ def tokenize_captions(
         )
     if max_sequence_length < 3:
         raise ValueError(f"max_sequence_length: expected >= 3, got {max_sequence_length}")
-    eos_id, pad_id, vision_start_id = _special_ids(tokenizer)
+    eos_id, pad_id, vision_start_id = _special_ids(
+        tokenizer, eos_token_id, vision_start_token_id)
     limit = max_sequence_length - 2
     sequences: list[list[int]] = []
     for i, caption in enumerate(captions):
@@ -219,14 +278,50 @@ def _chat_template_ids(tokenizer: Any, caption: str) -> list[int]:
     return [int(t) for t in encoded]
 
 
-def _special_ids(tokenizer: Any) -> tuple[int, int, int]:
-    eos_id = tokenizer.eos_token_id
+def _special_ids(tokenizer: Any, eos_token_id: int | None = None,
+                 vision_start_token_id: int | None = None) -> tuple[int, int, int]:
+    eos_id = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
     if eos_id is None:
         raise ValueError("tokenizer: expected an eos_token_id, got None")
-    pad_id = tokenizer.pad_token_id
-    if pad_id is None:
-        raise ValueError("tokenizer: expected a pad_token_id, got None")
-    vision_start_id = tokenizer.convert_tokens_to_ids(VISION_START_TOKEN)
-    if vision_start_id is None or vision_start_id == tokenizer.unk_token_id:
-        raise ValueError(f"tokenizer: expected a {VISION_START_TOKEN} token, found none")
+    # Padded positions are masked (their id is never read): without a pad token, eos pads.
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    vision_start_id = vision_start_token_id
+    if vision_start_id is None:
+        vision_start_id = tokenizer.convert_tokens_to_ids(VISION_START_TOKEN)
+        if vision_start_id is None or vision_start_id == tokenizer.unk_token_id:
+            raise ValueError(f"tokenizer: expected a {VISION_START_TOKEN} token, found none")
+    for name, value in (("eos_token_id", eos_id), ("vision_start_token_id", vision_start_id)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value:
+            raise ValueError(f"{name}: expected a token id >= 0, got {value!r}")
     return int(eos_id), int(pad_id), int(vision_start_id)
+
+
+# The JSON files of a transformers tokenizer folder (a damaged one is named before loading).
+_TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "added_tokens.json")
+
+
+def load_tokenizer(folder: str | Path) -> Any:
+    """The checkpoint's tokenizer (``transformers.AutoTokenizer``) from ``folder``; a damaged
+    or missing file is one ``ValueError`` naming it, not a traceback from deep inside
+    transformers."""
+    from transformers import AutoTokenizer
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no tokenizer folder at {folder}")
+    for name in _TOKENIZER_JSON:
+        path = folder / name
+        if path.is_file():
+            try:
+                json.loads(path.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                raise ValueError(f"{path}: not valid JSON ({err}); the tokenizer file is damaged "
+                                 "(a cut download?): download it again") from None
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except Exception as err:  # noqa: BLE001 - transformers raises many kinds here
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ValueError(f"the tokenizer at {folder} does not load ({type(err).__name__}: "
+                         f"{first[:300]}); expected a transformers tokenizer folder "
+                         "(tokenizer.json and tokenizer_config.json)") from None

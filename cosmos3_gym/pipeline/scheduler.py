@@ -288,3 +288,64 @@ class FlowUniPCScheduler:
                     f"tensor {k}: expected shape {tuple(self._last_samples[k].shape)} "
                     f"(as in step 0), got {tuple(x.shape)}"
                 )
+
+
+class DiffusersFlowScheduler:
+    """diffusers' ``UniPCMultistepScheduler`` built from a checkpoint's scheduler config, with
+    :class:`FlowUniPCScheduler`'s interface: what a LeRobot Cosmos3 folder samples with.
+
+    LeRobot's Cosmos3 policy builds ``UniPCMultistepScheduler.from_config(scheduler_config)``,
+    calls ``set_timesteps(N)``, feeds the model ``scheduler.timesteps`` and steps one flattened
+    ``[vision | action]`` state per item; this does the same (``flow_shift``, where given,
+    replaces the config's). Its sigma grid is diffusers' (``linspace(1, 1/1000)``, float
+    timesteps, ``sigmas[0] - 1e-6``), not the official one, so a LeRobot folder's actions are
+    LeRobot's, and differ from what the official FlowUniPC would give.
+
+    Example:
+        >>> import torch
+        >>> sched = DiffusersFlowScheduler({"use_flow_sigmas": True, "flow_shift": 5.0,
+        ...                                 "prediction_type": "flow_prediction"}, 4)
+        >>> [round(float(t)) for t in sched.timesteps]
+        [999, 937, 833, 625]
+    """
+
+    def __init__(self, config: dict, num_inference_steps: int,
+                 flow_shift: float | None = None, device: torch.device | str = "cpu") -> None:
+        from diffusers import UniPCMultistepScheduler
+
+        if not isinstance(num_inference_steps, int) or num_inference_steps < 1:
+            raise ValueError(
+                f"num_inference_steps: expected an int >= 1, got {num_inference_steps!r}")
+        settings = {k: v for k, v in config.items() if not k.startswith("_")}
+        if flow_shift is not None:
+            settings["flow_shift"] = float(flow_shift)
+        self._scheduler = UniPCMultistepScheduler.from_config(settings)
+        self._scheduler.set_timesteps(num_inference_steps, device=device)
+        self.num_inference_steps = num_inference_steps
+        self.timesteps = self._scheduler.timesteps  # what the model is fed
+        self.sigmas = self._scheduler.sigmas
+        self._next_index = 0
+
+    def step(
+        self, velocity: Sequence[torch.Tensor], step_index: int, sample: Sequence[torch.Tensor],
+    ) -> tuple[torch.Tensor, ...]:
+        """Advance the tensors of ``sample`` one step, stepped as one flattened ``[b, n]`` state
+        (LeRobot's packing; diffusers' step is element-wise, so the split does not matter)."""
+        if step_index != self._next_index or step_index >= self.num_inference_steps:
+            raise ValueError(f"step_index: expected {self._next_index} (steps run in order), got "
+                             f"{step_index}")
+        velocities, samples = tuple(velocity), tuple(sample)
+        if len(velocities) != len(samples) or any(
+                v.shape != x.shape for v, x in zip(velocities, samples, strict=True)):
+            raise ValueError("expected one velocity of each sample's shape")
+        b = samples[0].shape[0]
+        flat_v = torch.cat([v.reshape(b, -1) for v in velocities], dim=1)
+        flat_x = torch.cat([x.reshape(b, -1) for x in samples], dim=1)
+        t = self.timesteps[step_index]
+        out = self._scheduler.step(flat_v, t, flat_x, return_dict=False)[0]
+        self._next_index += 1
+        parts, start = [], 0
+        for x in samples:
+            parts.append(out[:, start : start + x[0].numel()].reshape(x.shape))
+            start += x[0].numel()
+        return tuple(parts)

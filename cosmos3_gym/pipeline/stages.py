@@ -24,9 +24,13 @@ from cosmos3_gym.model.wan_frame_encoder import WanFrameEncoder
 from cosmos3_gym.pipeline.normalization import denormalize_actions
 from cosmos3_gym.pipeline.options import InferenceOptions
 from cosmos3_gym.pipeline.preprocess import CanvasPlan, crop_latent_to_content, preprocess
-from cosmos3_gym.pipeline.prompt import build_action_caption, tokenize_captions
+from cosmos3_gym.pipeline.prompt import (
+    build_action_caption,
+    build_lerobot_caption,
+    tokenize_captions,
+)
 from cosmos3_gym.pipeline.prompt_cache import PromptCache
-from cosmos3_gym.pipeline.scheduler import FlowUniPCScheduler, flow_unipc_sigmas
+from cosmos3_gym.pipeline.scheduler import DiffusersFlowScheduler, FlowUniPCScheduler
 from cosmos3_gym.pipeline.sde import StochasticActionSampler, StochasticSampling
 from cosmos3_gym.pipeline.vae import decode_latents, encode_conditioning_frames
 from cosmos3_gym.progress import progress
@@ -49,6 +53,17 @@ class SamplingParams:
     stochastic: StochasticSampling | None = None
     # Guidance only on the steps whose model timestep t has lo < t < hi; None: every step.
     guidance_interval: tuple[float, float] | None = None
+    # A diffusers UniPCMultistepScheduler config to denoise with (PolicyConfig.scheduler_config);
+    # None: the official FlowUniPC.
+    scheduler_config: dict[str, Any] | None = None
+
+    def scheduler(self, device: torch.device | str = "cpu"
+                  ) -> FlowUniPCScheduler | DiffusersFlowScheduler:
+        """A fresh scheduler for one denoising loop under these settings."""
+        if self.scheduler_config is None:
+            return FlowUniPCScheduler(self.num_inference_steps, self.flow_shift)
+        return DiffusersFlowScheduler(self.scheduler_config, self.num_inference_steps,
+                                      self.flow_shift, device=device)
 
     def guided_steps(self) -> tuple[bool, ...]:
         """Per denoising step, whether it applies classifier-free guidance (and so runs the
@@ -64,7 +79,7 @@ class SamplingParams:
         if self.guidance_interval is None:
             return (True,) * self.num_inference_steps
         lo, hi = self.guidance_interval
-        _, timesteps = flow_unipc_sigmas(self.num_inference_steps, self.flow_shift)
+        timesteps = self.scheduler().timesteps
         return tuple(bool(lo < float(t) < hi) for t in timesteps)
 
 
@@ -128,20 +143,24 @@ class Stage:
 
 
 class PreprocessStage(Stage):
-    """Official resolution tier: aspect-preserving resize without upscaling, reflect-pad."""
+    """Official resolution tier: aspect-preserving resize without upscaling, reflect-pad (the
+    resize rounded back to uint8, or kept in float: ``PolicyConfig.resize``)."""
 
     name = "preprocess"
 
-    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
-        self.device, self.dtype = device, dtype
+    def __init__(self, device: torch.device, dtype: torch.dtype, round_resized: bool = True
+                 ) -> None:
+        self.device, self.dtype, self.round_resized = device, dtype, round_resized
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
-        batch.pixels = preprocess(batch.images, batch.plan, device=self.device, dtype=self.dtype)
+        batch.pixels = preprocess(batch.images, batch.plan, device=self.device, dtype=self.dtype,
+                                  round_resized=self.round_resized)
         return batch
 
 
 class PromptStage(Stage):
-    """Structured JSON caption per item, chat template, UND pathway once per request (once per
+    """The caption per item (the structured JSON one, or LeRobot's plain text:
+    ``PolicyConfig.caption_format``), chat template, UND pathway once per request (once per
     distinct prompt across calls, with a :class:`~cosmos3_gym.pipeline.prompt_cache.PromptCache`).
     """
 
@@ -169,14 +188,21 @@ class PromptStage(Stage):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and mask ``[b or 2b, L]`` of the batch's captions, on the host."""
         p = self.policy
-        captions = [
-            build_action_caption(
-                prompt, view_point=p.view_point, num_frames=p.num_frames, fps=p.fps,
-                canvas_h=batch.plan.target_h, canvas_w=batch.plan.target_w,
-                with_idle_frame=p.idle_frame, view_description=p.view_description,
-            )
-            for prompt in batch.prompts
-        ]
+        canvas = {"canvas_h": batch.plan.target_h, "canvas_w": batch.plan.target_w}
+        if p.caption_format == "lerobot":
+            captions = [
+                build_lerobot_caption(prompt, view_point=p.view_point, num_frames=p.num_frames,
+                                      fps=p.fps, view_description=p.view_description, **canvas)
+                for prompt in batch.prompts
+            ]
+        else:
+            captions = [
+                build_action_caption(
+                    prompt, view_point=p.view_point, num_frames=p.num_frames, fps=p.fps,
+                    with_idle_frame=p.idle_frame, view_description=p.view_description, **canvas,
+                )
+                for prompt in batch.prompts
+            ]
         guided = any(params.guided_steps())
         if guided:
             # The unconditional rows use the raw negative prompt (chat-templated, no JSON
@@ -184,7 +210,8 @@ class PromptStage(Stage):
             captions += [p.negative_prompt] * batch.size
         tokens = tokenize_captions(
             self.tokenizer, captions, max_sequence_length=p.max_sequence_length,
-            allow_empty=guided,
+            allow_empty=guided, eos_token_id=p.eos_token_id,
+            vision_start_token_id=p.vision_start_token_id,
         )
         return tokens.input_ids, tokens.attention_mask
 
@@ -196,17 +223,24 @@ class EncodeStage(Stage):
 
     def __init__(self, vae: Any, use_frame_encoder: bool = True) -> None:
         self.vae = vae
+        self.spatial_factor = int(getattr(vae.config, "scale_factor_spatial", 16))
         # The single-frame encode as 2-D convolutions, sharing the VAE's parameters; False
-        # runs diffusers' causal 3-D encode instead (InferenceOptions.frame_encoder).
-        self.frame_encoder = WanFrameEncoder(vae)
-        self.use_frame_encoder = use_frame_encoder
+        # runs diffusers' causal 3-D encode instead (InferenceOptions.frame_encoder), as does a
+        # VAE layout the 2-D form does not cover.
+        self.frame_encoder = None
+        if use_frame_encoder:
+            try:
+                self.frame_encoder = WanFrameEncoder(vae)
+            except ValueError as error:
+                logger.info("single-frame encoder not available for this VAE layout (%s); "
+                            "encoding with diffusers' AutoencoderKLWan.encode", error)
+        self.use_frame_encoder = self.frame_encoder is not None
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:
-        encoder = self.frame_encoder if self.use_frame_encoder else None
-        latent = encode_conditioning_frames(  # [b, 48, 1, Hc/16, Wc/16]
-            self.vae, batch.pixels, frame_encoder=encoder
+        latent = encode_conditioning_frames(  # [b, C, 1, Hc/f, Wc/f]
+            self.vae, batch.pixels, frame_encoder=self.frame_encoder
         )
-        batch.cond_latent = crop_latent_to_content(latent, batch.plan)
+        batch.cond_latent = crop_latent_to_content(latent, batch.plan, self.spatial_factor)
         batch.pixels = None  # no longer needed; free it before the denoising loop
         return batch
 
@@ -371,7 +405,7 @@ class DenoiseStage(Stage):
         vision, actions = batch.vision, batch.actions
         cond = batch.cond_latent.to(device)
         state = actions[:, :s].clone()  # [b, S, 64] the clean state rows, re-imposed every step
-        scheduler = FlowUniPCScheduler(params.num_inference_steps, params.flow_shift)
+        scheduler = params.scheduler(device)
         if params.stochastic is not None:  # the action tokens' Gaussian steps (pipeline/sde.py)
             scheduler = StochasticActionSampler(
                 scheduler, params.stochastic, batch.seeds, horizon=p.action_horizon,
@@ -510,10 +544,11 @@ class DecodeStage(Stage):
         # The H predicted rows; the state rows that led them are the caller's own input.
         predicted = batch.actions[:, p.history_length :, : p.raw_action_dim]
         normalized = predicted.float().cpu().numpy()
-        if self.stats is None:  # no statistics: the normalised actions themselves
-            actions = normalized.copy()
-        else:
-            actions = denormalize_actions(normalized, self.stats, p.normalization)
+        actions = normalized.copy()
+        if p.invert_gripper:  # the model's 1 - g back to g, before un-normalisation (LeRobot)
+            actions[..., -1] = 1.0 - actions[..., -1]
+        if self.stats is not None:  # else the normalised actions themselves
+            actions = denormalize_actions(actions, self.stats, p.normalization)
         batch.result = {
             "actions": np.asarray(actions, dtype=np.float32),
             "normalized_actions": normalized.astype(np.float32),

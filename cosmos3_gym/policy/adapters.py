@@ -438,6 +438,145 @@ def _resize_bilinear(batch: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return x.permute(0, 2, 3, 1).numpy().astype(np.uint8)
 
 
+def resize_with_pad(images: np.ndarray, height: int, width: int) -> np.ndarray:
+    """uint8 ``[B, h, w, C]`` images fitted into ``height x width`` with their aspect kept: scaled
+    by ``1 / max(w / width, h / height)`` (sizes truncated), PIL bilinear, centred on black
+    (the offsets truncated too). Images already of that size are returned as they are. This is
+    the resize-with-pad of openpi's client that LeRobot's Cosmos3 processor composes views
+    with."""
+    if images.shape[1:3] == (height, width):
+        return images
+    out = np.zeros((images.shape[0], height, width, images.shape[3]), np.uint8)
+    for k, image in enumerate(images):
+        h, w = image.shape[:2]
+        ratio = max(w / width, h / height)
+        new_h, new_w = int(h / ratio), int(w / ratio)
+        plane = np.ascontiguousarray(image[..., 0] if image.shape[-1] == 1 else image)
+        resized = np.asarray(Image.fromarray(plane).resize(
+            (new_w, new_h), Image.Resampling.BILINEAR)).reshape(new_h, new_w, -1)
+        top, left = max(0, int((height - new_h) / 2)), max(0, int((width - new_w) / 2))
+        out[k, top : top + new_h, left : left + new_w] = resized
+    return out
+
+
+def compose_views(views: list[np.ndarray], *, num_views: int, primary_height: int,
+                  canvas_hw: tuple[int, int]) -> np.ndarray:
+    """LeRobot's Cosmos3 canvas of uint8 ``[B, H_k, W_k, 3]`` camera batches: ``views[0]``
+    across the top ``primary_height`` rows, the others side by side in the rows below (each
+    ``canvas_w // (num_views - 1)`` wide, the row padded with black on the right), each fitted
+    with :func:`resize_with_pad`; views missing up to ``num_views`` are black. One view fills the
+    whole canvas.
+
+    >>> a, b = np.full((1, 4, 4, 3), 9, np.uint8), np.full((1, 2, 4, 3), 5, np.uint8)
+    >>> canvas = compose_views([a, b], num_views=2, primary_height=4, canvas_hw=(6, 4))
+    >>> canvas.shape, int(canvas[0, 0, 0, 0]), int(canvas[0, 5, 0, 0])
+    ((1, 6, 4, 3), 9, 5)
+    """
+    height, width = canvas_hw
+    views = list(views) + [np.zeros_like(views[0])] * (num_views - len(views))
+    if len(views) == 1:
+        return resize_with_pad(views[0], height, width)
+    top = resize_with_pad(views[0], primary_height, width)
+    bottom_h, tile_w = height - primary_height, width // (len(views) - 1)
+    bottom = np.concatenate([resize_with_pad(v, bottom_h, tile_w) for v in views[1:]], axis=2)
+    if bottom.shape[2] < width:
+        bottom = np.pad(bottom, ((0, 0), (0, 0), (0, width - bottom.shape[2]), (0, 0)))
+    return np.concatenate([top, bottom], axis=1)
+
+
+# LeRobot's LIBERO observation keys, and the cameras of this project's LIBERO env they are
+# (LeRobot's envs/libero.py camera_name_mapping: agentview_image -> image, the wrist camera ->
+# image2); LeRobot's LiberoProcessorStep rotates both 180 degrees (flips H and W).
+LEROBOT_LIBERO_VIEWS = {"observation.images.image": "agentview_image",
+                        "observation.images.image2": "wrist_image"}
+_LEROBOT_IMAGE_PREFIX = "observation.images."
+
+
+class LeRobotViewsAdapter(Adapter):
+    """The observation contract of a LeRobot Cosmos3 folder: its ``image_keys`` composed into
+    one canvas as LeRobot's processor does (:func:`compose_views`), the task as the prompt (the
+    pipeline writes LeRobot's caption around it), the state from ``observation.state``.
+
+    Each image key is read from the observation under its own name (LeRobot's
+    ``observation.images.X``), or as ``X``; for LeRobot's LIBERO keys, a LIBERO observation of
+    this project's env (``agentview_image``, ``wrist_image``) is turned into what LeRobot's
+    LIBERO env gives its policy: each camera rotated 180 degrees. Actions: a ``libero`` head's
+    10-D ``[dpos, rot6d, gripper]`` become LIBERO's 7-D ones as :class:`LiberoAdapter` makes them
+    (rot6d to axis-angle, the gripper from ``[0, 1]`` to ``-1`` open / ``+1`` closed); other
+    heads' actions pass unchanged.
+
+    Args:
+        contract: the folder's :class:`~cosmos3_gym.formats.ObservationContract`.
+    """
+
+    name = "lerobot"
+
+    def __init__(self, contract: Any) -> None:
+        if contract.convention != "lerobot" or contract.canvas_hw is None:
+            raise ValueError(f"lerobot adapter: expected a LeRobot folder's contract; found "
+                             f"{contract}")
+        self.contract = contract
+        self.domain = contract.domain
+
+    def _view(self, obs: Mapping[str, Any], key: str) -> np.ndarray:
+        short = key[len(_LEROBOT_IMAGE_PREFIX):] if key.startswith(_LEROBOT_IMAGE_PREFIX) else None
+        for name in (key, short):
+            if name is not None and name in obs:
+                return to_numpy(_check_image_batch(obs[name], f"observation[{name!r}]"))
+        libero = LEROBOT_LIBERO_VIEWS.get(key)
+        if libero is not None and libero in obs:
+            image = to_numpy(_check_image_batch(obs[libero], f"observation[{libero!r}]"))
+            return np.ascontiguousarray(image[:, ::-1, ::-1])  # LeRobot's 180-degree rotation
+        raise ValueError(
+            f"lerobot adapter: the checkpoint's image key {key!r} is not in the observation"
+            + (f" (nor {short!r})" if short else "")
+            + (f" (nor this project's LIBERO camera {libero!r})" if libero else "")
+            + f"; found keys {sorted(obs)}")
+
+    def images(self, obs: Any) -> np.ndarray:
+        c = self.contract
+        if not isinstance(obs, Mapping):
+            if len(c.image_keys) == 1:
+                obs = {c.image_keys[0]: obs}
+            else:
+                raise ValueError(f"lerobot adapter: expected a dict observation with "
+                                 f"{list(c.image_keys)}; found {describe(obs)}")
+        views = [self._view(obs, key) for key in c.image_keys]
+        if len({v.shape[0] for v in views}) != 1:
+            raise ValueError(f"lerobot adapter: camera batches of different sizes "
+                             f"{[list(v.shape) for v in views]}")
+        return compose_views(views, num_views=c.num_views, primary_height=c.primary_height,
+                             canvas_hw=c.canvas_hw)
+
+    def state(self, obs: Any) -> np.ndarray | None:
+        key = self.contract.state_key
+        if key is None:
+            return None
+        for name in (key, "state"):
+            if isinstance(obs, Mapping) and name in obs:
+                return _state_rows(obs[name], f"observation[{name!r}]")
+        found = sorted(obs) if isinstance(obs, Mapping) else describe(obs)
+        raise ValueError(f"lerobot adapter: the checkpoint takes the robot state from {key!r}; "
+                         f"found {found}")
+
+    def actions(self, raw: np.ndarray) -> np.ndarray:
+        raw = np.asarray(raw, dtype=np.float32)
+        if self.domain == "libero" and raw.ndim == 3 and raw.shape[-1] == 10:
+            return LiberoAdapter().actions(raw)
+        return raw.copy()
+
+
+def adapter_for_contract(contract: Any) -> Adapter:
+    """The adapter a checkpoint's declared observation contract asks for: LeRobot's view
+    composition for a LeRobot folder, the official LIBERO client's conventions for a
+    cosmos-framework LIBERO export."""
+    if contract.convention == "lerobot":
+        return LeRobotViewsAdapter(contract)
+    if contract.convention == "cosmos-framework-libero":
+        return LiberoAdapter()
+    raise ValueError(f"unknown observation contract {contract.convention!r}")
+
+
 class MetaWorldAdapter(Adapter):
     """Meta-World conventions: one upright camera, the task as the prompt, 4-D actions.
 

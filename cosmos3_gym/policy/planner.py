@@ -94,6 +94,41 @@ class SeedRule:
         """The same seed for every chunk (the official server's rule, with seed 0)."""
         return cls(lambda env, episode, chunk: seed, fresh=False)
 
+    @classmethod
+    def lerobot(cls, seed: int, num_envs: int, deterministic: bool = False) -> SeedRule:
+        """The seeds LeRobot's Cosmos3 policy draws when it is given none: at ``reset()`` its
+        generator restarts as ``np.random.default_rng(seed)``, and each replanning call draws
+        one ``integers(0, 2**31)`` per env, in env order. LeRobot's evaluator resets the policy
+        at the start of every rollout and replans every env together, so chunk ``c`` of env
+        ``e`` (of ``num_envs``) gets draw ``c * num_envs + e`` in every episode. With
+        ``deterministic`` (LeRobot's ``deterministic_seed``) every chunk gets ``seed``.
+
+        >>> rule = SeedRule.lerobot(0, num_envs=2)
+        >>> rng = np.random.default_rng(0)
+        >>> draws = [int(rng.integers(0, 2**31)) for _ in range(4)]
+        >>> [rule.seed_of(0, 0, 0), rule.seed_of(1, 0, 0), rule.seed_of(1, 5, 1)] == [
+        ...     draws[0], draws[1], draws[3]]
+        True
+        """
+        check_seed(seed, "seed")
+        if deterministic:
+            return cls.fixed(seed)
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"num_envs: expected an int >= 1, got {num_envs!r}")
+        rng = np.random.default_rng(seed)
+        draws: list[int] = []
+
+        def seed_of(env: int, episode: int, chunk: int) -> int:
+            if not 0 <= env < num_envs:
+                raise ValueError(f"LeRobot's seed rule was made for {num_envs} envs; env {env} "
+                                 "is not one of them")
+            index = chunk * num_envs + env
+            while len(draws) <= index:  # one scalar draw at a time, as LeRobot draws them
+                draws.append(int(rng.integers(0, 2**31)))
+            return draws[index]
+
+        return cls(seed_of)
+
     def shifted(self, offset: int) -> SeedRule:
         """This rule for envs numbered from ``offset``: env ``e`` of a group that starts at env
         ``offset`` of the whole batch gets the seeds of env ``offset + e``.

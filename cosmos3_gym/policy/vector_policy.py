@@ -20,6 +20,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from cosmos3_gym.pipeline.sampling import SamplerConfig
 from cosmos3_gym.policy.adapters import (
     Adapter,
+    adapter_for_contract,
     adapter_for_domain,
     check_action_fit,
     get_adapter,
@@ -141,7 +142,7 @@ class VectorPolicy:
     def __init__(
         self,
         pipeline: Any,
-        adapter: str | Adapter = "generic",
+        adapter: str | Adapter | None = None,
         n_action_steps: int | None = None,
         seed: int = 0,
         *,
@@ -161,7 +162,12 @@ class VectorPolicy:
             raise TypeError(f"VectorPolicy got unknown settings {unknown}; the sampler's are "
                             f"{sorted(known)} (SamplerConfig)")
         self.pipeline = pipeline
+        contract = getattr(pipeline, "contract", None)
+        if adapter is None:  # the contract the checkpoint declares, else the generic one
+            adapter = adapter_for_contract(contract) if contract is not None else "generic"
         self.adapter = get_adapter(adapter)
+        if n_action_steps is None and contract is not None:
+            n_action_steps = contract.n_action_steps
         self.config = VectorPolicyConfig(
             n_action_steps=n_action_steps,
             seed=seed,

@@ -1,0 +1,208 @@
+"""What every checkpoint format reads into: a :class:`CheckpointFolder`, before any weight loads.
+
+A reader (``formats/diffusers.py``, ``lerobot.py``, ``cosmos_framework.py``) turns a folder as
+downloaded into one description: the generator's config, where each component's tensors are and
+how their names map onto ours (:class:`WeightFiles`), the VAE, the tokenizer, the policy and the
+observation contract the folder declares. ``cosmos3-gym inspect`` prints it, the pipeline's
+``from_pretrained`` builds from it, ``cosmos3-gym convert`` writes it as a diffusers folder.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cosmos3_gym.checkpoint import PolicyConfig
+from cosmos3_gym.model.config import Cosmos3Config
+
+# Suffixes of pickled weight files: never loaded (unpickling can run code).
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def allowed_roots(root: Path) -> tuple[Path, ...]:
+    """Where a checkpoint's files may resolve to: the folder itself, and for a snapshot in the
+    Hugging Face cache (``models--ORG--NAME/snapshots/REV``, whose files are links into the
+    repository's ``blobs/``) that repository's ``blobs/`` folder."""
+    resolved = root.resolve()
+    roots = [resolved]
+    if resolved.parent.name == "snapshots" and resolved.parent.parent.name.startswith("models--"):
+        roots.append(resolved.parent.parent / "blobs")
+    return tuple(roots)
+
+
+def inside(root: Path, path: Path, what: str) -> Path:
+    """``path`` if it resolves inside ``root`` (symbolic links followed; :func:`allowed_roots`),
+    else a ``ValueError``: a checkpoint reads nothing outside its own folder, whatever its links
+    point at."""
+    resolved = path.resolve()
+    if not any(resolved.is_relative_to(r) for r in allowed_roots(root)):
+        raise ValueError(f"{path} ({what}) resolves to {resolved}, outside the checkpoint folder "
+                         f"{root}; a checkpoint may only read files inside itself (copy the file "
+                         "in instead of linking it)")
+    return path
+
+
+def read_header(path: Path) -> dict[str, dict[str, Any]]:
+    """The tensor table of a safetensors file (name -> ``{"dtype", "shape"}``), read from its
+    header alone; the file is checked complete first
+    (:func:`~cosmos3_gym.model.weights.check_safetensors`)."""
+    from cosmos3_gym.model.weights import check_safetensors
+
+    check_safetensors(path)
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(length))
+    return {k: {"dtype": v["dtype"], "shape": list(v["shape"])}
+            for k, v in header.items() if k != "__metadata__"}
+
+
+@dataclass(frozen=True)
+class WeightFiles:
+    """One component's tensors on disk: the safetensors files that hold them and how a file's
+    tensor names become the component's parameter names.
+
+    ``rename`` maps a file's name to the parameter name, or to ``None`` for a tensor that is not
+    this component's (another component's, or a part the format ships that cosmos3-gym does not
+    run: the ViT of a cosmos-framework export). ``mapping`` says the rule in words (inspect
+    prints it).
+    """
+
+    files: tuple[Path, ...]
+    rename: Callable[[str], str | None]
+    mapping: str
+
+    def names(self) -> dict[str, tuple[Path, str]]:
+        """Parameter name -> (file, the file's tensor name), from the headers alone; a name
+        that two files (or two tensors) both give is an error naming both."""
+        found: dict[str, tuple[Path, str]] = {}
+        for path in self.files:
+            for key in read_header(path):
+                name = self.rename(key)
+                if name is None:
+                    continue
+                if name in found:
+                    other = found[name]
+                    raise ValueError(f"{name!r} is given twice: by {other[1]!r} in {other[0]} and "
+                                     f"by {key!r} in {path}")
+                found[name] = (path, key)
+        return found
+
+    def shapes(self) -> dict[str, list[int]]:
+        """Parameter name -> shape, from the headers alone."""
+        headers = {path: read_header(path) for path in self.files}
+        return {name: headers[path][key]["shape"] for name, (path, key) in self.names().items()}
+
+
+@dataclass(frozen=True)
+class ObservationContract:
+    """How the checkpoint's owner turns an observation into the model's image, as the folder
+    declares it; the policy builds its default adapter from it
+    (:func:`~cosmos3_gym.policy.adapters.adapter_for_contract`).
+
+    Attributes:
+        convention: ``"lerobot"`` (LeRobot's view composition: ``image_keys[0]`` across the top,
+            the others side by side below, each resized with padding) or
+            ``"cosmos-framework-libero"`` (the official LIBERO client: both cameras rotated 180
+            degrees, 256 x 256 each, side by side).
+        image_keys: the observation keys of the camera images, in composition order.
+        num_views: views the canvas has room for (missing ones are black).
+        primary_height: rows of the top view (LeRobot's ``image_height``).
+        canvas_hw: the composed canvas, ``(height, width)``.
+        state_key: the observation key of the robot state, where the head takes one.
+        domain: the embodiment the actions belong to (``"libero"``: LIBERO's 7-D env actions
+            are made from the 10-D rot6d ones).
+        n_action_steps: actions of each chunk the owner's policy executes before replanning
+            (None: the whole chunk).
+        seed, deterministic_seed: the owner's noise seeds (LeRobot's ``seed`` and
+            ``deterministic_seed``: :meth:`~cosmos3_gym.policy.SeedRule.lerobot`).
+    """
+
+    convention: str
+    image_keys: tuple[str, ...] = ()
+    num_views: int = 1
+    primary_height: int | None = None
+    canvas_hw: tuple[int, int] | None = None
+    state_key: str | None = None
+    domain: str | None = None
+    n_action_steps: int | None = None
+    seed: int = 0
+    deterministic_seed: bool = False
+
+
+@dataclass(frozen=True)
+class CheckpointFolder:
+    """A checkpoint as read from disk, before any weight loads.
+
+    Attributes:
+        root: the folder.
+        format: ``"diffusers"``, ``"lerobot"`` or ``"cosmos-framework"``.
+        kind: the format's own name of what it holds (LeRobot's policy ``type``,
+            cosmos-framework's ``model_type``, diffusers' pipeline class).
+        transformer: the generator's config.
+        transformer_source: where each value of :attr:`transformer` came from (one line).
+        transformer_weights: the generator's tensors.
+        vae_config: ``AutoencoderKLWan`` arguments.
+        vae_weights: the VAE's tensors.
+        vae_source: where the VAE came from (one line).
+        tokenizer: the tokenizer folder.
+        tokenizer_source: how it was found (one line).
+        policy: the policy the folder declares (LeRobot folders, diffusers folders with
+            ``action_policy.json``), else None (:func:`~cosmos3_gym.checkpoint.resolve_policy`
+            decides from a domain or recipe).
+        contract: the observation contract the folder declares, if any.
+        ignored: tensors in the files that cosmos3-gym reads but does not run, by what they are
+            (``{"vision tower (ViT)": 391}``).
+        notes: facts about the folder worth printing (sources of the choices made).
+    """
+
+    root: Path
+    format: str
+    kind: str | None
+    transformer: Cosmos3Config
+    transformer_source: str
+    transformer_weights: WeightFiles
+    vae_config: dict[str, Any]
+    vae_weights: WeightFiles
+    vae_source: str
+    tokenizer: Path
+    tokenizer_source: str
+    policy: PolicyConfig | None = None
+    contract: ObservationContract | None = None
+    ignored: dict[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def files(self) -> list[tuple[Path, int]]:
+        """Every file of the folder (symbolic links followed, inside it only) with its size."""
+        out = []
+        for path in sorted(self.root.rglob("*")):
+            if path.is_file() and not any(part.startswith(".") for part in
+                                          path.relative_to(self.root).parts):
+                out.append((path, path.stat().st_size))
+        return out
+
+
+def check_claimed(files: Iterable[Path], owners: Iterable[WeightFiles],
+                  ignore: Callable[[str], str | None], where: str) -> dict[str, int]:
+    """Every tensor of ``files`` belongs to one of ``owners`` or is one ``ignore`` names (it
+    returns what the tensor is, or None); any other is an error naming the first ones. Returns
+    the ignored tensors' counts by what they are."""
+    owners = list(owners)
+    ignored: dict[str, int] = {}
+    stray: list[str] = []
+    for path in files:
+        for key in read_header(path):
+            if any(owner.rename(key) is not None for owner in owners):
+                continue
+            what = ignore(key)
+            if what is None:
+                stray.append(key)
+            else:
+                ignored[what] = ignored.get(what, 0) + 1
+    if stray:
+        raise ValueError(f"{where} holds {len(stray)} tensors cosmos3-gym does not know: "
+                         f"{stray[:8]}{' ...' if len(stray) > 8 else ''}; expected only "
+                         f"{', '.join(o.mapping for o in owners)}")
+    return ignored
