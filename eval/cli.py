@@ -52,6 +52,8 @@ COMMAND_HELP = {
     "rl": "reinforcement learning fine-tuning: rl grpo (GRPO on ColorReach)",
     "report": "print a run's results table and redraw its plot (finished or partial runs; "
               "several runs side by side)",
+    "inspect": "print a benchmark preset (--env NAME: its variants, cameras, action map, "
+               "success rule, versions) as JSON, to read or copy",
 }
 
 
@@ -259,6 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     report.add_arguments(sub.add_parser("report", help=COMMAND_HELP["report"],
                                         description=COMMAND_HELP["report"]))
+    inspect = sub.add_parser("inspect", help=COMMAND_HELP["inspect"],
+                             description=COMMAND_HELP["inspect"])
+    inspect.add_argument("--env", required=True, metavar="ENV",
+                         help="a benchmark preset, NAME or NAME:VARIANT (docs/presets.md)")
     return parser
 
 
@@ -382,8 +388,8 @@ def _interrupted(command: str, args: argparse.Namespace) -> str:
     if command == "train":
         return (f"the checkpoint in {out} is incomplete (training does not resume); rerun the "
                 "same command to train from the start")
-    if command == "report":
-        return "it only reads runs; rerun the same command"
+    if command in ("report", "inspect"):
+        return "it only reads; rerun the same command"
     if command == "eval":
         from cosmos3_gym.eval.results import read_episode_records
 
@@ -403,6 +409,8 @@ def _run(args: argparse.Namespace, command: str) -> int:
         from cosmos3_gym.eval import report
 
         return report.run(args)
+    if command == "inspect":
+        return _inspect(args.env)
     config = command_settings(args, classes[command])
     if command == "eval":
         from cosmos3_gym.eval.evaluate import run_eval_command
@@ -431,6 +439,22 @@ def _run(args: argparse.Namespace, command: str) -> int:
     from cosmos3_gym.train.grpo import run_grpo
 
     run_grpo(config, progress=progress)
+    return 0
+
+
+def _inspect(env: str) -> int:
+    """``cosmos3-gym inspect --env NAME``: the preset, and the variants the name selects."""
+    import json
+
+    from cosmos3_gym.envs.presets import PRESETS, split_preset_name
+
+    found = split_preset_name(env)
+    if found is None:
+        raise ValueError(f"--env {env!r}: inspect shows a benchmark preset; expected one of "
+                         f"{', '.join(PRESETS)} (optionally NAME:VARIANT)")
+    preset, selector = found
+    print(json.dumps({"env": env, "selected": [v.as_dict() for v in preset.select(selector)],
+                      "preset": preset.as_dict()}, indent=2))
     return 0
 
 
