@@ -31,45 +31,86 @@ ROBOSUITE_HORIZON = 500
 _PATCHED = False
 
 
+def _joint_width(joint_type: Any, kind: str) -> int:
+    """qpos (``kind="qpos"``) or qvel entries of a MuJoCo joint type: free 7/6, ball 4/3, hinge
+    and slide 1. The joint type is compared as an integer: under MuJoCo 3.16 with numpy 2,
+    ``model.jnt_type[i] in (mjJNT_HINGE, mjJNT_SLIDE)`` is False for a hinge, which is what
+    gymnasium-robotics 1.4.2 and robosuite 1.4.0 assert."""
+    import mujoco
+
+    widths = {int(mujoco.mjtJoint.mjJNT_FREE): (7, 6), int(mujoco.mjtJoint.mjJNT_BALL): (4, 3)}
+    return widths.get(int(joint_type), (1, 1))[0 if kind == "qpos" else 1]
+
+
 def patch_gymnasium_robotics() -> None:
-    """Make gymnasium-robotics' ``set_joint_qpos`` / ``set_joint_qvel`` compare joint types as
-    integers: under MuJoCo 3.16 ``model.jnt_type[i] in (mjJNT_HINGE, mjJNT_SLIDE)`` is False for
-    a hinge, so every Fetch env fails to build. Idempotent."""
+    """gymnasium-robotics' ``set_joint_qpos`` / ``set_joint_qvel`` / ``get_joint_qpos`` /
+    ``get_joint_qvel`` with the joint type compared as an integer (:func:`_joint_width`): without it every Fetch env fails to build with a bare
+    ``AssertionError``. Idempotent."""
     global _PATCHED
     if _PATCHED:
         return
     import mujoco
     from gymnasium_robotics.utils import mujoco_utils
 
-    sizes = {"qpos": {int(mujoco.mjtJoint.mjJNT_FREE): 7, int(mujoco.mjtJoint.mjJNT_BALL): 4},
-             "qvel": {int(mujoco.mjtJoint.mjJNT_FREE): 6, int(mujoco.mjtJoint.mjJNT_BALL): 3}}
+    def span(model: Any, name: str, kind: str) -> slice:
+        joint = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, name)
+        if joint == -1:
+            raise ValueError(f"joint {name!r} is not part of the model")
+        start = int((model.jnt_qposadr if kind == "qpos" else model.jnt_dofadr)[joint])
+        return slice(start, start + _joint_width(model.jnt_type[joint], kind))
 
-    def setter(kind: str, address: str) -> Any:
+    def setter(kind: str) -> Any:
         def set_joint(model: Any, data: Any, name: str, value: Any) -> None:
-            joint = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, name)
-            if joint == -1:
-                raise ValueError(f"joint {name!r} is not part of the model")
-            start = int(getattr(model, address)[joint])
-            ndim = sizes[kind].get(int(model.jnt_type[joint]), 1)
-            getattr(data, kind)[start:start + ndim] = np.asarray(value)
+            getattr(data, kind)[span(model, name, kind)] = np.asarray(value)
         return set_joint
 
-    mujoco_utils.set_joint_qpos = setter("qpos", "jnt_qposadr")
-    mujoco_utils.set_joint_qvel = setter("qvel", "jnt_dofadr")
+    def getter(kind: str) -> Any:
+        def get_joint(model: Any, data: Any, name: str) -> np.ndarray:
+            return getattr(data, kind)[span(model, name, kind)].copy()
+        return get_joint
+
+    for kind in ("qpos", "qvel"):
+        setattr(mujoco_utils, f"set_joint_{kind}", setter(kind))
+        setattr(mujoco_utils, f"get_joint_{kind}", getter(kind))
     _PATCHED = True
 
 
-def make_fetch(task: str, **kwargs: Any) -> gym.Env:
+def patch_robosuite() -> None:
+    """robosuite's ``MjModel.get_joint_qpos_addr`` / ``get_joint_qvel_addr`` with the joint
+    type compared as an integer (:func:`_joint_width`), for the same reason. Idempotent."""
+    from robosuite.utils import binding_utils
+
+    model = binding_utils.MjModel
+    if getattr(model, "_cosmos3_gym_patched", False):
+        return
+
+    def address(kind: str, field: str) -> Any:
+        def get_address(self: Any, name: str) -> Any:
+            joint = self.joint_name2id(name)
+            start = int(getattr(self, field)[joint])
+            ndim = _joint_width(self.jnt_type[joint], kind)
+            return start if ndim == 1 else (start, start + ndim)
+        return get_address
+
+    model.get_joint_qpos_addr = address("qpos", "jnt_qposadr")
+    model.get_joint_qvel_addr = address("qvel", "jnt_dofadr")
+    model._cosmos3_gym_patched = True
+
+
+def make_fetch(task: str, *, width: int = 480, height: int = 480, **kwargs: Any) -> gym.Env:
     """gymnasium-robotics' MuJoCo Fetch env ``task`` (``"Reach"``, ...), built after
-    :func:`patch_gymnasium_robotics`."""
+    :func:`patch_gymnasium_robotics`; ``width`` / ``height``: its ``render()`` frame size."""
     if task not in FETCH_TASKS:
         raise ValueError(f"Fetch task: expected one of {list(FETCH_TASKS)}; found {task!r}")
     patch_gymnasium_robotics()
-    from gymnasium_robotics.envs import fetch
+    import importlib
 
-    modules = {"Reach": fetch.reach, "Push": fetch.push, "Slide": fetch.slide,
-               "PickAndPlace": fetch.pick_and_place}
-    return getattr(modules[task], f"MujocoFetch{task}Env")(**kwargs)
+    module = importlib.import_module(f"gymnasium_robotics.envs.fetch.{FETCH_TASKS[task]}")
+    return getattr(module, f"MujocoFetch{task}Env")(width=width, height=height, **kwargs)
+
+
+# What the registry reads of an entry point without making an env (the Fetch envs' own).
+make_fetch.metadata = {"render_modes": ["human", "rgb_array"], "render_fps": 25}
 
 
 class RobosuiteEnv(gym.Env):
@@ -108,6 +149,7 @@ class RobosuiteEnv(gym.Env):
             return
         import robosuite
 
+        patch_robosuite()
         self._env = robosuite.make(
             self.task, robots=self.robots, has_renderer=False, has_offscreen_renderer=True,
             use_camera_obs=True, camera_names=list(self.camera_names),

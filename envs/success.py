@@ -217,7 +217,7 @@ def _scalar(value: Any) -> Any:
         if value.numel() == 1:
             return value.reshape(()).item()
         return value
-    if hasattr(value, "size") and hasattr(value, "item") and not isinstance(value, (int, float)):
+    if hasattr(value, "size") and hasattr(value, "item"):  # numpy arrays and scalars
         return value.item() if value.size == 1 else value
     return value
 
