@@ -44,8 +44,8 @@ def _joint_width(joint_type: Any, kind: str) -> int:
 
 def patch_gymnasium_robotics() -> None:
     """gymnasium-robotics' ``set_joint_qpos`` / ``set_joint_qvel`` / ``get_joint_qpos`` /
-    ``get_joint_qvel`` with the joint type compared as an integer (:func:`_joint_width`): without it every Fetch env fails to build with a bare
-    ``AssertionError``. Idempotent."""
+    ``get_joint_qvel`` with the joint type compared as an integer (:func:`_joint_width`):
+    without it every Fetch env fails to build with a bare ``AssertionError``. Idempotent."""
     global _PATCHED
     if _PATCHED:
         return
