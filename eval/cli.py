@@ -263,8 +263,13 @@ def build_parser() -> argparse.ArgumentParser:
                                         description=COMMAND_HELP["report"]))
     inspect = sub.add_parser("inspect", help=COMMAND_HELP["inspect"],
                              description=COMMAND_HELP["inspect"])
+    from cosmos3_gym.settings import EnvSettings, meaning
+
+    env_help = meaning(next(f for f in dataclasses.fields(EnvSettings)
+                            if f.name == "env").metadata["help"])
     inspect.add_argument("--env", required=True, metavar="ENV",
-                         help="a benchmark preset, NAME or NAME:VARIANT (docs/presets.md)")
+                         help=f"{env_help}; inspect shows a benchmark preset, NAME or "
+                              "NAME:VARIANT")
     return parser
 
 
