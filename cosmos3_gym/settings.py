@@ -104,13 +104,26 @@ def json_object(text: str) -> dict[str, Any]:
 
 
 def env_name(text: str) -> str:
-    """A name of the env table (``EVAL_ENVS``), or ``gym:ID``."""
-    from cosmos3_gym.envs.families import ENV_NAMES, GYM_PREFIX
+    """A name of the env table (``EVAL_ENVS``), a benchmark preset, or ``gym:ID``."""
+    from cosmos3_gym.envs.families import check_env_name
 
-    if text in ENV_NAMES or (text.startswith(GYM_PREFIX) and text[len(GYM_PREFIX):].strip()):
-        return text
-    raise ValueError(f"expected one of {', '.join(ENV_NAMES)} or gym:ID (a registered Gymnasium "
-                     f"id, e.g. gym:gym_pusht/PushT-v0); found {text!r}")
+    return check_env_name(text)
+
+
+def render_size(text: str) -> tuple[int, int]:
+    """``HxW`` (``96x128``), or one number for a square frame.
+
+    >>> render_size("96x128"), render_size("64")
+    ((96, 128), (64, 64))
+    """
+    parts = text.lower().replace(" ", "").split("x")
+    try:
+        sizes = [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"expected HxW (e.g. 96x128) or one size; found {text!r}") from None
+    if len(sizes) not in (1, 2) or min(sizes) < 1:
+        raise ValueError(f"expected HxW with sizes >= 1 (e.g. 96x128); found {text!r}")
+    return (sizes[0], sizes[-1])
 
 
 def text_or_json_object(text: str) -> str | dict[str, str]:
@@ -229,14 +242,16 @@ class EnvSettings:
     """Which envs a command runs, and how many at once."""
 
     env: str = setting(
-        "color_reach", "the env family: color_reach (built in), libero, metaworld, or gym:ID (any "
-        "registered Gymnasium env)", group="env", parse=env_name, metavar="ENV")
+        "color_reach", "the env family: color_reach (built in), libero, metaworld, a benchmark "
+        "preset (pusht, aloha, metaworld:mt10, fetch, panda, robosuite, maniskill:ID, ...: "
+        "docs/presets.md), or gym:ID (any registered Gymnasium env)", group="env",
+        parse=env_name, metavar="ENV")
     suite: str | None = setting(
         None, "the LIBERO suite(s): libero_10, several comma-separated, or libero_4 (spatial, "
         "object, goal, 10)", group="env")
     tasks: list[str] | None = setting(
         None, "the tasks to run, comma-separated: colours for color_reach, task ids for LIBERO, "
-        "task names for metaworld (default: all)", group="env", parse=csv)
+        "task names for metaworld, a preset's variants (default: all)", group="env", parse=csv)
     num_envs: int = setting(4, "env slots stepped together", group="env", parse=positive_int)
     async_envs: bool = setting(
         False, "sub-envs in worker processes (crash and hang recovery)", group="env")
@@ -257,8 +272,9 @@ class EnvSettings:
         "inside: 510 on libero_10) or openpi (settle steps on top: 520)", group="env",
         choices=("cosmos3", "openpi"))
     prompt: str | dict[str, str] | None = setting(
-        None, "--env gym:ID: the instruction, or a JSON object {task: instruction} for several "
-        "tasks", group="env", parse=text_or_json_object, metavar="TEXT")
+        None, "--env gym:ID and presets: the instruction, or a JSON object {task: instruction} "
+        "for several tasks (a preset's own by default)", group="env", parse=text_or_json_object,
+        metavar="TEXT")
     import_modules: list[str] | None = setting(
         None, "--env gym:ID: modules to import first, comma-separated (the packages that register "
         "the id, e.g. gym_pusht)", group="env", flag="import", parse=csv, metavar="MODULES")
@@ -266,11 +282,38 @@ class EnvSettings:
         None, "--env gym:ID: keyword arguments of every env, as a JSON object", group="env",
         parse=json_object, metavar="JSON")
     success_key: str | None = setting(
-        None, "--env gym:ID: the info key success is read from (default: is_success, else "
-        "success)", group="env", metavar="KEY")
+        None, "--env gym:ID and presets: the bool info key success is read from (the same as "
+        "--success info.KEY)", group="env", metavar="KEY")
+    success: str | None = setting(
+        None, "--env gym:ID and presets: where success comes from: auto (the env's is_success, "
+        "else success; the default, a preset's own rule), info.KEY, 'info.KEY > X', "
+        "'return >= X', terminated, or none (returns only, no rate)", group="env",
+        metavar="RULE")
+    image_key: list[str] | None = setting(
+        None, "--env gym:ID and presets: the observation key(s) of the camera image, "
+        "comma-separated (several side by side)", group="env", parse=csv, metavar="KEYS")
+    state_key: str | None = setting(
+        None, "--env gym:ID and presets: the observation key of the robot state, for "
+        "state-conditioned heads", group="env", metavar="KEY")
+    render_size: tuple[int, int] | None = setting(
+        None, "--env gym:ID and presets: the size of render() frames, HxW (the env renders at "
+        "it where its constructor takes a size, else frames are resized)", group="env",
+        parse=render_size, metavar="HxW")
+    flip: str | None = setting(
+        None, "--env gym:ID and presets: flip the camera frames: vertical (upside down), "
+        "horizontal or both (a preset's own by default)", group="env",
+        choices=("vertical", "horizontal", "both", "none"))
     action_map: str | None = setting(
         None, "how the model's actions reach the env's Box: box (an affine map of [-1, 1] onto "
-        "its bounds); none (default): unchanged", group="env", choices=("box",))
+        "its bounds, clipped to them), or none: unchanged (default: a preset's own, else none)",
+        group="env", choices=("box", "none"))
+
+    def env_options(self) -> dict[str, Any]:
+        """What :func:`~cosmos3_gym.envs.make_eval_env` takes of these settings."""
+        from cosmos3_gym.envs.families import GYM_OPTIONS
+
+        base = ("suite", "tasks", "image_size", "max_episode_steps", "step_budget")
+        return {name: getattr(self, name) for name in (*base, *GYM_OPTIONS)}
 
 
 def fields_of(*classes: type) -> list[dataclasses.Field]:

@@ -83,10 +83,10 @@ def synthetic_policy(eval_env: EvalEnv | None = None) -> PolicyConfig:
 def synthetic_adapter(eval_env: EvalEnv) -> Adapter:
     """The adapter a synthetic run drives ``eval_env`` with (see the module notes)."""
     if _sized_head_width(eval_env) is not None:
-        return get_adapter(eval_env.adapter)
+        return get_adapter(eval_env.adapter, **eval_env.adapter_options)
     if eval_env.adapter == "generic":
         return TwoViewColorReachAdapter()
-    return get_adapter(eval_env.adapter)
+    return get_adapter(eval_env.adapter, **eval_env.adapter_options)
 
 
 def _sized_head_width(eval_env: EvalEnv | None) -> int | None:

@@ -32,12 +32,14 @@ from .families import (
     make_eval_env,
 )
 from .gym import (
-    SUCCESS_KEYS,
     ReportSuccess,
     TaskPrompt,
+    Variant,
+    VariantEnv,
     VectorTaskPrompt,
     import_env_modules,
     make_gym_vector_env,
+    make_variant_vector_env,
 )
 from .libero import (
     LIBERO_CLIENT_MAX_STEPS,
@@ -60,6 +62,7 @@ from .metaworld import (
     MetaWorldExpert,
     make_metaworld_vector_env,
 )
+from .success import SUCCESS_KEYS, SuccessRule, parse_success
 
 COLOR_REACH_ID = ColorReachEnv.spec_id
 LIBERO_ID = LiberoEnv.spec_id
@@ -88,6 +91,11 @@ __all__ = [
     "canonical_suites",
     "derive_seed",
     "make_eval_env",
+    "SuccessRule",
+    "Variant",
+    "VariantEnv",
+    "make_variant_vector_env",
+    "parse_success",
     "LIBERO_CLIENT_MAX_STEPS",
     "LIBERO_ID",
     "LIBERO_SETTLE_STEPS",

@@ -21,6 +21,7 @@ trials costs nothing before its first episode.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from gymnasium.spaces import Space
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from .color_reach import COLORS, make_color_reach_vector_env, prompt_for
+from .gym import VARIANT_OPTION, Variant, episode_budget
 from .libero import (
     LIBERO_SETTLE_STEPS,
     STEP_BUDGETS,
@@ -46,6 +48,7 @@ from .metaworld import (
     METAWORLD_TASKS,
     make_metaworld_vector_env,
 )
+from .success import SuccessRule, parse_success
 
 LIBERO_INIT_STATES_PER_TASK = 50
 # Names for several suites at once (``--suite libero_4``): the four suites behind the published
@@ -156,6 +159,8 @@ class EvalEnv:
 
     suite: str = ""
     adapter: str = "generic"
+    # Keyword arguments of the adapter (GymEval: image_key, state_key, flip).
+    adapter_options: dict[str, Any] = {}
     # The checkpoint domain this env's actions belong to (names the fix of a width mismatch).
     domain: str | None = None
     # The suite `cosmos3-gym bench --overlap-env` measures when none is named (None: no suites).
@@ -165,6 +170,18 @@ class EvalEnv:
     real_action_units: bool = False
     # How a trial picks its initial state, for results.json (None: the seed decides it all).
     init_state_rule: str | None = None
+    # The action map (--action-map) a run applies unless told otherwise (None: unchanged).
+    action_map: str | None = None
+
+    @property
+    def success_rule(self) -> SuccessRule:
+        """Where this family's success comes from (results.json's ``success_source``): by
+        default the sub-envs' own ``info["is_success"]``, which every family must report."""
+        return SuccessRule("flag", "is_success", declared_by=f"the {self.suite or 'env'} family")
+
+    def check_success(self) -> None:
+        """Before a run: refuse an env whose success signal is not there (one error, before the
+        model loads). The built-in families report theirs; :class:`GymEval` probes its envs."""
 
     @classmethod
     def from_cli(
@@ -512,9 +529,29 @@ ENV_NAMES = tuple(EVAL_ENVS)
 # module: GymEval.
 GYM_PREFIX = "gym:"
 PREFIXED_ENVS: dict[str, type[EvalEnv]] = {}
-# The options that only --env gym:ID takes (GymEval.from_cli's), with their flags.
+# The options that only --env gym:ID and the benchmark presets (envs/presets.py) take, with
+# their flags.
 GYM_OPTIONS = {"prompt": "--prompt", "import_modules": "--import", "env_kwargs": "--env-kwargs",
-               "success_key": "--success-key"}
+               "success_key": "--success-key", "success": "--success",
+               "image_key": "--image-key", "state_key": "--state-key",
+               "render_size": "--render-size", "flip": "--flip"}
+
+
+def check_env_name(text: str) -> str:
+    """``text`` if it names an env: a family of :data:`EVAL_ENVS`, ``gym:ID``, or a benchmark
+    preset (``pusht``, ``aloha:insertion``, ``metaworld:mt10``: :mod:`~cosmos3_gym.envs.
+    presets`); a ``ValueError`` listing what is known otherwise. Every command that takes
+    ``--env`` parses it here."""
+    from .presets import PRESETS, split_preset_name
+
+    if text in ENV_NAMES or (text.startswith(GYM_PREFIX) and text[len(GYM_PREFIX):].strip()):
+        return text
+    if split_preset_name(text) is not None:
+        return text
+    raise ValueError(f"unknown env {text!r}; expected one of {', '.join(ENV_NAMES)}, a "
+                     "benchmark preset "
+                     f"({', '.join(PRESETS)}, optionally NAME:VARIANT), or gym:ID (a registered "
+                     f"Gymnasium id, e.g. gym:gym_pusht/PushT-v0)")
 
 
 def make_eval_env(
@@ -527,23 +564,32 @@ def make_eval_env(
     step_budget: str | None = None,
     **gym_options: Any,
 ) -> EvalEnv:
-    """The :class:`EvalEnv` the command line names (``tasks`` as given by ``--tasks``);
-    ``gym:ID`` is :class:`GymEval`, which alone takes ``gym_options`` (:data:`GYM_OPTIONS`)."""
+    """The :class:`EvalEnv` the command line names (``tasks`` as given by ``--tasks``):
+    ``gym:ID`` is :class:`GymEval`, a benchmark preset (``pusht``, ``metaworld:mt10``, ...)
+    the family its entry in :data:`~cosmos3_gym.envs.presets.PRESETS` builds; only these take
+    ``gym_options`` (:data:`GYM_OPTIONS`)."""
+    from .presets import preset_eval_env, split_preset_name
+
     common = dict(suite=suite, tasks=tasks, image_size=image_size,
                   max_episode_steps=max_episode_steps, step_budget=step_budget)
+    options = {k: v for k, v in gym_options.items() if v is not None}
+    unknown = sorted(set(options) - set(GYM_OPTIONS))
+    if unknown:
+        raise TypeError(f"make_eval_env: unknown options {unknown}; expected {list(GYM_OPTIONS)}")
     if env.startswith(GYM_PREFIX):
         env_id = env[len(GYM_PREFIX):].strip()
         if not env_id:
             raise ValueError(f"--env {env!r}: expected gym:ID with a registered Gymnasium id, "
                              "e.g. gym:gym_pusht/PushT-v0")
-        options = {k: v for k, v in gym_options.items() if v is not None}
         return PREFIXED_ENVS[GYM_PREFIX].from_cli(**common, env_id=env_id, **options)
+    if env not in EVAL_ENVS and split_preset_name(env) is not None:
+        return preset_eval_env(env, **common, **options)
     if env not in EVAL_ENVS:
-        raise ValueError(f"unknown env {env!r}; expected one of {list(ENV_NAMES)} or "
-                         f"{GYM_PREFIX}ID (any registered Gymnasium env)")
-    given = [GYM_OPTIONS[k] for k, v in gym_options.items() if v not in (None, (), [])]
+        check_env_name(env)
+    given = [GYM_OPTIONS[k] for k, v in options.items() if v not in ((), [])]
     if given:
-        raise ValueError(f"{', '.join(given)} apply to --env gym:ID only; found --env {env}")
+        raise ValueError(f"{', '.join(given)} apply to --env gym:ID and the benchmark presets "
+                         f"only; found --env {env}")
     return EVAL_ENVS[env].from_cli(**common)
 
 
@@ -558,73 +604,121 @@ def _task_id(text: str, n_tasks: int) -> int:
 
 
 class GymEval(EvalEnv):
-    """Any registered Gymnasium env (``--env gym:ID``); a task is a prompt.
+    """Registered Gymnasium envs (``--env gym:ID``, and the benchmark presets); a task is a
+    :class:`~cosmos3_gym.envs.gym.Variant`: an env id with its instruction and budget.
 
-    The env comes from Gymnasium's registry through :func:`~cosmos3_gym.envs.
-    make_gym_vector_env` (``gymnasium.make_vec``, sync or async): ``import_modules`` register
-    the id (``gym_pusht``, ``gym_aloha``), ``env_kwargs`` go to every env, the image is the
-    observation's own or the ``render()`` frame, success is ``info[success_key]`` (``auto``:
-    ``is_success``, else ``success``, else termination), and the episode budget is the spec's
-    ``max_episode_steps`` unless ``max_episode_steps`` is given.
+    The envs come from Gymnasium's registry: one id through :func:`~cosmos3_gym.envs.
+    make_gym_vector_env` (``gymnasium.make_vec``, sync or async), several through
+    :func:`~cosmos3_gym.envs.gym.make_variant_vector_env` (each slot runs any variant).
+    ``import_modules`` register the ids (``gym_pusht``, ``gym_aloha``), ``env_kwargs`` go to
+    every env, the image is the observation's own or the ``render()`` frame (``render_size``
+    ``(H, W)``), and success follows ``success`` (a :class:`~cosmos3_gym.envs.success.
+    SuccessRule` or its text; default ``auto``: the env's own flag, checked before a run by
+    :meth:`check_success`). ``image_key`` / ``state_key`` / ``flip`` choose what the generic
+    adapter reads (:attr:`adapter`); ``action_map`` is the map the run applies unless told
+    otherwise.
 
-    ``prompts``: one instruction (one task, named by the id), a ``{task name: instruction}``
-    dict (several tasks of the same env, each episode told its own), or ``None`` where the env
-    names its task itself (``task_description``). Each episode's prompt reaches its sub-env as
-    the reset option ``task_description``, so a slot switches tasks between episodes.
-    ``--synthetic`` sizes its random action head to this env's action width.
+    ``env`` is one id or the run's variants. With one id, ``prompts`` is one instruction (one
+    task, named by the id), a ``{task name: instruction}`` dict (several tasks of the same env,
+    each episode told its own), or ``None`` where the env names its task itself
+    (``task_description``). Each episode's prompt reaches its sub-env as the reset option
+    ``task_description`` (and its variant as ``variant``), so a slot switches tasks between
+    episodes. ``--synthetic`` sizes its random action head to this env's action width.
     """
 
-    adapter = "generic"
     # A synthetic (random-weight) model gets an action head as wide as this env's actions.
     sizes_synthetic_head = True
 
     def __init__(
         self,
-        env_id: str,
+        env: str | Sequence[Variant],
         prompts: str | dict[str, str] | None = None,
         *,
         import_modules: Sequence[str] = (),
         env_kwargs: dict[str, Any] | None = None,
         max_episode_steps: int | None = None,
+        success: SuccessRule | str | None = None,
         success_key: str | None = None,
+        image_key: str | Sequence[str] | None = None,
+        state_key: str | None = None,
+        render_size: tuple[int, int] | None = None,
+        flip: str | None = None,
+        action_map: str | None = None,
+        env_wrappers: Sequence[str] = (),
+        suite: str | None = None,
+        label: str | None = None,
     ) -> None:
         import gymnasium
 
-        from .gym import episode_budget, import_env_modules
+        from .gym import check_render_size, import_env_modules
 
         import_env_modules(import_modules)
-        try:
-            gymnasium.spec(env_id)
-        except gymnasium.error.Error as err:
-            raise ValueError(
-                f"--env gym:{env_id}: not in Gymnasium's registry ({err}); import the package "
-                "that registers it with --import MODULE (e.g. --import gym_pusht)"
-            ) from None
-        name = env_id.rsplit("/", 1)[-1]
-        if prompts is None or isinstance(prompts, str):
-            self.prompts: dict[str, str | None] = {name: prompts}
+        if isinstance(env, str):
+            name = env.rsplit("/", 1)[-1]
+            given = {name: prompts} if prompts is None or isinstance(prompts, str) else prompts
+            variants = [Variant(task, env, prompt) for task, prompt in given.items()]
         else:
-            self.prompts = dict(prompts)
-        super().__init__(list(self.prompts))
-        self.env_id = env_id
-        self.suite = f"gym:{env_id}"
+            if prompts is not None:
+                raise ValueError("GymEval: variants carry their own prompts; found prompts too")
+            variants = list(env)
+        if not variants:
+            raise ValueError("GymEval: expected one env id or at least one variant; found none")
+        for v in variants:
+            try:
+                gymnasium.spec(v.env_id)
+            except gymnasium.error.Error as err:
+                raise ValueError(
+                    f"--env {label or 'gym:' + v.env_id}: {v.env_id} is not in Gymnasium's "
+                    f"registry ({err}); import the package that registers it with --import "
+                    "MODULE (e.g. --import gym_pusht)"
+                ) from None
+        super().__init__([v.task for v in variants])
+        self.label = label or f"gym:{variants[0].env_id}"
+        self.suite = suite or f"gym:{variants[0].env_id}"
         self.import_modules = tuple(import_modules)
         self.env_kwargs = dict(env_kwargs or {})
-        self.success_key = success_key or "auto"
-        self.max_episode_steps = episode_budget(env_id, max_episode_steps)
-        if self.max_episode_steps is None:
-            raise ValueError(
-                f"--env gym:{env_id}: its spec sets no max_episode_steps, so episodes would not "
-                "end; give one with --max-episode-steps N"
-            )
+        budgets = {}
+        for v in variants:
+            budget = episode_budget(v.env_id, max_episode_steps or v.max_episode_steps)
+            if budget is None:
+                raise ValueError(
+                    f"--env {self.label}: {v.env_id}'s spec sets no max_episode_steps, so "
+                    "episodes would not end; give one with --max-episode-steps N")
+            budgets[v.task] = budget
+        self._variants = [Variant(v.task, v.env_id, v.prompt, budgets[v.task],
+                                  {**self.env_kwargs, **v.env_kwargs}) for v in variants]
+        self.variants = [v.as_dict() for v in self._variants]  # what identity() records
+        self.prompts = {v.task: v.prompt for v in self._variants}
+        self.env_id = variants[0].env_id
+        self.max_episode_steps = budgets[variants[0].task]
+        if success is not None and success_key is not None:
+            raise ValueError(f"--success {success!r} and --success-key {success_key!r} both "
+                             "say where success comes from; give one")
+        if success_key is not None:
+            rule = parse_success(f"info.{success_key}", "--success-key")
+        elif isinstance(success, str):
+            rule = parse_success(success)
+        else:
+            rule = success or SuccessRule("flag", declared_by="the env")
+        self._rule = rule
+        self.success = rule.text
+        self.image_key = _keys(image_key)
+        self.state_key = state_key
+        self.render_size = None if render_size is None else check_render_size(render_size)
+        self.flip = flip  # checked by the adapter (cosmos3_gym.policy.adapters.FLIPS)
+        self.action_map = action_map
+        self.env_wrappers = tuple(env_wrappers)
+        distinct = {(v.env_id, repr(sorted(v.env_kwargs.items())), v.max_episode_steps)
+                    for v in self._variants}
+        self._several_envs = len(distinct) > 1
         self._action_space: Space | None = None
+        self._success_checked = False
 
     @classmethod
     def from_cli(
         cls, *, suite: str | None, tasks: list[str] | None, image_size: int | None,
         max_episode_steps: int | None, step_budget: str | None = None, env_id: str = "",
-        prompt: str | dict[str, str] | None = None, import_modules: Sequence[str] = (),
-        env_kwargs: dict[str, Any] | None = None, success_key: str | None = None,
+        prompt: str | dict[str, str] | None = None, **options: Any,
     ) -> GymEval:
         given = {"--suite": suite, "--tasks": tasks, "--image-size": image_size,
                  "--step-budget": step_budget}
@@ -632,23 +726,40 @@ class GymEval(EvalEnv):
         if unused:
             raise ValueError(
                 f"{', '.join(unused)} do not apply to --env gym:{env_id}: name its tasks with "
-                "--prompt '{\"task\": \"instruction\", ...}' and its image size with --env-kwargs"
+                "--prompt '{\"task\": \"instruction\", ...}', the size of its render() frames "
+                "with --render-size HxW, or its own image size with --env-kwargs"
             )
-        return cls(env_id, prompt, import_modules=import_modules, env_kwargs=env_kwargs,
-                   max_episode_steps=max_episode_steps, success_key=success_key)
+        return cls(env_id, prompt, max_episode_steps=max_episode_steps, **options)
+
+    @property
+    def success_rule(self) -> SuccessRule:
+        return self._rule
+
+    @property
+    def adapter_options(self) -> dict[str, Any]:  # type: ignore[override]
+        """The generic adapter's image key(s), state key and flip for this env."""
+        keys = self.image_key
+        return {"image_key": None if keys is None else (keys[0] if len(keys) == 1
+                                                          else tuple(keys)),
+                "state_key": self.state_key, "flip": self.flip}
 
     def episode_budget(self) -> dict[str, Any]:
-        return {"step_budget": None, "settle_steps": 0,
-                "max_episode_steps": {self.suite: self.max_episode_steps}}
+        budgets = {v.task: v.max_episode_steps for v in self._variants}
+        if len(set(budgets.values())) == 1:
+            budgets = {self.suite: self.max_episode_steps}
+        return {"step_budget": None, "settle_steps": 0, "max_episode_steps": budgets}
 
     def reset_options(self, episode: Episode) -> dict[str, Any]:
         prompt = self.prompts[episode.task]
-        return {} if prompt is None else {"task_description": prompt}
+        options = {} if prompt is None else {"task_description": prompt}
+        if self._several_envs:
+            options[VARIANT_OPTION] = episode.task
+        return options
 
     def task_prompt(self, task_index: int) -> str:
         prompt = self.prompts[self.tasks[task_index]]
         if prompt is None:
-            raise ValueError(f"--env gym:{self.env_id} names its own tasks; give them with "
+            raise ValueError(f"--env {self.label} names its own tasks; give them with "
                              "--prompt to know them before an episode runs")
         return prompt
 
@@ -656,25 +767,112 @@ class GymEval(EvalEnv):
         if self._action_space is None:  # one env, built once, closed unreset
             import gymnasium
 
-            env = gymnasium.make(self.env_id, **self.env_kwargs)
+            v = self._variants[0]
+            env = gymnasium.make(v.env_id, **v.env_kwargs)
             try:
                 self._action_space = env.action_space
             finally:
                 env.close()
         return self._action_space
 
+    def check_success(self) -> None:
+        """Before a run: build each variant's sub-env once (as a run wraps it), step it once
+        (the action at the middle of its Box) and read its success there, so that an env with
+        no success signal, a key that is not there or a flag that holds no bool is one error
+        now, not a fault in the middle of a run; variants whose spaces differ (one vector env
+        cannot hold them) are refused here too."""
+        if self._success_checked:
+            return
+        import gymnasium
+
+        from .gym import SubEnvWrapping, sub_env_kwargs
+
+        keep = self._kept_keys() if self._several_envs else None
+        wrap = SubEnvWrapping(None, "auto", self._rule, None, (), self.env_wrappers, keep)
+        first: tuple[Any, Any] | None = None
+        for v in self._variants:
+            kwargs, frames = sub_env_kwargs(v.env_id, v.env_kwargs, "auto", self.render_size)
+            env = dataclasses.replace(wrap, render_size=frames).inner(gymnasium.make(
+                v.env_id, max_episode_steps=v.max_episode_steps, **kwargs))
+            try:
+                spaces = (env.observation_space, env.action_space)
+                if first is None:
+                    first = spaces
+                elif spaces != first:
+                    raise ValueError(
+                        f"--env {self.label}: variant {v.task!r} ({v.env_id}) has the spaces "
+                        f"{spaces}; the first variant has {first}: one run's variants must "
+                        "share them (run them apart with --tasks)")
+                if not self._rule.counts:
+                    continue
+                env.reset(seed=0)
+                try:
+                    info = env.step(_probe_action(env.action_space))[4]
+                except ValueError as err:
+                    raise ValueError(f"--env {self.label}: {err}") from None
+                if "is_success" not in info:
+                    threshold = gymnasium.spec(v.env_id).reward_threshold
+                    hint = f" (its spec's reward_threshold is {threshold:g})" if threshold else ""
+                    raise ValueError(
+                        f"--env {self.label}: {v.env_id} reports no success signal: its step "
+                        f"info holds {sorted(info)}, neither is_success nor success. Declare "
+                        "where success comes from: --success 'info.KEY > X' (a threshold on an "
+                        "info number), --success 'return >= X' (the episode's return"
+                        f"{hint}), --success terminated (its termination is its success), or "
+                        "--success none (returns and lengths only, no rate)")
+            finally:
+                env.close()
+        self._success_checked = True
+
     def make(
         self, num_envs: int, async_: bool, autoreset_mode: AutoresetMode = AutoresetMode.DISABLED
     ) -> VectorEnv:
-        from .gym import make_gym_vector_env
+        from .gym import make_gym_vector_env, make_variant_vector_env
 
-        first = next(iter(self.prompts.values()))
+        if self._several_envs:
+            return make_variant_vector_env(
+                self._variants, num_envs, async_=async_, autoreset_mode=autoreset_mode,
+                success=self._rule, render_size=self.render_size,
+                env_wrappers=self.env_wrappers, keep=self._kept_keys())
+        v = self._variants[0]
         return make_gym_vector_env(
-            self.env_id, num_envs, prompt=first,
+            v.env_id, num_envs, prompt=v.prompt,
             vectorization_mode="async" if async_ else "sync", autoreset_mode=autoreset_mode,
-            max_episode_steps=self.max_episode_steps, success_key=self.success_key,
-            **self.env_kwargs,
+            max_episode_steps=v.max_episode_steps, success=self._rule,
+            render_size=self.render_size, env_wrappers=self.env_wrappers, **v.env_kwargs,
         )
+
+    def _kept_keys(self) -> tuple[str, ...] | None:
+        """Variants of one run share the observation keys the policy reads (the camera, the
+        state): where the image keys are named, only those (top-level) keys are kept."""
+        if self.image_key is None:
+            return None
+        keys = [k.split("/", 1)[0] for k in [*self.image_key, *(
+            [self.state_key] if self.state_key else [])]]
+        return tuple(dict.fromkeys(keys))
+
+
+def _keys(keys: str | Sequence[str] | None) -> list[str] | None:
+    if keys is None:
+        return None
+    keys = [keys] if isinstance(keys, str) else list(keys)
+    if not keys or not all(isinstance(k, str) and k for k in keys):
+        raise ValueError(f"--image-key: expected one or more observation keys; found {keys!r}")
+    return keys
+
+
+def _probe_action(space: Space) -> Any:
+    """A deterministic action for the success probe: a Box's middle (its bounds where one is
+    infinite), else the space's own zero-like sample."""
+    from gymnasium.spaces import Box
+
+    if isinstance(space, Box):
+        low, high = np.asarray(space.low, np.float64), np.asarray(space.high, np.float64)
+        middle = np.where(np.isfinite(low) & np.isfinite(high), (low + high) / 2.0,
+                          np.clip(0.0, low, high))
+        return middle.astype(space.dtype)
+    space.seed(0)
+    return space.sample()
 
 
 PREFIXED_ENVS[GYM_PREFIX] = GymEval

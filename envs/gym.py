@@ -12,7 +12,9 @@ What each piece does, the command line's ``--env gym:ID``: docs/your_own_env.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -25,10 +27,8 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from cosmos3_gym.vector_env import ForwardingVectorWrapper
 
 from .chunking import EpisodeEndHold
+from .success import SuccessRule, parse_success
 
-# Where benchmarks put success, in the order "auto" looks: Gymnasium-robotics / LeRobot's envs
-# (gym-pusht, gym-aloha, Meta-World) report "is_success"; ManiSkill3 reports "success".
-SUCCESS_KEYS = ("is_success", "success")
 # The reset option TaskPrompt reads (and removes before the env below sees the options).
 PROMPT_OPTION = "task_description"
 IMAGE_MODES = ("auto", "obs", "render")
@@ -101,11 +101,16 @@ class TaskPrompt(gym.Wrapper):
 
 
 class ReportSuccess(gym.Wrapper):
-    """Report an env's success as ``info["is_success"]`` (a bool), read from ``info[key]``.
+    """Report an env's success by a declared rule (:class:`~cosmos3_gym.envs.success.
+    SuccessRule`) as ``info["is_success"]`` (a bool), at every step.
 
-    ``key="auto"`` takes the first of :data:`SUCCESS_KEYS` the info holds and leaves an info
-    that holds neither as it is. A named key must be in the info of every step, or the step
-    raises a ``ValueError`` listing the keys found.
+    ``rule`` is a rule or its ``--success`` text: ``"auto"`` reads the env's own flag
+    (``is_success``, else ``success``) and leaves an info that holds neither without an
+    outcome; ``"info.KEY"`` a named bool flag; ``"info.KEY > X"`` / ``"return >= X"`` a
+    threshold (the return is summed here since the last reset); ``"terminated"`` the
+    termination; ``"none"`` removes ``is_success``, so no episode has an outcome. A named key
+    missing from a step's info, or a flag that holds no bool, raises a ``ValueError`` listing
+    what was found.
 
     >>> import gymnasium as gym
     >>> class Scored(gym.Wrapper):
@@ -118,25 +123,27 @@ class ReportSuccess(gym.Wrapper):
     True
     """
 
-    def __init__(self, env: gym.Env, key: str = "auto") -> None:
+    def __init__(self, env: gym.Env, rule: SuccessRule | str = "auto") -> None:
         super().__init__(env)
-        if not isinstance(key, str) or not key:
-            raise ValueError(f"success key: expected an info key or 'auto'; found {key!r}")
-        self.key = key
+        self.rule = rule if isinstance(rule, SuccessRule) else parse_success(rule)
+        self.episode_return = 0.0
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        self.episode_return = 0.0
+        return self.env.reset(seed=seed, options=options)
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
-        key = self.key
-        if key == "auto":
-            key = next((k for k in SUCCESS_KEYS if k in info), None)
-            if key is None or key == "is_success":
-                return obs, reward, terminated, truncated, info
-        elif key not in info:
-            raise ValueError(
-                f"success key {key!r} is not in the env's step info; found keys "
-                f"{sorted(info)} (choose one with --success-key)"
-            )
-        return obs, reward, terminated, truncated, {**info, "is_success": _as_bool(info[key])}
+        self.episode_return += float(reward)
+        outcome = self.rule.outcome(info, terminated=bool(terminated),
+                                    episode_return=self.episode_return)
+        if outcome is None:
+            info = {k: v for k, v in info.items() if k != "is_success"} if \
+                self.rule.kind == "none" else info
+            return obs, reward, terminated, truncated, info
+        return obs, reward, terminated, truncated, {**info, "is_success": outcome}
 
 
 class VectorTaskPrompt(ForwardingVectorWrapper):
@@ -172,11 +179,14 @@ def per_env_prompts(prompts: str | Sequence[str], num_envs: int) -> tuple[str, .
     return tuple(_checked_prompt(p, f"prompt {i}") for i, p in enumerate(prompts))
 
 
-def with_image(env: gym.Env, image: str = "auto") -> gym.Env:
+def with_image(env: gym.Env, image: str = "auto",
+               render_size: tuple[int, int] | None = None) -> gym.Env:
     """``env`` whose observation holds an image: as it is where it has one (``image="auto"``,
     or ``"obs"``, which never renders), else (or always, with ``"render"``) with Gymnasium's
     :class:`~gymnasium.wrappers.AddRenderObservation` adding the ``render()`` frame as
-    ``"pixels"`` beside the original observation."""
+    ``"pixels"`` beside the original observation. ``render_size`` ``(H, W)``: frames of
+    another size are resized to it (:class:`ResizeFrames`; an env that takes the size in its
+    constructor renders at it instead, see :func:`render_size_kwargs`)."""
     if image not in IMAGE_MODES:
         raise ValueError(f"image: expected one of {IMAGE_MODES}; found {image!r}")
     if image == "obs" or (image == "auto" and has_image(env.observation_space)):
@@ -189,7 +199,110 @@ def with_image(env: gym.Env, image: str = "auto") -> gym.Env:
             f"{env.metadata.get('render_modes')}), or an image in its observation "
             "(e.g. --env-kwargs '{\"obs_type\": \"pixels\"}')"
         )
+    if render_size is not None:
+        env = ResizeFrames(env, render_size)
     return gym.wrappers.AddRenderObservation(env, render_only=False)
+
+
+class ResizeFrames(gym.Wrapper):
+    """``render()`` frames resized to ``size`` ``(H, W)`` (PIL's area filter), for envs whose
+    constructor takes no frame size; frames of that size already pass unchanged."""
+
+    def __init__(self, env: gym.Env, size: tuple[int, int]) -> None:
+        super().__init__(env)
+        self.size = check_render_size(size)
+
+    def render(self) -> Any:
+        frame = self.env.render()
+        if not isinstance(frame, np.ndarray) or frame.ndim != 3 or \
+                frame.shape[:2] == self.size:
+            return frame
+        from PIL import Image
+
+        height, width = self.size
+        return np.asarray(Image.fromarray(frame).resize((width, height), Image.BOX))
+
+
+def check_render_size(size: Any) -> tuple[int, int]:
+    """``(H, W)``, two integers >= 1; a ``ValueError`` otherwise."""
+    try:
+        height, width = (int(v) for v in size)
+    except (TypeError, ValueError):
+        raise ValueError(f"render size: expected (height, width); found {size!r}") from None
+    if height < 1 or width < 1:
+        raise ValueError(f"render size: expected two sizes >= 1; found {size!r}")
+    return height, width
+
+
+# Constructor keywords through which envs take their render() frame size, (height, width):
+# Gymnasium's MuJoCo envs and gymnasium-robotics, panda-gym.
+RENDER_SIZE_KEYWORDS = (("height", "width"), ("render_height", "render_width"))
+
+
+def render_size_kwargs(env_id: str, size: tuple[int, int] | None) -> dict[str, int]:
+    """The keywords that make ``env_id``'s env render ``size`` ``(H, W)`` frames itself, where
+    its constructor takes them (:data:`RENDER_SIZE_KEYWORDS`); ``{}`` where it takes none (the
+    frames are then resized: :class:`ResizeFrames`).
+
+    >>> render_size_kwargs("InvertedPendulum-v5", (96, 128))
+    {'height': 96, 'width': 128}
+    >>> render_size_kwargs("CartPole-v1", (96, 128))
+    {}
+    """
+    if size is None:
+        return {}
+    height, width = check_render_size(size)
+    params = _constructor_params(gym.spec(env_id))
+    for h, w in RENDER_SIZE_KEYWORDS:
+        if h in params and w in params:
+            return {h: height, w: width}
+    return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class SubEnvWrapping:
+    """How the gym route wraps each sub-env, inside its :class:`EpisodeEndHold`: the image
+    (:func:`with_image`, ``render_size`` for resized frames), success by ``success``
+    (:class:`ReportSuccess`), the prompt (:class:`TaskPrompt`, where given), then
+    ``wrappers``. Picklable, so async workers get a copy."""
+
+    prompt: str | None = None
+    image: str = "auto"
+    success: SuccessRule | str = "auto"
+    render_size: tuple[int, int] | None = None
+    wrappers: tuple[Callable[[gym.Env], gym.Env], ...] = ()
+    # Wrappers named "module:Class", applied first, right after gym.make (ManiSkill3's
+    # CPUGymWrapper); imported in the process that makes the env.
+    env_wrappers: tuple[str, ...] = ()
+    # The observation keys kept (Gymnasium's FilterObservation), None: all of them.
+    keep: tuple[str, ...] | None = None
+
+    def inner(self, env: gym.Env) -> gym.Env:
+        """``env`` with every wrapper but the hold."""
+        for name in self.env_wrappers:
+            env = load_object(name)(env)
+        env = with_image(env, self.image, self.render_size)
+        if self.keep is not None:
+            env = gym.wrappers.FilterObservation(env, list(self.keep))
+        env = ReportSuccess(env, self.success)
+        if self.prompt is not None:
+            env = TaskPrompt(env, self.prompt)
+        for wrapper in self.wrappers:
+            env = wrapper(env)
+        return env
+
+    def __call__(self, env: gym.Env) -> gym.Env:
+        return EpisodeEndHold(self.inner(env))
+
+
+def load_object(name: str) -> Any:
+    """``module:attr`` imported (a wrapper class a preset names as data)."""
+    module, _, attr = name.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"cannot load {name!r} ({err}); expected module:attribute of an "
+                         "installed package") from None
 
 
 def make_gym_sub_env(
@@ -197,15 +310,16 @@ def make_gym_sub_env(
     *,
     prompt: str | None,
     image: str = "auto",
-    success_key: str = "auto",
+    success: SuccessRule | str = "auto",
     wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
+    render_size: tuple[int, int] | None = None,
     **env_kwargs: Any,
 ) -> gym.Env:
     """One sub-env as :func:`make_gym_vector_env` builds it (``gym.make`` then
-    :func:`with_image`, :class:`ReportSuccess`, :class:`TaskPrompt` where ``prompt`` is given,
-    ``wrappers``, and :class:`EpisodeEndHold` outermost). A module-level function, so worker
-    processes can unpickle a ``functools.partial`` of it."""
-    return _wrapped(gym.make(env_id, **env_kwargs), prompt, image, success_key, wrappers)
+    :class:`SubEnvWrapping`, :class:`EpisodeEndHold` outermost). A module-level function, so
+    worker processes can unpickle a ``functools.partial`` of it."""
+    wrap = SubEnvWrapping(prompt, image, success, render_size, tuple(wrappers))
+    return wrap(gym.make(env_id, **env_kwargs))
 
 
 def make_gym_vector_env(
@@ -217,9 +331,11 @@ def make_gym_vector_env(
     autoreset_mode: AutoresetMode = AutoresetMode.NEXT_STEP,
     import_modules: Sequence[str] = (),
     max_episode_steps: int | None = None,
-    success_key: str = "auto",
+    success: SuccessRule | str = "auto",
     image: str = "auto",
+    render_size: tuple[int, int] | None = None,
     wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
+    env_wrappers: Sequence[str] = (),
     **env_kwargs: Any,
 ) -> VectorEnv:
     """The registered env ``env_id`` as a vector env of ``num_envs`` that the policy can drive.
@@ -230,10 +346,13 @@ def make_gym_vector_env(
     observation has no image, sync sub-envs are made instead so that they can render.
     ``import_modules`` are imported first (what registers the ids); ``env_kwargs`` go to every
     env; ``prompt`` is one instruction for every env or one per env (``None``: the env must have
-    its own ``task_description``); ``max_episode_steps`` replaces the spec's; ``success_key``
-    says where success is read (``"auto"``: ``is_success``, else ``success``, else nothing is
-    reported: :class:`ReportSuccess`) and ``image`` where the image comes from (:func:`with_image`).
-    ``wrappers`` wrap each sub-env after ours, inside its :class:`EpisodeEndHold`.
+    its own ``task_description``); ``max_episode_steps`` replaces the spec's; ``success`` is the
+    success rule (:class:`ReportSuccess`; ``"auto"``: the env's own ``is_success``, else
+    ``success``) and ``image`` where the image comes from (:func:`with_image`);
+    ``render_size`` ``(H, W)`` the size of ``render()`` frames (the env's constructor takes
+    it where it can: :func:`render_size_kwargs`). ``wrappers`` wrap each sub-env after ours,
+    inside its :class:`EpisodeEndHold`; ``env_wrappers`` (``"module:Class"``) before ours,
+    right after ``gym.make`` (ManiSkill3's ``CPUGymWrapper``).
 
     An env without an image in its observation is made with ``render_mode="rgb_array"`` where
     its class offers that mode and ``env_kwargs`` name none (it renders only where needed).
@@ -288,11 +407,9 @@ def make_gym_vector_env(
             "vectorization_mode: expected 'sync', 'async', 'vector_entry_point' or None; "
             f"found {vectorization_mode!r}"
         )
-    if image != "obs" and "render_mode" not in env_kwargs and "render_mode" not in spec.kwargs \
-            and "rgb_array" in _render_modes(spec):
-        env_kwargs["render_mode"] = "rgb_array"
-    wrap = _SubEnvWrappers(None if prompts is None else prompts[0], image, success_key,
-                           tuple(wrappers))
+    env_kwargs, frames = sub_env_kwargs(env_id, env_kwargs, image, render_size)
+    wrap = SubEnvWrapping(None if prompts is None else prompts[0], image, success, frames,
+                          tuple(wrappers), tuple(env_wrappers))
     envs = gym.make_vec(
         env_id, num_envs, vectorization_mode=vectorization_mode,
         vector_kwargs={"autoreset_mode": autoreset_mode}, wrappers=[wrap], **env_kwargs,
@@ -313,6 +430,156 @@ def make_gym_vector_env(
     return envs
 
 
+def sub_env_kwargs(env_id: str, env_kwargs: Mapping[str, Any], image: str = "auto",
+                   render_size: tuple[int, int] | None = None
+                   ) -> tuple[dict[str, Any], tuple[int, int] | None]:
+    """The keywords a sub-env of ``env_id`` is made with, and the size its ``render()`` frames
+    are resized to (``None``: as the env renders them): ``render_mode="rgb_array"`` where the
+    env may need to render, its class offers that mode and neither ``env_kwargs`` nor the spec
+    name one; ``render_size`` through the constructor where it takes a size
+    (:func:`render_size_kwargs`), else by resizing."""
+    kwargs = dict(env_kwargs)
+    spec = gym.spec(env_id)
+    if image != "obs" and "render_mode" not in kwargs and "render_mode" not in spec.kwargs \
+            and "rgb_array" in _render_modes(spec):
+        kwargs["render_mode"] = "rgb_array"
+    own = render_size_kwargs(env_id, render_size)
+    taken = [k for k in own if k in kwargs]
+    if taken:
+        raise ValueError(f"--render-size and --env-kwargs both set {taken}; give one")
+    kwargs.update(own)
+    return kwargs, (None if own else render_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One env of a run of several (``--env aloha``: Insertion and TransferCube): the task name
+    results are grouped by, the registered id, its instruction, budget and keywords."""
+
+    task: str
+    env_id: str
+    prompt: str | None = None
+    max_episode_steps: int | None = None
+    env_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "env_id": self.env_id, "prompt": self.prompt,
+                "max_episode_steps": self.max_episode_steps, "env_kwargs": dict(self.env_kwargs)}
+
+
+# The reset option VariantEnv reads: which variant the episode runs.
+VARIANT_OPTION = "variant"
+
+
+class VariantEnv(gym.Env):
+    """One sub-env that runs any of several registered envs (:class:`Variant`), switched by
+    ``reset(options={"variant": task})``; each is made on first use, with ``wrapping`` and its
+    own ``TimeLimit``, and kept. Every variant must have the first one's observation and action
+    spaces (one vector env stacks them): another is a ``ValueError`` naming both."""
+
+    def __init__(self, variants: Sequence[Variant], wrapping: SubEnvWrapping,
+                 kwargs: Mapping[str, Mapping[str, Any]]) -> None:
+        self.variants = {v.task: v for v in variants}
+        self.wrapping, self.kwargs = wrapping, dict(kwargs)
+        self._envs: dict[str, gym.Env] = {}
+        first = self._env(variants[0].task)
+        self.current = variants[0].task
+        self.observation_space = first.observation_space
+        self.action_space = first.action_space
+        self.metadata = first.metadata
+        self.render_mode = first.render_mode
+
+    def _env(self, task: str) -> gym.Env:
+        if task not in self.variants:
+            raise ValueError(f"variant {task!r}: expected one of {list(self.variants)}")
+        if task not in self._envs:
+            v = self.variants[task]
+            env = self.wrapping.inner(gym.make(v.env_id, max_episode_steps=v.max_episode_steps,
+                                               **self.kwargs[task]))
+            if self._envs:
+                first = next(iter(self._envs.values()))
+                for what in ("observation_space", "action_space"):
+                    if getattr(env, what) != getattr(first, what):
+                        env.close()
+                        raise ValueError(
+                            f"variant {task!r} ({v.env_id}) has the {what} "
+                            f"{getattr(env, what)}; the run's first variant has "
+                            f"{getattr(first, what)}: variants of one run must share it (run "
+                            "them apart with --tasks, or keep only the image with --image-key)")
+            self._envs[task] = env
+        return self._envs[task]
+
+    @property
+    def env(self) -> gym.Env:
+        """The current variant's env."""
+        return self._env(self.current)
+
+    @property
+    def task_description(self) -> str:
+        return self.env.get_wrapper_attr("task_description")
+
+    @task_description.setter
+    def task_description(self, value: str) -> None:
+        self.env.set_wrapper_attr("task_description", value)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
+              ) -> tuple[Any, dict[str, Any]]:
+        if options and VARIANT_OPTION in options:
+            options = dict(options)
+            self.current = str(options.pop(VARIANT_OPTION))
+            self._env(self.current)
+            options = options or None
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        return self.env.step(action)
+
+    def render(self) -> Any:
+        return self.env.render()
+
+    def close(self) -> None:
+        for env in self._envs.values():
+            env.close()
+        self._envs.clear()
+
+
+def make_variant_sub_env(variants: Sequence[Variant], wrapping: SubEnvWrapping,
+                         kwargs: Mapping[str, Mapping[str, Any]]) -> gym.Env:
+    """One held :class:`VariantEnv` (module level: async workers unpickle a partial of it)."""
+    return EpisodeEndHold(VariantEnv(variants, wrapping, kwargs))
+
+
+def make_variant_vector_env(
+    variants: Sequence[Variant],
+    num_envs: int,
+    *,
+    async_: bool = False,
+    autoreset_mode: AutoresetMode = AutoresetMode.DISABLED,
+    success: SuccessRule | str = "auto",
+    image: str = "auto",
+    render_size: tuple[int, int] | None = None,
+    wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
+    env_wrappers: Sequence[str] = (),
+    keep: Sequence[str] | None = None,
+) -> VectorEnv:
+    """A vector env whose every sub-env can run any of ``variants`` (:class:`VariantEnv`); each
+    variant's prompt reaches it through the reset option ``task_description``. ``keep``: the
+    observation keys kept (variants whose states differ share their camera)."""
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be at least 1; found {num_envs}")
+    kwargs, sizes = {}, set()
+    for v in variants:
+        kwargs[v.task], frames = sub_env_kwargs(v.env_id, v.env_kwargs, image, render_size)
+        sizes.add(frames)
+    first = variants[0].prompt or variants[0].task
+    wrap = SubEnvWrapping(first, image, success, sizes.pop() if len(sizes) == 1 else render_size,
+                          tuple(wrappers), tuple(env_wrappers),
+                          None if keep is None else tuple(keep))
+    make = functools.partial(make_variant_sub_env, tuple(variants), wrap, kwargs)
+    vector = gym.vector.AsyncVectorEnv if async_ else gym.vector.SyncVectorEnv
+    return vector([make] * num_envs, autoreset_mode=autoreset_mode)
+
+
 def episode_budget(env_id: str, max_episode_steps: int | None = None) -> int | None:
     """Policy steps per episode: ``max_episode_steps`` where given, else the spec's (the
     ``TimeLimit`` ``gymnasium.make`` adds), else ``None``."""
@@ -321,26 +588,25 @@ def episode_budget(env_id: str, max_episode_steps: int | None = None) -> int | N
     return gym.spec(env_id).max_episode_steps
 
 
-class _SubEnvWrappers:
-    """The one wrapper callable ``gymnasium.make_vec`` applies to each sub-env (picklable)."""
-
-    def __init__(self, prompt: str | None, image: str, success_key: str,
-                 wrappers: tuple[Callable[[gym.Env], gym.Env], ...]) -> None:
-        self.prompt, self.image, self.success_key, self.wrappers = (
-            prompt, image, success_key, wrappers)
-
-    def __call__(self, env: gym.Env) -> gym.Env:
-        return _wrapped(env, self.prompt, self.image, self.success_key, self.wrappers)
-
-
-def _wrapped(env: gym.Env, prompt: str | None, image: str, success_key: str,
-             wrappers: Sequence[Callable[[gym.Env], gym.Env]]) -> gym.Env:
-    env = ReportSuccess(with_image(env, image), success_key)
-    if prompt is not None:
-        env = TaskPrompt(env, prompt)
-    for wrapper in wrappers:
-        env = wrapper(env)
-    return EpisodeEndHold(env)
+def _constructor_params(spec: gym.envs.registration.EnvSpec) -> set[str]:
+    """The keyword names the id's env class (or creator function) takes, read without making
+    one; empty where they cannot be read."""
+    try:
+        creator = spec.entry_point if callable(spec.entry_point) else load_env_creator(
+            spec.entry_point)
+        if not isinstance(creator, type):
+            return set(inspect.signature(creator).parameters)
+        names: set[str] = set()
+        for cls in creator.__mro__:  # **kwargs handed on to a base class's __init__
+            if "__init__" not in vars(cls) or cls is object:
+                continue
+            params = inspect.signature(cls.__init__).parameters
+            names.update(params)
+            if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+                break
+        return names
+    except (AttributeError, ImportError, ValueError, TypeError):
+        return set()
 
 
 def _render_modes(spec: gym.envs.registration.EnvSpec) -> list[str]:
@@ -358,13 +624,6 @@ def _checked_prompt(prompt: Any, what: str) -> str:
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f"{what}: expected a non-empty instruction string; found {prompt!r}")
     return prompt
-
-
-def _as_bool(value: Any) -> bool:
-    """A success flag as a bool: Python and numpy scalars, one-element arrays and tensors."""
-    if hasattr(value, "item"):
-        value = value.item()
-    return bool(value)
 
 
 def _env_name(env: gym.Env) -> str:

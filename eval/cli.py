@@ -56,7 +56,8 @@ COMMAND_HELP = {
     "report": "print a run's results table and redraw its plot (finished or partial runs; "
               "several runs side by side)",
     "inspect": "what a checkpoint folder is and how it would run (any format), before any weight "
-               "loads",
+               "loads; or, with --env NAME, a benchmark preset (variants, cameras, action map, "
+               "success rule, versions) as JSON",
     "convert": "write a checkpoint of any format as a diffusers folder (+ action_policy.json and "
                "its statistics)",
 }
@@ -266,15 +267,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     report.add_arguments(sub.add_parser("report", help=COMMAND_HELP["report"],
                                         description=COMMAND_HELP["report"]))
-    from cosmos3_gym.settings import ModelSettings
+    from cosmos3_gym.settings import EnvSettings, ModelSettings, meaning
 
+    env_help = meaning(next(f for f in dataclasses.fields(EnvSettings)
+                            if f.name == "env").metadata["help"])
     for name in ("inspect", "convert"):
         p = sub.add_parser(name, help=COMMAND_HELP[name], description=COMMAND_HELP[name])
-        p.add_argument("path", metavar="PATH", help="the checkpoint folder (any format), or a "
-                                                     "shipped name")
         if name == "convert":
+            p.add_argument("path", metavar="PATH", help="the checkpoint folder (any format), or "
+                                                         "a shipped name")
             p.add_argument("out", metavar="OUT", help="the diffusers folder to write (new)")
         else:
+            p.add_argument("path", metavar="PATH", nargs="?", default=None,
+                           help="the checkpoint folder (any format), or a shipped name")
+            p.add_argument("--env", metavar="ENV", default=None,
+                           help=f"{env_help}; inspect shows a benchmark preset, NAME or "
+                                "NAME:VARIANT (instead of a checkpoint)")
             p.add_argument("--json", action="store_true", help="print the rows as JSON")
         add_settings(p, ModelSettings, exclude=("checkpoint", "synthetic"))
     return parser
@@ -400,8 +408,8 @@ def _interrupted(command: str, args: argparse.Namespace) -> str:
     if command == "train":
         return (f"the checkpoint in {out} is incomplete (training does not resume); rerun the "
                 "same command to train from the start")
-    if command == "report":
-        return "it only reads runs; rerun the same command"
+    if command in ("report", "inspect"):
+        return "it only reads; rerun the same command"
     if command == "eval":
         from cosmos3_gym.eval.results import read_episode_records
 
@@ -421,7 +429,13 @@ def _run(args: argparse.Namespace, command: str) -> int:
         from cosmos3_gym.eval import report
 
         return report.run(args)
+    if command == "inspect" and args.env is not None:
+        if args.path is not None:
+            raise ValueError("inspect shows a checkpoint (PATH) or a preset (--env NAME); give one")
+        return _inspect(args.env)
     if command in ("inspect", "convert"):
+        if args.path is None:
+            raise ValueError("inspect: give a checkpoint PATH (or --env NAME for a preset)")
         return _checkpoint_command(args, command)
     config = command_settings(args, classes[command])
     if command == "eval":
@@ -499,6 +513,22 @@ def _checkpoint_command(args: argparse.Namespace, command: str) -> int:
         print(json.dumps(dict(rows) | {"notes": [v for k, v in rows if k == "note"]}, indent=2))
     else:
         print(render(rows))
+    return 0
+
+
+def _inspect(env: str) -> int:
+    """``cosmos3-gym inspect --env NAME``: the preset, and the variants the name selects."""
+    import json
+
+    from cosmos3_gym.envs.presets import PRESETS, split_preset_name
+
+    found = split_preset_name(env)
+    if found is None:
+        raise ValueError(f"--env {env!r}: inspect shows a benchmark preset; expected one of "
+                         f"{', '.join(PRESETS)} (optionally NAME:VARIANT)")
+    preset, selector = found
+    print(json.dumps({"env": env, "selected": [v.as_dict() for v in preset.select(selector)],
+                      "preset": preset.as_dict()}, indent=2))
     return 0
 
 

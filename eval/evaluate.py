@@ -49,7 +49,7 @@ from cosmos3_gym.policy import (
     get_adapter,
     pipeline_action_head,
 )
-from cosmos3_gym.policy.adapters import adapter_for_contract, with_action_map
+from cosmos3_gym.policy.adapters import action_map_of, adapter_for_contract, with_action_map
 from cosmos3_gym.progress import progress_bar
 from cosmos3_gym.runner import (
     EpisodeList,
@@ -248,12 +248,13 @@ class _Recorder(RunObserver):
 
     def episode_ended(self, result: EpisodeResult) -> None:
         kept = self.in_flight.pop(result.slot)
-        self.evaluator.record_episode(result, kept)
-        self.successes += bool(result.success)
+        success = self.evaluator.record_episode(result, kept)
+        self.successes += bool(success)
         self.bar.update(1)
         finished = self.evaluator.finished
-        self.bar.set_postfix(success=f"{self.successes / finished:.1%} "
-                                     f"({self.successes}/{finished})")
+        if success is not None:
+            self.bar.set_postfix(success=f"{self.successes / finished:.1%} "
+                                         f"({self.successes}/{finished})")
 
     def fault(self, incident: dict[str, Any]) -> None:
         ev = self.evaluator
@@ -289,16 +290,7 @@ class Evaluator:
         self.rank = rank or RankInfo.from_env()
         # An env handed in is not what config.env names: the folder records the env itself.
         self.injected_env = eval_env is not None
-        self.eval_env = eval_env or make_eval_env(
-            config.env,
-            suite=config.suite,
-            tasks=config.tasks,
-            image_size=config.image_size,
-            max_episode_steps=config.max_episode_steps,
-            step_budget=config.step_budget,
-            prompt=config.prompt, import_modules=config.import_modules,
-            env_kwargs=config.env_kwargs, success_key=config.success_key,
-        )
+        self.eval_env = eval_env or make_eval_env(config.env, **config.env_options())
         if config.synthetic is not None:
             from cosmos3_gym.synthetic import synthetic_adapter
 
@@ -309,9 +301,11 @@ class Evaluator:
             contract = getattr(pipeline, "contract", None) if pipeline is not None else (
                 self._declared_contract())
             self.adapter = (adapter_for_contract(contract) if contract is not None
-                            else get_adapter(self.eval_env.adapter))
-        if config.action_map is not None:
-            self.adapter = with_action_map(self.adapter, config.action_map,
+                            else get_adapter(self.eval_env.adapter,
+                                             **self.eval_env.adapter_options))
+        action_map = action_map_of(config.action_map, self.eval_env)
+        if action_map is not None:
+            self.adapter = with_action_map(self.adapter, action_map,
                                            self.eval_env.single_action_space())
         self.pipeline = pipeline
         self.all_episodes = self.eval_env.episodes(config.trials, config.seed)
@@ -349,6 +343,7 @@ class Evaluator:
                         tokenizer=self.config.tokenizer)
         checked = self.check_action_fit()
         units_checked = self.check_action_units()
+        self.eval_env.check_success()  # an env without its declared signal: refused now
         device, dtype = self._device()  # a device that is not there fails here, before writing
         folder = RunFolder(self.out_dir, rank=self.rank.rank, world_size=self.rank.world_size)
         with folder:
@@ -568,6 +563,7 @@ class Evaluator:
             throughput=throughput,
             episode_budget=self.eval_env.episode_budget(),
             protocol=protocols.record(self.config, self.eval_env.init_state_rule, self.policy),
+            success_source=self.eval_env.success_rule.record(),
         )
         write_json_atomic(self.out_dir / "results.json", results)
         self.plot.update(results, final=final)
@@ -621,10 +617,19 @@ class Evaluator:
             self.chunks += runner.chunks
             self.env_steps += runner.env_steps
 
-    def record_episode(self, result: EpisodeResult, kept: _Recorded) -> None:
-        """Append one finished episode's record (and write its video)."""
+    def record_episode(self, result: EpisodeResult, kept: _Recorded) -> bool | None:
+        """Append one finished episode's record (and write its video); returns its outcome
+        under the env's success rule (``None``: the rule is ``none``)."""
         ep = kept.episode
         error = result.error
+        rule = self.eval_env.success_rule
+        success = result.success if rule.counts else None
+        if rule.counts and success is None:
+            raise ValueError(
+                f"episode {ep.task!r} trial {ep.trial} ended after {result.steps} steps with no "
+                f"info['is_success'] at its last step, but its success is declared as "
+                f"{rule.describe()}; nothing is counted that the env did not report: declare "
+                "another source with --success (or --success none for returns only)")
         record = {
             "task": ep.task,
             "task_index": ep.task_index,
@@ -635,17 +640,20 @@ class Evaluator:
             "reset_options": self.eval_env.reset_options(ep),
             "obs_sha256": result.obs_sha256,
             "steps": result.steps,
+            "return": result.total_reward,
             "chunks": result.chunks,
-            "success": bool(result.success),
+            "success": success,
             "wall_time_s": result.wall_time_s,
             "invalid_action": result.invalid_action,
             "error": error,
             "out_of_range_steps": result.out_of_range_steps,
             "max_action_excess": result.max_action_excess,
+            "clipped_steps": result.clipped_steps,
+            "max_clip": result.max_clip,
             "restarts": result.restarts,
             "env_slot": result.slot,
             "rank": self.rank.rank,
-            "video": self._save_video(kept, result.success) if kept.records_video else None,
+            "video": self._save_video(kept, bool(success)) if kept.records_video else None,
             # Predicted frames against the env's (eval/videos.py imagined_errors).
             "imagined": imagined_errors(kept.imagined, kept.frames) if kept.imagined else None,
         }
@@ -653,6 +661,7 @@ class Evaluator:
         self.finished += 1
         if self.rank.is_main:
             self.write_results()
+        return success
 
     def _save_video(self, kept: _Recorded, success: bool) -> str | None:
         if not kept.frames:

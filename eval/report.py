@@ -93,9 +93,10 @@ def plot_results(runs: Sequence[RunResults], stem: Path) -> list[Path]:
             # Rows go down the page; runs within a row go down in the legend's order.
             centre = y - 0.4 + bar * (r + 0.5)
             entry = _entry(results, kind, key)
-            if entry is None or not entry["episodes"]:
-                ax.text(0.01, centre, "no episodes yet" if entry else "not in this run",
-                        va="center", fontsize=8, color="#666666")
+            if entry is None or not entry["episodes"] or entry["success_rate"] is None:
+                what = ("not in this run" if entry is None else "no episodes yet"
+                        if not entry["episodes"] else "no success signal (returns only)")
+                ax.text(0.01, centre, what, va="center", fontsize=8, color="#666666")
                 continue
             rate = entry["success_rate"]
             lo, hi = entry["interval"]
@@ -189,18 +190,23 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         task_names = list(stored["per_task"])
         expected, config = stored["episodes_expected"], stored["config"]
         budget, protocol = stored.get("episode_budget"), stored.get("protocol")
+        source = stored.get("success_source")
     elif config_path.exists():
         from cosmos3_gym.envs import make_eval_env
 
         stored = {}
         config = json.loads(config_path.read_text(encoding="utf-8"))["identity"]
+        from cosmos3_gym.envs.families import GYM_OPTIONS
+
         eval_env = make_eval_env(
             config["env"], suite=config["suite"], tasks=config["tasks"],
             image_size=config["image_size"], max_episode_steps=config["max_episode_steps"],
             step_budget=config.get("step_budget"),
+            **{k: config.get(k) for k in GYM_OPTIONS if config.get(k) is not None},
         )
         task_names, expected = eval_env.tasks, len(eval_env.tasks) * config["trials"]
         budget, protocol = eval_env.episode_budget(), None
+        source = eval_env.success_rule.record()
     else:
         raise FileNotFoundError(
             f"{run_dir} holds no evaluation: expected results.json or config.json written by "
@@ -215,6 +221,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         throughput=stored.get("throughput"),
         episode_budget=budget,
         protocol=protocol,
+        success_source=source,
     )
     return {**stored, **summary}  # keys a newer results.json holds beyond the summary stay
 
@@ -227,7 +234,7 @@ def format_comparison(runs: Sequence[RunResults]) -> str:
         cells = [label]
         for _, results in runs:
             entry = _entry(results, kind, key)
-            if entry is None or not entry["episodes"]:
+            if entry is None or not entry["episodes"] or entry["success_rate"] is None:
                 cells.append("-")
                 continue
             lo, hi = entry["interval"]

@@ -36,7 +36,8 @@ def suite_average(per_suite: dict[str, dict[str, Any]]) -> dict[str, Any] | None
     >>> avg["success_rate"], avg["episodes"], [round(x, 4) for x in avg["interval"]]
     (0.8, 20, [0.584, 0.9193])
     """
-    rates = {k: e["successes"] / e["episodes"] for k, e in per_suite.items() if e["episodes"]}
+    rates = {k: e["successes"] / e["episodes"] for k, e in per_suite.items()
+             if e["episodes"] and e["successes"] is not None}
     if len(rates) < 2:
         return None
     mean = sum(rates.values()) / len(rates)
@@ -80,7 +81,21 @@ def read_incidents(out_dir: Path) -> list[dict[str, Any]]:
 
 
 def _rate(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
+    """A group's success rate with its interval, and its episodes' mean return and length.
+
+    Episodes without an outcome (``success`` null: a run whose success rule is ``none``) give
+    no rate: ``success_rate``, ``successes`` and ``interval`` are then null, never a 0%.
+    """
     n = len(records)
+    returns = [r["return"] for r in records if r.get("return") is not None]
+    lengths = [r["steps"] for r in records]
+    measures = {
+        "mean_return": sum(returns) / len(returns) if returns else None,
+        "mean_length": sum(lengths) / n if n else None,
+    }
+    if any(r["success"] is None for r in records):
+        return {"success_rate": None, "successes": None, "episodes": n,
+                "interval": [None, None], **measures}
     k = sum(bool(r["success"]) for r in records)
     lo, hi = wilson_interval(k, n)
     return {
@@ -88,6 +103,7 @@ def _rate(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
         "successes": k,
         "episodes": n,
         "interval": [lo, hi],
+        **measures,
     }
 
 
@@ -101,16 +117,22 @@ def summarize(
     throughput: dict[str, Any] | None = None,
     episode_budget: dict[str, Any] | None = None,
     protocol: dict[str, Any] | None = None,
+    success_source: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The results.json document.
 
     Keys: ``schema_version``; ``complete`` (every expected episode finished);
     ``episodes`` / ``episodes_expected`` / ``successes`` / ``success_rate`` / ``interval``
-    (Wilson 95%, ``[low, high]``) over the whole run; ``per_task`` and ``per_suite``: name ->
-    ``{success_rate, successes, episodes, interval}`` (tasks in the run's order);
+    (Wilson 95%, ``[low, high]``), ``mean_return`` / ``mean_length`` (the episodes' sum of
+    rewards and steps) over the whole run; ``success_source`` (where success came from:
+    :meth:`~cosmos3_gym.envs.success.SuccessRule.record`; null for a run before it was
+    recorded); ``per_task`` and ``per_suite``: name ->
+    ``{success_rate, successes, episodes, interval, mean_return, mean_length}`` (tasks in the
+    run's order; the rates null where the success rule is ``none``);
     ``invalid_action_episodes`` (episodes failed on an action that was not sent: non-finite,
     or out of range under ``out_of_range="fail"``);
     ``out_of_range_episodes`` (episodes with at least one action outside the action space);
+    ``clipped_episodes`` (episodes with an action the box map clipped into the bounds);
     ``restarted_episodes``; ``incidents`` (list); ``throughput`` (or null); ``imagined``
     (:func:`imagined_summary`, or null without imagined videos);
     ``episode_budget`` (the env's step-budget convention: ``step_budget``, ``settle_steps``,
@@ -126,12 +148,14 @@ def summarize(
         "schema_version": SCHEMA_VERSION,
         "complete": len(records) == expected_episodes,
         "episodes_expected": expected_episodes,
+        "success_source": success_source,
         **overall,
         "per_task": {name: _rate(rs) for name, rs in by_task.items()},
         "per_suite": per_suite,
         "suite_average": suite_average(per_suite),
         "invalid_action_episodes": sum(r["invalid_action"] is not None for r in records),
         "out_of_range_episodes": sum(r["out_of_range_steps"] > 0 for r in records),
+        "clipped_episodes": sum(r.get("clipped_steps", 0) > 0 for r in records),
         "restarted_episodes": sum(r["restarts"] > 0 for r in records),
         "incidents": list(incidents),
         "throughput": throughput,
@@ -206,7 +230,8 @@ def format_table(results: dict[str, Any]) -> str:
         rate = entry["success_rate"]
         lo, hi = entry["interval"]
         shown = "-" if rate is None else f"{rate:.1%}"
-        return name, shown, str(entry["episodes"]), f"[{lo:.1%}, {hi:.1%}]"
+        interval = "-" if lo is None else f"[{lo:.1%}, {hi:.1%}]"
+        return name, shown, str(entry["episodes"]), interval
 
     rows += [row(name, e) for name, e in results["per_task"].items()]
     rows += [row(f"suite {name}", e) for name, e in results["per_suite"].items()]
@@ -217,6 +242,7 @@ def format_table(results: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    lines += format_outcomes(results)
     budget = results.get("episode_budget")
     if budget:
         name = f" {budget['step_budget']}" if budget["step_budget"] else ""
@@ -242,12 +268,32 @@ def format_table(results: dict[str, Any]) -> str:
         lines.append(f"out-of-range actions: {results['out_of_range_episodes']} of {n} episodes "
                      "sent an action outside the action space (see out_of_range_steps in "
                      "episodes.jsonl)")
+    if results.get("clipped_episodes"):
+        lines.append(f"clipped actions: {results['clipped_episodes']} of {n} episodes had actions "
+                     "outside the env's bounds that the box map clipped onto them (see "
+                     "clipped_steps and max_clip in episodes.jsonl)")
     if results["invalid_action_episodes"]:
         lines.append(f"invalid actions: {results['invalid_action_episodes']} of {n} episodes "
                      "failed on an invalid action (see invalid_action in episodes.jsonl)")
     if results["incidents"]:
         lines.append(f"incidents: {len(results['incidents'])} (see results.json)")
     return "\n".join(lines)
+
+
+def format_outcomes(results: dict[str, Any]) -> list[str]:
+    """The summary's lines on what the rates count (the success source) and the episodes'
+    returns and lengths, per task where a run has no rate."""
+    source = results.get("success_source")
+    lines = [f"success: {source['description']}" if source else
+             "success: its source was not recorded (a run from before success sources)"]
+    if results.get("mean_return") is not None:
+        lines.append(f"return: mean {results['mean_return']:.4g} over {results['episodes']} "
+                     f"episodes, mean length {results['mean_length']:.1f} steps")
+    if results.get("success_rate") is None and results.get("episodes"):
+        lines += [f"  {name}: mean return {e['mean_return']:.4g}, mean length "
+                  f"{e['mean_length']:.1f} steps" for name, e in results["per_task"].items()
+                  if e.get("mean_return") is not None]
+    return lines
 
 
 def merge_throughput(parts: Iterable[dict[str, Any]]) -> dict[str, Any] | None:

@@ -94,7 +94,7 @@ def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
     from cosmos3_gym.envs import make_eval_env
     from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions
     from cosmos3_gym.policy import VectorPolicy, get_adapter
-    from cosmos3_gym.policy.adapters import adapter_for_contract, with_action_map
+    from cosmos3_gym.policy.adapters import action_map_of, adapter_for_contract, with_action_map
     from cosmos3_gym.runner import collect_rollouts
     from cosmos3_gym.synthetic import synthetic_adapter, synthetic_pipeline, view_size
 
@@ -108,11 +108,8 @@ def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
         check_files(resolve_checkpoint(cfg.checkpoint), vae=cfg.vae, tokenizer=cfg.tokenizer)
     check_rollout_folder(out, command)
     image_size = view_size(cfg.env, cfg.synthetic, cfg.image_size)
-    eval_env = make_eval_env(cfg.env, suite=cfg.suite, tasks=cfg.tasks,
-                             image_size=image_size, max_episode_steps=cfg.max_episode_steps,
-                             step_budget=cfg.step_budget, prompt=cfg.prompt,
-                             import_modules=cfg.import_modules, env_kwargs=cfg.env_kwargs,
-                             success_key=cfg.success_key)
+    eval_env = make_eval_env(cfg.env, **{**cfg.env_options(), "image_size": image_size})
+    eval_env.check_success()
     options = InferenceOptions(fp8=fp8)
     if cfg.synthetic is not None:
         pipeline = synthetic_pipeline(cfg.synthetic, device=device, dtype=dtype, options=options,
@@ -124,8 +121,9 @@ def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
             options=options)
         contract = pipeline.contract  # the checkpoint's declared conventions, else the env's
         adapter = (adapter_for_contract(contract) if contract is not None
-                   else get_adapter(eval_env.adapter))
-    adapter = with_action_map(adapter, cfg.action_map, eval_env.single_action_space())
+                   else get_adapter(eval_env.adapter, **eval_env.adapter_options))
+    adapter = with_action_map(adapter, action_map_of(cfg.action_map, eval_env),
+                              eval_env.single_action_space())
     policy = VectorPolicy(pipeline, adapter=adapter, n_action_steps=cfg.n_action_steps,
                           seed=cfg.seed, sampling=cfg.sampling)
     runtime = {"device": str(device), "dtype": str(dtype).removeprefix("torch."),

@@ -92,10 +92,10 @@ def test_success_is_reported_as_is_success_from_the_chosen_key() -> None:
     assert env.step(1)[4]["is_success"] is True and env.step(0)[4]["is_success"] is False
     plain = ReportSuccess(gym.make("CartPole-v1"))
     plain.reset(seed=0)
-    assert "is_success" not in plain.step(0)[4]  # nothing to read: termination decides
-    named = ReportSuccess(gym.make("CartPole-v1"), key="solved")
+    assert "is_success" not in plain.step(0)[4]  # nothing to read: no outcome, never inferred
+    named = ReportSuccess(gym.make("CartPole-v1"), "info.solved")
     named.reset(seed=0)
-    with pytest.raises(ValueError, match=r"success key 'solved' is not in the env's step info"):
+    with pytest.raises(ValueError, match=r"'solved' is not in the env's step info"):
         named.step(0)
 
 

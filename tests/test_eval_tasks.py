@@ -29,7 +29,8 @@ def test_a_new_env_is_one_table_entry(monkeypatch) -> None:
 
 
 def test_unknown_envs_and_misplaced_suites_are_refused() -> None:
-    with pytest.raises(ValueError, match=r"unknown env 'mujoco'; expected one of \['color_reach'"):
+    with pytest.raises(ValueError, match=r"unknown env 'mujoco'; expected one of color_reach, "
+                       r"libero, metaworld, a benchmark preset \(pusht, aloha"):
         make_eval_env("mujoco")
     with pytest.raises(ValueError, match="does not apply to --env color_reach"):
         make_eval_env("color_reach", suite="libero_10")

@@ -164,20 +164,39 @@ class GenericAdapter(Adapter):
             e.g. ``"state"`` (LeRobot's ``observation.state``, as
             :mod:`cosmos3_gym.integrations.lerobot` hands it over) or ``"agent_pos"`` in a
             gym-style observation; None: no state.
+        flip: a benchmark's frame convention undone on every camera before they are joined
+            (:data:`FLIPS`): ``"vertical"`` (rows reversed: robosuite's upside-down frames),
+            ``"horizontal"``, ``"both"`` (a 180 degree turn); None: as they come.
 
     >>> obs = {"pixels": np.zeros((2, 8, 8, 3), np.uint8), "agent_pos": np.ones((2, 3))}
     >>> GenericAdapter(state_key="agent_pos").state(obs).shape
     (2, 1, 3)
+    >>> frame = np.arange(4, dtype=np.uint8).reshape(1, 2, 2, 1)
+    >>> GenericAdapter(flip="vertical").images(frame)[0, :, :, 0].tolist()
+    [[2, 3], [0, 1]]
     """
 
     name = "generic"
 
     def __init__(self, image_key: str | tuple[str, ...] | None = None,
-                 state_key: str | None = None) -> None:
+                 state_key: str | None = None, flip: str | None = None) -> None:
+        if flip not in FLIPS:
+            raise ValueError(f"generic adapter: flip must be one of {FLIPS}; found {flip!r}")
         self.image_key = image_key
         self.state_key = state_key
+        self.flip = flip
 
     def images(self, obs: Any) -> Any:
+        if self.flip is None:
+            return self._images(obs)
+        if not isinstance(obs, Mapping) or self.image_key is None or isinstance(
+                self.image_key, str):
+            return flip_images(self._images(obs), self.flip)
+        leaves = dict(_leaves(obs))  # several cameras: each flipped, then joined
+        flipped = {k: flip_images(leaves[k], self.flip) for k in self.image_key if k in leaves}
+        return self._images({**leaves, **flipped})
+
+    def _images(self, obs: Any) -> Any:
         if not isinstance(obs, Mapping):
             return _check_image_batch(obs, "generic adapter, array observation")
         leaves = dict(_leaves(obs))
@@ -215,6 +234,23 @@ class GenericAdapter(Adapter):
                 f"keys { {k: describe(v) for k, v in leaves.items()} }"
             )
         return _state_rows(leaves[self.state_key], f"observation[{self.state_key!r}]")
+
+
+# The frame flips an adapter can undo (GenericAdapter's flip=; --flip on the command line).
+FLIPS = (None, "vertical", "horizontal", "both")
+
+
+def flip_images(batch: Any, flip: str | None) -> Any:
+    """``[B, H, W, C]`` images (numpy, or a tensor kept on its device) flipped: ``vertical``
+    reverses the rows, ``horizontal`` the columns, ``both`` turns them by 180 degrees."""
+    axes = {None: (), "vertical": (1,), "horizontal": (2,), "both": (1, 2)}[flip]
+    if not axes:
+        return batch
+    if is_tensor(batch):
+        import torch
+
+        return torch.flip(batch, dims=axes)
+    return np.ascontiguousarray(np.flip(np.asarray(batch), axis=axes))
 
 
 def _state_rows(value: Any, what: str) -> np.ndarray:
@@ -636,9 +672,10 @@ class BoxActionAdapter(Adapter):
 
     so -1 lands on ``low``, +1 on ``high`` and 0 in the middle. For checkpoints whose actions
     come out normalised (no statistics, or ``normalization="none"``) driving an env that takes
-    another range: gym-pusht's ``Box(0, 512, (2,))`` pixel targets, for instance. Nothing is
-    clipped: an action outside ``[-1, 1]`` lands outside the box, and the evaluator reports it
-    (``out_of_range_steps``). Command line: ``--action-map box``.
+    another range: gym-pusht's ``Box(0, 512, (2,))`` pixel targets, for instance. An action
+    outside ``[-1, 1]`` is clipped onto the box's bounds, and how far it lay outside (in the
+    env's units, the largest dimension's excess) is :meth:`clip_excess`: the runner records it
+    per episode (``clipped_steps``, ``max_clip``). Command line: ``--action-map box``.
 
     Args:
         action_space: the env's single action space, a 1-D ``Box`` with finite bounds.
@@ -648,6 +685,9 @@ class BoxActionAdapter(Adapter):
     >>> adapter = BoxActionAdapter(Box(0.0, 512.0, (2,), np.float32))
     >>> adapter.actions(np.array([[[-1.0, 0.0], [1.0, 0.5]]], np.float32)).tolist()
     [[[0.0, 256.0], [512.0, 384.0]]]
+    >>> raw = np.array([[[1.5, 0.0]]], np.float32)                  # 0.5 beyond +1
+    >>> adapter.actions(raw).tolist(), adapter.clip_excess(raw).tolist()
+    ([[[512.0, 256.0]]], [[128.0]])
     """
 
     name = "box"
@@ -677,6 +717,18 @@ class BoxActionAdapter(Adapter):
         return self.base.prompt(task)
 
     def actions(self, raw: np.ndarray) -> np.ndarray:
+        return np.clip(self._mapped(raw), self._low, self._low + 2.0 * self._scale
+                       ).astype(np.float32)
+
+    def clip_excess(self, raw: np.ndarray) -> np.ndarray:
+        """``[B, H]``: how far each mapped action lay outside the box before :meth:`actions`
+        clipped it (the largest excess over its dimensions, in the env's units; 0 inside)."""
+        mapped = self._mapped(raw)
+        high = self._low + 2.0 * self._scale
+        excess = np.maximum(np.maximum(mapped - high, self._low - mapped), 0.0)
+        return excess.max(axis=-1).astype(np.float32)
+
+    def _mapped(self, raw: np.ndarray) -> np.ndarray:
         actions = np.asarray(self.base.actions(raw), np.float64)
         width = self._low.shape[0]
         if actions.ndim != 3 or actions.shape[-1] != width:
@@ -684,7 +736,7 @@ class BoxActionAdapter(Adapter):
                 f"box action map: expected {self.base.name!r} actions [B, H, {width}] (the Box's "
                 f"width, {self.action_space}); found {list(actions.shape)}"
             )
-        return (self._low + (actions + 1.0) * self._scale).astype(np.float32)
+        return self._low + (actions + 1.0) * self._scale
 
     def env_action_dim(self, raw_action_dim: int) -> int:
         hook = getattr(self.base, "env_action_dim", None)
@@ -703,6 +755,18 @@ class BoxActionAdapter(Adapter):
 
 # How --action-map maps an adapter's actions onto the env's action space (None: unchanged).
 ACTION_MAPS = ("box",)
+
+
+def action_map_of(given: str | None, eval_env: Any) -> str | None:
+    """The action map a run applies: ``--action-map`` where given (``"none"``: unchanged),
+    else the env's own (a benchmark preset's ``action_map``), else none.
+
+    >>> class PushT: action_map = "box"
+    >>> action_map_of(None, PushT()), action_map_of("none", PushT())
+    ('box', None)
+    """
+    chosen = given if given is not None else getattr(eval_env, "action_map", None)
+    return None if chosen == "none" else chosen
 
 
 def with_action_map(adapter: Adapter, action_map: str | None, action_space: Any) -> Adapter:
@@ -776,12 +840,16 @@ def adapter_for_domain(domain: str | None) -> str | None:
     return names[0] if names else None
 
 
-def get_adapter(adapter: str | Adapter) -> Adapter:
-    """An adapter by name (``"generic"``, ``"libero"``), or the given object, checked."""
+def get_adapter(adapter: str | Adapter, **options: Any) -> Adapter:
+    """An adapter by name (``"generic"``, ``"libero"``; ``options`` go to its constructor), or
+    the given object, checked."""
     if isinstance(adapter, str):
         if adapter not in ADAPTERS:
             raise ValueError(f"unknown adapter {adapter!r}; expected one of {sorted(ADAPTERS)}")
-        return ADAPTERS[adapter]()
+        return ADAPTERS[adapter](**options)
+    if options:
+        raise ValueError(f"adapter options {sorted(options)} apply to an adapter name; found "
+                         f"the adapter {adapter!r}")
     methods = ("images", "prompt", "actions")
     missing = [m for m in methods if not callable(getattr(adapter, m, None))]
     if missing:

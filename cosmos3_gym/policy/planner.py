@@ -174,6 +174,9 @@ class ChunkRecord:
         state: float32 ``[N, S, D]``, the robot state rows a state-conditioned head was given
             (as the adapter read them, before normalisation), else None. Replaying a row needs
             them too: ``state=record.state[k:k+1]``.
+        clipped: float32 ``[N, H]``, how far each env action lay outside the env's bounds
+            before the adapter clipped it into them (0: inside), where the adapter clips and
+            says so (``clip_excess``: the box map), else None.
 
     Replaying row ``k`` (same observation, prompt and sampler settings) takes both noises:
     ``action_noise=record.action_noise[k:k+1]`` and ``seed=[record.seeds[k]]`` for the video
@@ -195,6 +198,7 @@ class ChunkRecord:
     video: list[np.ndarray | None] | None = None
     sde: StochasticRecord | None = None
     state: np.ndarray | None = None
+    clipped: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.env_indices.shape[0])
@@ -311,6 +315,7 @@ class ChunkPlanner:
             video=clips,
             sde=self._checked_sde(out, n),
             state=state,
+            clipped=self._clipped(raw),
         )
 
     def state(self, obs: Observation, n: int, rows: int) -> np.ndarray:
@@ -405,6 +410,17 @@ class ChunkPlanner:
                 )
             checked.append(clip)
         return checked
+
+    def _clipped(self, raw: np.ndarray) -> np.ndarray | None:
+        """The adapter's ``clip_excess(raw)`` (float32 ``[N, H]``), where it has that hook."""
+        hook = getattr(self.adapter, "clip_excess", None)
+        if not callable(hook):
+            return None
+        excess = np.asarray(hook(raw.copy()), np.float32)
+        if excess.shape != raw.shape[:2]:
+            raise ValueError(f"adapter {self.adapter!r}: clip_excess returned "
+                             f"{list(excess.shape)}; expected {list(raw.shape[:2])}")
+        return excess
 
     def _env_actions(self, raw: np.ndarray, action_dim: int | None) -> np.ndarray:
         n, horizon = raw.shape[:2]

@@ -136,7 +136,9 @@ class EpisodeResult:
 
     spec: EpisodeSpec
     slot: int
-    success: bool
+    # The env's info["is_success"] at the step that ended the episode; None where that step
+    # reported none (an env without a success signal), or no step ended it.
+    success: bool | None
     finished: bool
     steps: int
     chunks: int
@@ -152,6 +154,10 @@ class EpisodeResult:
     out_of_range_steps: int
     max_action_excess: float
     restarts: int
+    # Steps whose action the adapter clipped into the env's bounds, and the largest distance
+    # it lay outside them (the box map: ChunkRecord.clipped); 0 where nothing was clipped.
+    clipped_steps: int = 0
+    max_clip: float = 0.0
 
 
 def group_layout(num_envs: int, overlap: bool) -> list[range]:
@@ -252,6 +258,20 @@ def hash_observation(digest: Any, obs: Any, env: int, path: str = "obs") -> None
         digest.update(array.tobytes())
 
 
+def info_presence(infos: dict[str, Any], key: str, num_envs: int) -> np.ndarray:
+    """bool ``[B]``: which envs' infos hold ``key`` (Gymnasium's ``_key`` mask where there is
+    one).
+
+    >>> info_presence({"is_success": np.array([True, False]),
+    ...                "_is_success": np.array([True, False])}, "is_success", 2).tolist()
+    [True, False]
+    """
+    if key not in infos:
+        return np.zeros(num_envs, bool)
+    present = infos.get(f"_{key}")
+    return np.ones(num_envs, bool) if present is None else np.asarray(present, bool).copy()
+
+
 def info_flags(infos: dict[str, Any], key: str, num_envs: int) -> np.ndarray:
     """bool ``[B]``: a per-env info flag, False where an env did not report it."""
     values = infos.get(key)
@@ -277,12 +297,14 @@ class _Slot:
     started: float = 0.0
     out_of_range_steps: int = 0
     max_excess: float = 0.0
+    clipped_steps: int = 0
+    max_clip: float = 0.0
     digest: Any = field(default_factory=hashlib.sha256)
 
     def start(self, spec: EpisodeSpec, start_step: int, restarts: int = 0) -> None:
         self.spec, self.needs_reset, self.restarts = spec, True, restarts
-        self.steps = self.chunks = self.out_of_range_steps = 0
-        self.total_reward = self.max_excess = 0.0
+        self.steps = self.chunks = self.out_of_range_steps = self.clipped_steps = 0
+        self.total_reward = self.max_excess = self.max_clip = 0.0
         self.start_step = start_step
         self.started = time.perf_counter()
         self.digest = hashlib.sha256()
@@ -308,6 +330,7 @@ class _Stepped:
     terminated: np.ndarray
     truncated: np.ndarray
     success: np.ndarray
+    reported: np.ndarray  # where the step's info held is_success
 
 
 class _Group:
@@ -573,10 +596,11 @@ class EpisodeRunner:
             group.steps += 1
             terminated = info_flags(infos, "episode_terminated", group.size)
             truncated = info_flags(infos, "episode_truncated", group.size)
-            success = (info_flags(infos, "is_success", group.size) if "is_success" in infos
-                       else terminated)
+            # Success is what the env reports, never inferred here (a termination is not one).
+            success = info_flags(infos, "is_success", group.size)
+            reported = info_presence(infos, "is_success", group.size)
             out.append(_Stepped(obs, prompts, send, sources, active.copy(), refused, excess,
-                                next_obs, rewards, terminated, truncated, success))
+                                next_obs, rewards, terminated, truncated, success, reported))
             ended = (terminated | truncated) & active
             if refused or ended.any() or (budget is not None and group.steps >= budget):
                 return out, None
@@ -624,28 +648,37 @@ class EpisodeRunner:
             if st.excess[local] > 0:
                 slot.out_of_range_steps += 1
                 slot.max_excess = max(slot.max_excess, float(st.excess[local]))
+            source = st.sources[local]
+            if source is not None and source.record.clipped is not None:
+                clip = float(source.record.clipped[source.row, source.step])
+                if clip > 0:
+                    slot.clipped_steps += 1
+                    slot.max_clip = max(slot.max_clip, clip)
             slot.steps += 1
             slot.total_reward += float(st.rewards[local])
             self.env_steps += 1
             hash_observation(slot.digest, st.next_obs, local)
             if st.terminated[local] or st.truncated[local]:
-                self._finish(group, local, bool(st.success[local]), row=step)
+                outcome = bool(st.success[local]) if st.reported[local] else None
+                self._finish(group, local, outcome, row=step)
 
-    def _finish(self, group: _Group, local: int, success: bool, *, invalid: str | None = None,
+    def _finish(self, group: _Group, local: int, success: bool | None, *,
+                invalid: str | None = None,
                 error: str | None = None, finished: bool = True, row: int | None = None) -> None:
         """End slot ``local``'s episode; ``row``: the step that ended it, if one did."""
         slot = group.slots[local]
         spec = slot.spec
         assert spec is not None
         result = EpisodeResult(
-            spec=spec, slot=group.offset + local, success=bool(success), finished=finished,
+            spec=spec, slot=group.offset + local,
+            success=None if success is None else bool(success), finished=finished,
             steps=slot.steps, chunks=slot.chunks, total_reward=slot.total_reward,
             start_step=slot.start_step,
             end_step=slot.start_step + slot.steps - 1 if row is None else row,
             obs_sha256=slot.digest.hexdigest(),
             wall_time_s=time.perf_counter() - slot.started, invalid_action=invalid, error=error,
             out_of_range_steps=slot.out_of_range_steps, max_action_excess=slot.max_excess,
-            restarts=slot.restarts)
+            restarts=slot.restarts, clipped_steps=slot.clipped_steps, max_clip=slot.max_clip)
         slot.spec = None
         slot.needs_reset = False
         mask = np.zeros(group.size, bool)
