@@ -14,7 +14,8 @@ from cosmos3_gym.eval.cli import build_parser, cli_reference, main, parsers
 from cosmos3_gym.eval.results import read_episode_records
 from cosmos3_gym.settings import meaning
 
-COMMANDS = {"eval", "rollout", "bench", "size", "train", "rl", "rl grpo", "report", "inspect"}
+COMMANDS = {"eval", "rollout", "bench", "size", "train", "rl", "rl grpo", "report", "inspect",
+            "convert"}
 
 
 def test_every_command_and_its_help_runs(capsys) -> None:

@@ -171,10 +171,10 @@ def test_finished_run_rerun_does_nothing(reference: Path, checkpoint: Path, monk
 def test_missing_checkpoints_are_clear_errors(tmp_path: Path, monkeypatch) -> None:
     with pytest.raises(FileNotFoundError, match="no checkpoint folder at .*nope"):
         Cosmos3ActionPipeline.from_pretrained(str(tmp_path / "nope"))
-    import cosmos3_gym.checkpoint as layout
+    import cosmos3_gym.formats as formats
 
     # An install without the shipped checkpoint: the error says what is missing and what to do.
-    monkeypatch.setattr(layout, "__file__", str(tmp_path / "checkpoint.py"))
+    monkeypatch.setattr(formats, "SHIPPED", tmp_path / "checkpoints")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match="tiny checkpoint is not shipped"):
         Cosmos3ActionPipeline.from_pretrained("tiny")
@@ -455,7 +455,7 @@ def test_a_pipeline_of_another_action_width_is_refused_before_any_env_runs(
     import cosmos3_gym.checkpoint as layout
     from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
-    monkeypatch.setattr(layout, "checkpoint_policy", lambda *a: None)
+    monkeypatch.setattr(layout, "checkpoint_policy", lambda *a, **kw: None)
     monkeypatch.setattr(Cosmos3ActionPipeline, "from_pretrained", lambda *a, **kw: pipeline)
     with pytest.raises(ValueError, match=message):
         evaluate(small_config(checkpoint), tmp_path / "loaded",
