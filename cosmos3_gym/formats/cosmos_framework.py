@@ -277,6 +277,7 @@ def transformer_config(shapes: dict[str, list[int]], model: dict[str, Any], wher
 def read(root: Path, *, vae: str | Path | None = None) -> CheckpointFolder:
     """A cosmos-framework export, checked: the index's shards present and complete, every
     tensor mapped or knowingly skipped, the generator's config derived, a VAE given."""
+    from cosmos3_gym.formats import SHIPPED
     from cosmos3_gym.formats.diffusers import VAE, vae_folder
     from cosmos3_gym.model.config import Cosmos3Config
     from cosmos3_gym.model.weights import safetensors_files
@@ -303,6 +304,8 @@ def read(root: Path, *, vae: str | Path | None = None) -> CheckpointFolder:
             "diffusers AutoencoderKLWan folder (Wan-AI/Wan2.2-TI2V-5B-Diffusers' vae/) or a "
             "Cosmos3 diffusers checkpoint (nvidia/Cosmos3-Nano) whose vae/ is used")
     vae_path = Path(vae)
+    if not vae_path.exists() and (SHIPPED / str(vae)).is_dir():
+        vae_path = SHIPPED / str(vae)  # a shipped checkpoint's vae/
     if vae_path.is_file() and vae_path.suffix in PICKLE_SUFFIXES:
         raise ValueError(
             f"--vae {vae}: a pickled VAE ({vae_path.suffix}) is not loaded (unpickling can run "
