@@ -546,7 +546,10 @@ def resolve_policy(
 def _apply_recipe(
     recipe: Any, domain: str | None, folder: PolicyConfig | None, policy_file: Path
 ) -> PolicyConfig:
-    """``recipe``'s settings, over the folder's ``action_policy.json`` where it has one."""
+    """``recipe``'s settings, over the folder's own policy (``action_policy.json``, or what a
+    LeRobot folder's ``config.json`` declares) where it has one. A sampler setting the recipe
+    leaves to the folder keeps the folder's value and source; a recipe that leaves settings to
+    the folder needs one."""
     own = recipe.settings["domain_name"]
     for what, found in (("domain", domain), (str(policy_file), folder and folder.domain_name)):
         if found is not None and found != own:
@@ -556,13 +559,18 @@ def _apply_recipe(
             )
     settings = dict(recipe.settings)
     if folder is None:
+        if recipe.from_folder:
+            raise ValueError(
+                f"recipe {recipe.name!r} leaves {list(recipe.from_folder)} to the checkpoint "
+                f"folder ({recipe.checkpoints}), and {policy_file.parent} declares no policy")
         settings["domain_id"] = None  # from the domain table
         resolved = PolicyConfig(**settings)
     else:
         resolved = dataclasses.replace(folder, **settings)
-    return dataclasses.replace(
-        resolved, sampler_sources={k: f"recipe {recipe.name}" for k in SAMPLER_FIELDS}
-    )
+    folder_sources = folder.sampler_sources if folder is not None else {}
+    sources = {k: f"recipe {recipe.name}" if k in settings
+               else folder_sources.get(k, policy_file.name) for k in SAMPLER_FIELDS}
+    return dataclasses.replace(resolved, sampler_sources={**folder_sources, **sources})
 
 
 def read_action_stats(path: str | Path) -> dict[str, Any]:

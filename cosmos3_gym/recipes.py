@@ -60,6 +60,22 @@ SOURCES: dict[str, str] = {
                     "example request; default flow_shift 10.0 for all action modes)",
     "DIF:domains": "diffusers 0.42.1 pipelines/cosmos/pipeline_cosmos3_omni.py "
                    "_EMBODIMENT_TO_DOMAIN_ID / _EMBODIMENT_TO_RAW_ACTION_DIM",
+    "CF:unipc-shift": "NVIDIA/cosmos-framework cosmos_framework/model/generator/diffusion/"
+                      "samplers/unipc.py (UniPCSampler.__call__: the call's shift, 5.0 from "
+                      "generate_samples_from_batch, is passed to set_timesteps and wins over "
+                      "the model config's rectified_flow_inference_config.shift)",
+    "CF:nano-config": "NVIDIA/cosmos-framework configs/base/experiment/sft/models/"
+                      "nano_model_config.py (rectified_flow_inference_config.shift = 1)",
+    "HF:lerobot-nano-libero": "the model card of lerobot/Cosmos3-Nano-Policy-LIBERO_10 (LIBERO-10 "
+                              "97.6%, 488/500; image + image2 256 x 256, 20 FPS, no state, 10-D "
+                              "[dpos, rot6d, gripper], chunk 16)",
+    "HF:lerobot-edge-libero": "the model card of lerobot/Cosmos3-Edge-Policy-LIBERO_10 (type "
+                              "cosmos3_edge, Nemotron 3 Dense VL MoT; the same LIBERO contract)",
+    "HF:sdg-export": "the model card of nvidia/cosmos3-nano-libero10-sdg-export-R (LIBERO-10 "
+                     "93.9 +- 1.0% standard scenes, 85.1 +- 0.6% perturbed: 10 tasks x 50 init "
+                     "states, 3 seeds)",
+    "HF:vecum-sft": "the model card of vecum0814/Cosmos3-Nano-LIBERO10-SFT (an export of the "
+                    "cosmos-framework LIBERO recipe with the Wan2.2 VAE; no result published)",
     "mstar": "the mstar serving engine's model table (cosmos3_droid: \"serves the released "
              "policy sampling defaults (4 steps, guidance 3.0)\"; quoted secondhand, the "
              "table itself not read)",
@@ -89,6 +105,39 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 @dataclass(frozen=True)
+class Published:
+    """A result the checkpoint's publisher reports, and what a run of ours should show.
+
+    Attributes:
+        benchmark: what was measured (``"LIBERO-10, standard scenes"``).
+        rate: the published success rate in [0, 1], or None where the source states none.
+        episodes: episodes behind it, where stated.
+        spread: how the publisher states its uncertainty (``"+- 1.0 over 3 seeds"``).
+        source: a key of :data:`SOURCES`.
+    """
+
+    benchmark: str
+    rate: float | None
+    episodes: int | None
+    spread: str | None
+    source: str
+
+    def interval(self, episodes: int = 500) -> tuple[float, float] | None:
+        """Where a run of ``episodes`` episodes lands 95% of the time if the checkpoint's true
+        rate is the published one: the Wilson interval of that rate over that many episodes
+        (about +-1.3 to 2.1 points at 500 for rates of 98 to 94%).
+
+        >>> [round(x, 3) for x in RECIPES["lerobot-nano-libero10"].published[0].interval()]
+        [0.959, 0.986]
+        """
+        if self.rate is None:
+            return None
+        from cosmos3_gym.stats import _wilson
+
+        return _wilson(self.rate, episodes)
+
+
+@dataclass(frozen=True)
 class Recipe:
     """One released checkpoint (or post-training recipe) as its publisher runs it.
 
@@ -100,6 +149,9 @@ class Recipe:
         sources: per setting (and ``"representation"``): keys of :data:`SOURCES`, or text that
             starts with ``not sourced`` where no public source states the value.
         disagreements: what other sources say instead, and why this recipe does not follow them.
+        from_folder: settings the checkpoint folder itself states (a LeRobot folder's sampler),
+            which the recipe leaves to it.
+        published: the results the publisher reports for these checkpoints.
     """
 
     name: str
@@ -108,6 +160,8 @@ class Recipe:
     settings: dict[str, Any]
     sources: dict[str, str]
     disagreements: tuple[str, ...] = ()
+    from_folder: tuple[str, ...] = ()
+    published: tuple[Published, ...] = ()
 
     def __post_init__(self) -> None:
         missing = sorted((set(self.settings) | {"representation"}) - set(self.sources))
@@ -173,8 +227,8 @@ _GENERIC_CHECKPOINTS = (
 RECIPES: dict[str, Recipe] = {
     "libero": Recipe(
         name="libero",
-        checkpoints="your own LIBERO post-training of nvidia/Cosmos3-Nano (no LIBERO checkpoint "
-                    "is public)",
+        checkpoints="your own LIBERO post-training of nvidia/Cosmos3-Nano (a diffusers folder; the "
+                    "public LIBERO checkpoints have recipes of their own below)",
         representation="10-D frame-wise relative [dpos, rot6d, gripper], quantile_rot "
                        "statistics; no state; agentview and wrist views side by side, 256 x 256 "
                        "each",
@@ -200,6 +254,90 @@ RECIPES: dict[str, Recipe] = {
             "applies; the wam defaults and sglang use 10.0 (CF:wam-defaults, SGL:cookbook). "
             "Which one produced the published 97.4% is not stated",
         ),
+    ),
+    "nano-libero10-export": Recipe(
+        name="nano-libero10-export",
+        checkpoints="nvidia/cosmos3-nano-libero10-sdg-export-R, "
+                    "vecum0814/Cosmos3-Nano-LIBERO10-SFT (cosmos-framework exports; with --vae "
+                    "and --action-stats)",
+        representation="10-D frame-wise relative [dpos, rot6d, gripper], quantile_rot "
+                       "statistics (not in the export: --action-stats); no state; agentview and "
+                       "wrist views side by side, 256 x 256 each",
+        settings={
+            "domain_name": "libero", "raw_action_dim": 10, "action_horizon": 16,
+            "normalization": "quantile_rot", "fps": 20.0, "resolution_tier": 256,
+            "view_point": "concat_view", "num_inference_steps": 30, "guidance_scale": 1.0,
+            "guidance_interval": None, "flow_shift": 5.0, "history_length": 0,
+        },
+        sources={
+            "domain_name": "CF:libero-sft; HF:sdg-export", "raw_action_dim": "CF:libero-server",
+            "action_horizon": "CF:libero-server; CF:libero-sft",
+            "normalization": "CF:libero-sft", "fps": "CF:libero-server",
+            "resolution_tier": "CF:libero-server", "view_point": "CF:libero-sft",
+            "num_inference_steps": "CF:libero-server", "guidance_scale": "CF:libero-server",
+            "guidance_interval": "CF:libero-server (none)",
+            "flow_shift": "CF:libero-server; CF:unipc-shift",
+            "history_length": "CF:libero-server (zeros chunk, no history)",
+            "representation": "CF:libero-sft",
+        },
+        disagreements=(
+            "shift: the Nano model config says rectified_flow_inference_config.shift = 1 "
+            "(CF:nano-config), but the LIBERO server calls generate_samples_from_batch without a "
+            "shift, whose default 5.0 is handed to the sampler's set_timesteps, which overrides "
+            "the config's value (CF:unipc-shift): the server samples at 5.0, and so does this "
+            "recipe",
+        ),
+        published=(
+            Published("LIBERO-10, standard scenes", 0.939, 1500, "+- 1.0 over 3 seeds",
+                      "HF:sdg-export"),
+            Published("LIBERO-10, perturbed scenes", 0.851, 1500, "+- 0.6 over 3 seeds",
+                      "HF:sdg-export"),
+        ),
+    ),
+    "lerobot-nano-libero10": Recipe(
+        name="lerobot-nano-libero10",
+        checkpoints="lerobot/Cosmos3-Nano-Policy-LIBERO_10 (LeRobot policy folder)",
+        representation="10-D [dpos, rot6d, gripper], the folder's statistics; no state; "
+                       "observation.images.image (third person) and image2 (wrist), 256 x 256, "
+                       "composed as the folder's config says",
+        settings={"domain_name": "libero", "raw_action_dim": 10, "action_horizon": 16,
+                  "fps": 20.0, "history_length": 0},
+        sources={"domain_name": "HF:lerobot-nano-libero",
+                 "raw_action_dim": "HF:lerobot-nano-libero",
+                 "action_horizon": "HF:lerobot-nano-libero", "fps": "HF:lerobot-nano-libero",
+                 "history_length": "HF:lerobot-nano-libero",
+                 "representation": "HF:lerobot-nano-libero"},
+        disagreements=(
+            "the LeRobot code that wrote the public folders is not public (LeRobot PR #3745's "
+            "draft differs from it at least in the type name); the folder's own config.json is "
+            "followed for everything it states, and this recipe only checks the card's contract",
+        ),
+        from_folder=("num_inference_steps", "guidance_scale", "guidance_interval", "flow_shift",
+                     "resolution_tier", "view_point"),
+        published=(Published("LIBERO-10", 0.976, 500, "488/500", "HF:lerobot-nano-libero"),),
+    ),
+    "lerobot-edge-libero10": Recipe(
+        name="lerobot-edge-libero10",
+        checkpoints="lerobot/Cosmos3-Edge-Policy-LIBERO_10 (LeRobot policy folder, type "
+                    "cosmos3_edge)",
+        representation="10-D [dpos, rot6d, gripper], the folder's statistics; no state; "
+                       "observation.images.image and image2, 256 x 256",
+        settings={"domain_name": "libero", "raw_action_dim": 10, "action_horizon": 16,
+                  "fps": 20.0, "history_length": 0},
+        sources={"domain_name": "HF:lerobot-edge-libero",
+                 "raw_action_dim": "HF:lerobot-edge-libero",
+                 "action_horizon": "HF:lerobot-edge-libero", "fps": "HF:lerobot-edge-libero",
+                 "history_length": "HF:lerobot-edge-libero",
+                 "representation": "HF:lerobot-edge-libero"},
+        disagreements=(
+            "the cosmos3_edge LeRobot code is not public: the folder is read with the cosmos3 "
+            "keys, any other key refused by name, and the Nemotron backbone run as diffusers' "
+            "Cosmos3OmniTransformer defines it",
+        ),
+        from_folder=("num_inference_steps", "guidance_scale", "guidance_interval", "flow_shift",
+                     "resolution_tier", "view_point"),
+        published=(Published("LIBERO-10", None, None, "the card's table: not sourced here",
+                             "HF:lerobot-edge-libero"),),
     ),
     "nano-policy-droid": Recipe(
         name="nano-policy-droid",
@@ -290,6 +428,8 @@ def get_recipe(name: str) -> Recipe:
 
 
 def _cell(recipe: Recipe, key: str) -> str:
+    if key in recipe.from_folder:
+        return "the folder's"
     value = recipe.representation if key == "representation" else recipe.settings.get(key)
     if key == "guidance_interval":
         text = "every step" if value is None else f"timesteps ({value[0]:g}, {value[1]:g})"
@@ -310,6 +450,17 @@ def recipe_table() -> str:
     for recipe in RECIPES.values():
         cells = [f"`{recipe.name}`", recipe.checkpoints, *(_cell(recipe, k) for k, _ in COLUMNS)]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Published results (and where a run of 500 episodes lands 95% of the time if "
+              "the checkpoint's true rate is the published one):", ""]
+    for recipe in RECIPES.values():
+        for result in recipe.published:
+            if result.rate is None:
+                text = f"not sourced ({result.spread})"
+            else:
+                lo, hi = result.interval()
+                text = (f"{100 * result.rate:.1f}% ({result.spread}); a 500-episode run: "
+                        f"[{100 * lo:.1f}%, {100 * hi:.1f}%]")
+            lines.append(f"- `{recipe.name}`, {result.benchmark}: {text} [{result.source}]")
     lines += ["", "Disagreements between sources:", ""]
     for recipe in RECIPES.values():
         lines += [f"- `{recipe.name}`: {text}." for text in recipe.disagreements]

@@ -48,8 +48,11 @@ def test_every_value_of_every_recipe_has_a_source() -> None:
                 continue
             for part in source.split("; "):
                 assert part.split(" (")[0] in SOURCES, (recipe.name, key, part)
-        for key, _ in COLUMNS:  # every table column is stated by every recipe
-            assert key == "representation" or key in recipe.settings, (recipe.name, key)
+        for key, _ in COLUMNS:  # every table column is stated by every recipe (or its folder)
+            assert key == "representation" or key in recipe.settings or (
+                key in recipe.from_folder), (recipe.name, key)
+        for result in recipe.published:
+            assert result.source in SOURCES, (recipe.name, result)
         PolicyConfig(**recipe.settings)  # and makes a valid policy head
 
 
