@@ -1,9 +1,9 @@
 """LeRobot's own evaluator (``lerobot.scripts.lerobot_eval``) drives Cosmos3 through the
 integration: the shipped tiny checkpoint on ColorReach, and LIBERO for a few steps.
 
-Needs LeRobot 0.4.4 beside the project, which takes a venv of its own (.ci/lerobot builds it and
-runs this file); skipped where LeRobot is not importable, unless COSMOS3_GYM_REQUIRE_LEROBOT=1
-turns that into an error (.ci/lerobot sets it).
+Needs LeRobot (0.6 or 0.4.4) beside the project, which takes a venv of its own (.ci/lerobot builds
+one of each and runs this file in both); skipped where LeRobot is not importable, unless
+COSMOS3_GYM_REQUIRE_LEROBOT=1 turns that into an error (.ci/lerobot sets it).
 """
 
 from __future__ import annotations

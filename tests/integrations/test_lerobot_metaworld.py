@@ -1,4 +1,4 @@
-"""Meta-World the LeRobot way, and rollouts as LeRobot datasets, in LeRobot 0.4.4's venv.
+"""Meta-World the LeRobot way, and rollouts as LeRobot datasets, in each LeRobot venv (0.6, 0.4.4).
 
 - LeRobot's own Meta-World env (``lerobot.envs`` with its ``metaworld`` config) drives the same
   policy through :func:`make_lerobot_policy`: images and keys as LeRobot gives them.

@@ -92,8 +92,9 @@ def both_evaluations(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     run([str(BIN / "lerobot-eval"), "--policy.type=cosmos3_gym", "--policy.checkpoint=tiny",
          "--policy.device=cpu", "--policy.noise=fixed", f"--policy.seed={ROOT_SEED}",
          "--env.type=cosmos3_gym", "--env.family=color_reach", f"--env.root_seed={ROOT_SEED}",
-         f"--env.max_episode_steps={MAX_STEPS}", "--eval.use_async_envs=false", "--seed=0", f"--eval.n_episodes={TRIALS}", f"--eval.batch_size={BATCH}",
-         "--eval.recording=true", f"--output_dir={lerobot_out}"], cwd=root)
+         f"--env.max_episode_steps={MAX_STEPS}", "--eval.use_async_envs=false", "--seed=0",
+         f"--eval.n_episodes={TRIALS}", f"--eval.batch_size={BATCH}", "--eval.recording=true",
+         f"--output_dir={lerobot_out}"], cwd=root)
     run([str(BIN / "cosmos3-gym"), "eval", "--checkpoint", "tiny", "--device", "cpu",
          "--env", "color_reach", "--trials", str(TRIALS), "--seed", str(ROOT_SEED),
          "--max-episode-steps", str(MAX_STEPS), "--noise", "fixed", "--num-envs", str(BATCH),

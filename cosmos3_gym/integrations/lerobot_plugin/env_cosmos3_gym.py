@@ -61,7 +61,8 @@ class Cosmos3GymEnv(EnvConfig):
     root_seed: int = 0
 
     def family_env(self) -> Any:
-        """The :class:`~cosmos3_gym.envs.EvalEnv` these settings name, as the evaluator builds it."""
+        """The :class:`~cosmos3_gym.envs.EvalEnv` these settings name, as ``cosmos3-gym eval``
+        builds it."""
         from cosmos3_gym.envs import make_eval_env
 
         tasks = None if self.task is None else [t.strip() for t in self.task.split(",")]
