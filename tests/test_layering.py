@@ -83,5 +83,5 @@ def test_one_loop_drives_policies_through_vector_envs() -> None:
     another framework's loop (LeRobot's, TorchRL's); every command goes through the runner."""
     every = {**library(), **modules("eval"), **modules("bench"), **modules("train")}
     callers = sorted(name for name, path in every.items() if calls(path, "select_action"))
-    assert callers == ["cosmos3_gym.integrations.lerobot_policy",
+    assert callers == ["cosmos3_gym.integrations.lerobot_plugin.modeling_cosmos3_gym",
                        "cosmos3_gym.integrations.torchrl", "cosmos3_gym.runner.loop"]

@@ -1,12 +1,21 @@
-"""LeRobot's own evaluator drives Cosmos3: two factories, and no glue for the user to write.
+"""LeRobot's own evaluator drives Cosmos3: no glue for the user to write.
 
-:func:`make_lerobot_policy` turns a :class:`~cosmos3_gym.VectorPolicy` into the
-``PreTrainedPolicy`` that ``lerobot.scripts.lerobot_eval.eval_policy`` accepts;
-:func:`make_lerobot_env` turns a cosmos3-gym vector env (ColorReach or LIBERO, sync) into the
-vector env it expects. This module does not import LeRobot (the env side needs Gymnasium only);
-the policy class lives in :mod:`cosmos3_gym.integrations.lerobot_policy`.
+Two routes, one set of conventions:
 
-Install, an example, and what is translated between the two and why: docs/lerobot.md.
+- LeRobot 0.6's ``lerobot-eval --policy.type=cosmos3_gym``: the plugin
+  (:mod:`cosmos3_gym.integrations.lerobot_plugin`, discovered through the
+  ``lerobot_policy_cosmos3_gym`` distribution) builds the policy from its config, and
+  ``--env.type=cosmos3_gym`` runs cosmos3-gym's env families with exactly the episodes of
+  ``cosmos3-gym eval`` (:class:`TrialBySeed`).
+- From Python (LeRobot 0.4.4 and 0.6): :func:`make_lerobot_policy` turns a
+  :class:`~cosmos3_gym.VectorPolicy` into the ``PreTrainedPolicy`` that
+  ``lerobot.scripts.lerobot_eval.eval_policy`` accepts; :func:`make_lerobot_env` turns a
+  cosmos3-gym vector env (ColorReach or LIBERO, sync) into the vector env it expects.
+
+This module does not import LeRobot (the env side needs Gymnasium only); the policy lives in
+:mod:`cosmos3_gym.integrations.lerobot_plugin`.
+
+Install, examples, and what is translated between the two and why: docs/lerobot.md.
 """
 
 from __future__ import annotations
@@ -22,7 +31,8 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv, VectorWrap
 if TYPE_CHECKING:
     import torch
 
-    from cosmos3_gym.integrations.lerobot_policy import Cosmos3Policy
+    from cosmos3_gym.envs import EvalEnv
+    from cosmos3_gym.integrations.lerobot_plugin.modeling_cosmos3_gym import Cosmos3GymPolicy
     from cosmos3_gym.policy import VectorPolicy
 
 # Our LIBERO camera keys -> the camera names LeRobot's LIBERO env uses (observation.images.image,
@@ -36,9 +46,10 @@ OBS_IMAGES_PREFIX = "observation.images."
 OBS_STATE = "observation.state"
 
 INSTALL_HINT = (
-    "LeRobot is not importable. cosmos3-gym works with LeRobot 0.4.4, installed beside it as "
-    "docs/lerobot.md says: a torch with its torchvision, pip install -e '.[lerobot]', and then "
-    "pip install --no-deps lerobot==0.4.4"
+    "LeRobot is not importable. cosmos3-gym works with LeRobot 0.6 (Python 3.12: pip install -e "
+    ". -e plugins/lerobot_policy_cosmos3_gym) and 0.4.4 (Python 3.10+: a torch with its "
+    "torchvision, pip install -e '.[lerobot]', then pip install --no-deps lerobot==0.4.4); "
+    "docs/lerobot.md gives the exact commands"
 )
 
 
@@ -47,14 +58,14 @@ INSTALL_HINT = (
 
 def make_lerobot_policy(
     policy: VectorPolicy, *, camera_keys: Mapping[str, str] | None = None
-) -> Cosmos3Policy:
+) -> Cosmos3GymPolicy:
     """``policy`` as the ``PreTrainedPolicy`` that LeRobot's ``eval_policy`` accepts.
 
     The result's ``select_action(batch)`` returns float32 ``[B, D]`` torch actions from the
     policy's per-env chunk queues, prompted by ``batch["task"]``; ``predict_action_chunk(batch)``
     returns ``[B, H, D]``; ``reset()`` starts a new episode in every env. Its ``config`` is a
-    ``PreTrainedConfig`` registered as ``"cosmos3"``, so ``make_pre_post_processors(config)``
-    finds its (identity) processors.
+    ``PreTrainedConfig`` registered as ``"cosmos3_gym"``, so ``make_pre_post_processors(config)``
+    finds its processors.
 
     Args:
         policy: the VectorPolicy to drive; its adapter holds the benchmark conventions.
@@ -69,16 +80,23 @@ def make_lerobot_policy(
             f"make_lerobot_policy expects a cosmos3_gym.VectorPolicy; found {type(policy).__name__}"
         )
     try:
-        from cosmos3_gym.integrations.lerobot_policy import Cosmos3Config, Cosmos3Policy
+        from cosmos3_gym.integrations.lerobot_plugin.modeling_cosmos3_gym import (
+            Cosmos3GymConfig,
+            Cosmos3GymPolicy,
+        )
     except ImportError as error:
         raise ImportError(f"{INSTALL_HINT} ({error})") from error
 
     device = getattr(policy.pipeline, "device", None)
-    config = Cosmos3Config(
+    config = Cosmos3GymConfig(
+        checkpoint=None,  # the pipeline is the VectorPolicy's
         device=str(device) if device is not None else "cpu",
+        adapter=getattr(policy.adapter, "name", None),
+        n_action_steps=policy.config.n_action_steps,
+        seed=policy.config.seed,
         camera_keys=dict(default_camera_keys() if camera_keys is None else camera_keys),
     )
-    return Cosmos3Policy(config, policy)
+    return Cosmos3GymPolicy(config, policy)
 
 
 def default_camera_keys() -> dict[str, str]:
@@ -334,6 +352,13 @@ def make_lerobot_env(envs: VectorEnv, policy: Any = None) -> LeRobotVectorEnv:
         ((2, 64, 64, 3), (40, 40), <AutoresetMode.SAME_STEP: 'SameStep'>)
         >>> env.close()
     """
+    vector_policy = _vector_policy(policy, envs.num_envs)
+    return LeRobotVectorEnv(lerobot_sub_envs(envs), vector_policy)
+
+
+def lerobot_sub_envs(envs: VectorEnv) -> list[LeRobotConventions]:
+    """The sub-envs of ``envs`` (a ``SyncVectorEnv``) under :class:`LeRobotConventions`, checked
+    as :func:`make_lerobot_env` says; the vector env itself is left behind (do not close it)."""
     if isinstance(envs, VectorWrapper):
         raise TypeError(
             f"make_lerobot_env expects the vector env itself, not a {type(envs).__name__} "
@@ -358,8 +383,56 @@ def make_lerobot_env(envs: VectorEnv, policy: Any = None) -> LeRobotVectorEnv:
             f"the sub-envs have different step budgets {budgets}; LeRobot's rollout stops every "
             "env after env 0's budget. Make one vector env per budget (e.g. per LIBERO suite)"
         )
-    vector_policy = _vector_policy(policy, envs.num_envs)
-    return LeRobotVectorEnv(wrapped, vector_policy)
+    return wrapped
+
+
+class TrialBySeed(gym.Wrapper):
+    """One sub-env of a cosmos3-gym env family, started the way ``cosmos3-gym eval`` starts it,
+    with LeRobot's seed as the trial number.
+
+    LeRobot numbers the episodes of a task by their reset seeds (``--seed``, ``--seed`` + 1,
+    ...); cosmos3-gym by ``(task, trial)``, every other fact of an episode derived from that
+    pair and the run's root seed. ``reset(seed=t)`` starts trial ``t`` of this env's task:
+    the env seed ``derive_seed(root_seed, task, t)`` and the family's reset options (a
+    ColorReach target, a LIBERO init state). So ``lerobot-eval --seed 0`` with ``N`` episodes
+    per task runs trials ``0..N-1`` of every task, the episodes of ``cosmos3-gym eval --trials
+    N --seed ROOT_SEED``. A reset without a seed raises: it has no trial.
+
+    Example:
+        >>> from cosmos3_gym.envs import ColorReachEnv, ColorReachEval
+        >>> family = ColorReachEval(["blue"], image_size=64)
+        >>> env = TrialBySeed(ColorReachEnv(image_size=64), family, task_index=0, root_seed=0)
+        >>> _ = env.reset(seed=3)
+        >>> env.episode.key, env.episode.seed == family.episode(0, 3, 0).seed
+        (('blue', 3), True)
+        >>> env.get_wrapper_attr("task_description")
+        'reach the blue target'
+    """
+
+    def __init__(self, env: gym.Env, family: EvalEnv, task_index: int, root_seed: int) -> None:
+        super().__init__(env)
+        if not 0 <= task_index < len(family.tasks):
+            raise ValueError(f"task_index {task_index}: the family has tasks {family.tasks}")
+        self.family, self.task_index, self.root_seed = family, task_index, root_seed
+        self.episode = None
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        if seed is None:
+            raise ValueError(
+                "a cosmos3_gym env starts trial t on reset(seed=t); it was reset without a seed "
+                "(give lerobot-eval a --seed, or reset with one)"
+            )
+        # LeRobot's own flags (lerobot_new_rollout) are for its wrappers; anything else would
+        # be dropped for the family's options, so it is refused.
+        foreign = sorted(k for k in (options or {}) if not str(k).startswith("lerobot_"))
+        if foreign:
+            raise ValueError(f"a cosmos3_gym env takes its reset options from its episode; "
+                             f"found options {foreign}")
+        self.episode = self.family.episode(self.task_index, int(seed), self.root_seed)
+        return self.env.reset(seed=self.episode.seed,
+                              options=self.family.reset_options(self.episode))
 
 
 def _armed_for_chunks(env: gym.Env) -> bool:

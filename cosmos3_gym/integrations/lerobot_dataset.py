@@ -139,7 +139,10 @@ def write_lerobot_dataset(
 def _scalar_columns(dataset: Any, features: dict[str, dict[str, Any]]) -> None:
     """LeRobot 0.4.4 checks a ``(1,)`` feature's frames as shape-``(1,)`` arrays, but stores the
     feature as a scalar column, which a stack of ``(1,)`` arrays does not fill: hand the episode
-    buffer the scalars."""
+    buffer the scalars. LeRobot 0.6 stores them itself (its episode buffer lives in its writer,
+    and the dataset has no ``episode_buffer``)."""
+    if not hasattr(dataset, "episode_buffer"):
+        return
     for key, feature in features.items():
         if tuple(feature["shape"]) == (1,) and feature["dtype"] not in ("image", "video"):
             dataset.episode_buffer[key] = [value.reshape(()) for value in

@@ -1,9 +1,9 @@
 """LeRobot's own evaluator (``lerobot.scripts.lerobot_eval``) drives Cosmos3 through the
 integration: the shipped tiny checkpoint on ColorReach, and LIBERO for a few steps.
 
-Needs LeRobot 0.4.4 beside the project, which takes a venv of its own (.ci/lerobot builds it and
-runs this file); skipped where LeRobot is not importable, unless COSMOS3_GYM_REQUIRE_LEROBOT=1
-turns that into an error (.ci/lerobot sets it).
+Needs LeRobot (0.6 or 0.4.4) beside the project, which takes a venv of its own (.ci/lerobot builds
+one of each and runs this file in both); skipped where LeRobot is not importable, unless
+COSMOS3_GYM_REQUIRE_LEROBOT=1 turns that into an error (.ci/lerobot sets it).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from lerobot.scripts.lerobot_eval import eval_policy, rollout
 from cosmos3_gym import Cosmos3ActionPipeline, VectorPolicy
 from cosmos3_gym.envs import ColorReachEnv, make_color_reach_vector_env
 from cosmos3_gym.integrations.lerobot import make_lerobot_env, make_lerobot_policy, uint8_frames
-from cosmos3_gym.integrations.lerobot_policy import Cosmos3Config
+from cosmos3_gym.integrations.lerobot_plugin import Cosmos3GymConfig
 from cosmos3_gym.policy import LiberoAdapter
 
 NUM_ENVS = 10
@@ -85,14 +85,17 @@ def evaluate_color_reach(
         env.close()
 
 
-def test_lerobot_knows_the_cosmos3_policy_type(tiny_pipe: Cosmos3ActionPipeline) -> None:
-    policy = make_lerobot_policy(VectorPolicy(tiny_pipe, adapter="generic"))
+def test_lerobot_knows_the_cosmos3_gym_policy_type(tiny_pipe: Cosmos3ActionPipeline) -> None:
+    policy = make_lerobot_policy(VectorPolicy(tiny_pipe, adapter="generic", seed=3))
     assert isinstance(policy, PreTrainedPolicy)
-    assert policy.config.type == "cosmos3"
-    assert PreTrainedConfig.get_choice_class("cosmos3") is Cosmos3Config
+    assert policy.config.type == "cosmos3_gym"
+    assert PreTrainedConfig.get_choice_class("cosmos3_gym") is Cosmos3GymConfig
+    # The config describes the VectorPolicy it was made from.
+    assert (policy.config.checkpoint, policy.config.adapter, policy.config.seed) == (
+        None, "generic", 3)
     preprocessor, postprocessor = make_pre_post_processors(policy.config)
-    assert (preprocessor.name, postprocessor.name) == ("cosmos3_preprocessor",
-                                                       "cosmos3_postprocessor")
+    assert (preprocessor.name, postprocessor.name) == ("cosmos3_gym_preprocessor",
+                                                       "cosmos3_gym_postprocessor")
     assert preprocessor.steps == [] and postprocessor.steps == []
 
 

@@ -18,6 +18,7 @@ from cosmos3_gym import Cosmos3ActionPipeline, VectorPolicy
 from cosmos3_gym.envs import (
     ChunkedActionWrapper,
     ColorReachEnv,
+    ColorReachEval,
     ColorReachExpert,
     EpisodeEndHold,
     make_color_reach_vector_env,
@@ -25,6 +26,7 @@ from cosmos3_gym.envs import (
 from cosmos3_gym.integrations import lerobot as lerobot_integration
 from cosmos3_gym.integrations.lerobot import (
     LeRobotConventions,
+    TrialBySeed,
     make_lerobot_env,
     observation_from_lerobot_batch,
     uint8_frames,
@@ -222,3 +224,28 @@ def test_the_policy_must_serve_as_many_envs() -> None:
         make_lerobot_env(make_color_reach_vector_env(2), policy)
     with pytest.raises(TypeError, match="make_lerobot_policy"):
         make_lerobot_env(make_color_reach_vector_env(2), policy=object())
+
+
+def test_lerobots_seed_starts_the_trial_that_cosmos3_gym_eval_starts() -> None:
+    family = ColorReachEval(["red", "yellow"], image_size=32)
+    env = LeRobotConventions(TrialBySeed(ColorReachEnv(image_size=32), family, 1, root_seed=5))
+    obs, _ = env.reset(seed=4, options={"lerobot_new_rollout": True})
+    episode = family.episode(1, 4, 5)  # task 1 (yellow), trial 4, root seed 5
+    expected, _ = ColorReachEnv(image_size=32).reset(seed=episode.seed,
+                                                     options=family.reset_options(episode))
+    np.testing.assert_array_equal(obs["pixels"], expected)
+    assert env.task_description == "reach the yellow target"
+    # Another trial is another episode, under the same task.
+    other, _ = env.reset(seed=5)
+    assert env.get_wrapper_attr("episode").key == ("yellow", 5)
+    assert not np.array_equal(other["pixels"], expected)
+
+
+def test_a_trial_needs_a_seed_and_takes_no_foreign_reset_options() -> None:
+    env = TrialBySeed(ColorReachEnv(image_size=32), ColorReachEval(image_size=32), 0, 0)
+    with pytest.raises(ValueError, match="without a seed"):
+        env.reset()
+    with pytest.raises(ValueError, match=r"options \['target'\]"):
+        env.reset(seed=0, options={"target": "blue"})
+    with pytest.raises(ValueError, match="task_index 4"):
+        TrialBySeed(ColorReachEnv(), ColorReachEval(), 4, 0)

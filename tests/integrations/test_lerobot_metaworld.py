@@ -1,4 +1,4 @@
-"""Meta-World the LeRobot way, and rollouts as LeRobot datasets, in LeRobot 0.4.4's venv.
+"""Meta-World the LeRobot way, and rollouts as LeRobot datasets, in each LeRobot venv (0.6, 0.4.4).
 
 - LeRobot's own Meta-World env (``lerobot.envs`` with its ``metaworld`` config) drives the same
   policy through :func:`make_lerobot_policy`: images and keys as LeRobot gives them.
@@ -69,7 +69,10 @@ def test_lerobot_metaworld_env_drives_the_policy_to_an_episode_end(metaworld_che
                                               num_inference_steps=2))
     env = make_env(MetaworldConfig(task="reach-v3"), n_envs=2)["reach-v3"][0]
     for sub_env in env.envs:  # a short episode: Meta-World truncates at its max_path_length
-        sub_env.unwrapped._env.max_path_length = 6
+        lerobot_env = sub_env.unwrapped
+        if lerobot_env._env is None:  # LeRobot 0.6 builds the simulator at the first reset
+            lerobot_env._ensure_env()
+        lerobot_env._env.max_path_length = 6
     preprocessor, postprocessor = make_pre_post_processors(policy.config)
     try:
         data = rollout(env, policy, PolicyProcessorPipeline(), PolicyProcessorPipeline(),
