@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # The prepared device check, for a session lent the GPU machine (one H200). Run it there as ONE
 # command with `carry: [".whl"]` and a timeout of 560 s; its results are under $OUT (8 files:
-# gpu.txt, log.txt, pytest_gpu.log, bench_gpu_nano_libero.json, eval_loop_nano.json,
-# bench_gpu_nano_droid.json, bench_gpu_nano_fp8.json, summary.txt), each rewritten as its stage
+# log.txt, pytest_gpu.log (the GPU's name first), bench_gpu_nano_libero.json, eval_loop_nano.json,
+# bench_gpu_nano_droid.json, bench_gpu_nano_fp8.json, lerobot_folder_nano.json, summary.txt),
+# each rewritten as its stage
 # goes, so a stage cut short still returns what it measured. It ends with a one-screen summary
 # (summary.txt).
 #
 # Stages, each under its own timeout (seconds):
 #   install  30  the project beside the machine's torch (diffusers and gymnasium travel as
 #                wheels: see below)
-#   checks   75  the GPU tests: bf16 parity with diffusers, CPU/GPU agreement, batch invariance,
+#   checks   65  the GPU tests (LeRobot-format folders against LeRobot's actions among them): bf16 parity with diffusers, CPU/GPU agreement, batch invariance,
 #                compiled Triton kernels (the FP8 quantising ones too) and CUDA-graph replay
 #                against eager, the CUDA default (fast path) against eager, the prompt cache, a
 #                real out-of-memory split, FP8 graphs against eager FP8
-#   libero   85  size --synthetic: LIBERO 256x512 at B=1, 8, 10 and 30 steps (a row's calls
+#   libero   70  size --synthetic: LIBERO 256x512 at B=1, 8, 10 and 30 steps (a row's calls
 #                repeat one request: the prompt cache hits, as in an episode) and every option
 #                flipped at B=1 and 8 (10 steps), the prompt cache and fp8 among them
 #   eval    184  cosmos3-gym eval --synthetic on ColorReach at LIBERO's input, as a user runs
@@ -25,18 +26,23 @@
 #                steps cost little here, so this checks overlap on CUDA (threads, graphs, the
 #                same episodes) and what it costs where there is nothing to hide; the CPU
 #                benchmark in docs/benchmarks.md measures it where env steps are slow
-#   droid    70  size --synthetic: DROID 480x832 B=1, 30 steps, in FP8 beside bf16 (the fp8
+#   droid    60  size --synthetic: DROID 480x832 B=1, 30 steps, in FP8 beside bf16 (the fp8
 #                flip, paired calls; sglang published 1.457 s on an H200, bar <= 1.20 s); then
 #                the released Policy-DROID recipes on the official server's 540x640 view, B=1, 4
 #                steps, guidance 3, a state row, 32 actions: nano-policy-droid (guided every
 #                step: 8 forwards of B rows) and edge-policy-droid (guided on step 0 only,
 #                [2, 1, 1, 1]), bf16 and FP8 (steps 1-2 in FP8)
-#   fp8     115  size --synthetic: LIBERO 256x512 B=32, 30 steps, bf16 beside FP8 (bar: FP8
+#   fp8     110  size --synthetic: LIBERO 256x512 B=32, 30 steps, bf16 beside FP8 (bar: FP8
 #                1.35x faster), then the FP8 accuracy gates on the same model shape
 #                (bench/fp8_gate.py: per-layer SQNR, actions vs fp32 against bf16's), all in
 #                bench_gpu_nano_fp8.json
+#   formats  40  a LeRobot-format folder of Nano's widths, heads and vocabulary (4 of its 36
+#                layers) with random weights, written by this project's writer, loaded with
+#                from_pretrained on the GPU and run at B=1 and 8 (LeRobot's default sampler:
+#                4 steps, guidance 3, diffusers' UniPC on the device): write, load and call
+#                times, peak memory, bf16 actions against fp32's (bench/lerobot_folder.py)
 #   summary      the one-screen summary
-# 2 x 15 + 75 + 85 + 184 + 70 + 80 + 35 = 559 s at most. `bash scripts/gpu_session.sh eval summary` runs
+# 2 x 15 + 65 + 70 + 184 + 60 + 75 + 35 + 40 = 559 s at most. `bash scripts/gpu_session.sh eval summary` runs
 # some stages only. On a CPU, each stage runs at a small size with
 #   PRESET=tiny DEVICE=cpu SKIP_INSTALL=1 EVAL_BATCHES="1 2" bash scripts/gpu_session.sh eval
 # (tests/test_gpu_session.py does that for every stage but the GPU tests).
@@ -59,9 +65,10 @@ COMPARE_BATCH="${COMPARE_BATCH:-8}"
 EVAL_BATCHES="${EVAL_BATCHES:-8 32}"
 FP8_BATCH="${FP8_BATCH:-32}"
 STEPS="${STEPS:-30}"
+FORMAT_LAYERS="${FORMAT_LAYERS:-4}"
 RUNS="${RUNS:-/tmp/cosmos3-gym-gpu-runs}"  # eval folders, outside $OUT (its file count is capped)
 mkdir -p "$OUT"
-stages="${*:-install checks libero eval droid fp8 summary}"
+stages="${*:-install checks libero eval droid fp8 formats summary}"
 has() { [[ " $stages " == *" $1 "* ]]; }
 # A stage's timeout, scaled by TIMEOUT_SCALE (default 1: the device budget; the CPU-size tests
 # of tests/test_gpu_session.py give a slow shared CPU more room).
@@ -79,21 +86,24 @@ if has install && [[ -z "${SKIP_INSTALL:-}" ]]; then
 fi
 [[ -d /tmp/site ]] && export PYTHONPATH=/tmp/site
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+GPU_LINE="gpu: none"
 if command -v nvidia-smi > /dev/null; then
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
+  GPU_LINE="gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
 fi
+echo "$GPU_LINE" >> "$OUT/log.txt"
 
 if has checks; then
   log checks
   # test_gpu.py is marked gpu; the kernel and graph tests run compiled wherever CUDA is.
-  timeout "$(t 75)" "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_gpu.py \
+  echo "$GPU_LINE" > "$OUT/pytest_gpu.log"
+  timeout "$(t 65)" "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_gpu.py \
     tests/test_model_kernels.py tests/test_model_cuda_graphs.py tests/test_model_fp8.py 2>&1 \
     | tail -40 \
-    > "$OUT/pytest_gpu.log"
+    >> "$OUT/pytest_gpu.log"
 fi
 if has libero; then
   log "libero bench ($PRESET, B=$LIBERO_BATCHES, flips at 1 and $COMPARE_BATCH)"
-  timeout "$(t 85)" "${CLI[@]}" size --synthetic "$PRESET" --device "$DEVICE" --cases libero_256x512 \
+  timeout "$(t 70)" "${CLI[@]}" size --synthetic "$PRESET" --device "$DEVICE" --cases libero_256x512 \
     --batch-sizes "$LIBERO_BATCHES" --step-counts "10,$STEPS" --compare-batch "$COMPARE_BATCH" \
     --warmup 1 --repeats 3 --no-reference --out "$OUT/bench_gpu_${PRESET}_libero.json" \
     >> "$OUT/log.txt" 2>&1
@@ -145,7 +155,7 @@ PYEOF
 fi
 if has droid; then
   log "droid bench ($PRESET, B=1, fp8 beside bf16; the released Policy-DROID recipes)"
-  timeout "$(t 70)" "${CLI[@]}" size --synthetic "$PRESET" --device "$DEVICE" \
+  timeout "$(t 60)" "${CLI[@]}" size --synthetic "$PRESET" --device "$DEVICE" \
     --cases droid_480x832,nano-policy-droid_540x640,edge-policy-droid_540x640 \
     --batch-sizes 1 --step-counts "$STEPS" --compare-batch 1 --flips fp8 --no-reference --warmup 1 \
     --repeats 3 --out "$OUT/bench_gpu_${PRESET}_droid.json" >> "$OUT/log.txt" 2>&1
@@ -154,7 +164,7 @@ if has fp8; then
   # One file under OUT: the bench JSON with the gates' result merged in as "fp8_gates".
   log "fp8 bench ($PRESET, LIBERO B=$FP8_BATCH, fp8 beside bf16)"
   fp8_json="$OUT/bench_gpu_${PRESET}_fp8.json"
-  timeout "$(t 80)" "${CLI[@]}" size --synthetic "$PRESET" --device "$DEVICE" \
+  timeout "$(t 75)" "${CLI[@]}" size --synthetic "$PRESET" --device "$DEVICE" \
     --cases libero_256x512 --batch-sizes "$FP8_BATCH" --step-counts "$STEPS" \
     --compare-batch "$FP8_BATCH" --flips fp8 --no-reference --warmup 1 --repeats 2 \
     --out "$fp8_json" >> "$OUT/log.txt" 2>&1
@@ -172,6 +182,13 @@ bench = json.loads(bench_path.read_text()) if bench_path.exists() else {"rows": 
 bench["fp8_gates"] = json.loads(gates_path.read_text()) if gates_path.exists() else None
 bench_path.write_text(json.dumps(bench, indent=2))
 PYEOF
+fi
+if has formats; then
+  log "LeRobot-format folder ($PRESET widths, $FORMAT_LAYERS layers, random weights) end to end"
+  mkdir -p "$RUNS"
+  timeout "$(t 40)" "$PYTHON" -m cosmos3_gym.bench.lerobot_folder --preset "$PRESET" \
+    --layers "$FORMAT_LAYERS" --device "$DEVICE" --folder "$RUNS/lerobot_folder" --repeats 3 \
+    --out "$OUT/lerobot_folder_$PRESET.json" >> "$OUT/log.txt" 2>&1
 fi
 if has summary; then
   "$PYTHON" scripts/gpu_summary.py "$OUT" "$PRESET" | tee "$OUT/summary.txt"

@@ -163,12 +163,11 @@ def _fp8_lines(droid: dict[str, Any] | None, fp8: dict[str, Any] | None) -> list
 
 def summary(out: Path, preset: str = "nano") -> str:
     lines = ["cosmos3-gym device session: summary"]
-    gpu = out / "gpu.txt"
-    if gpu.exists():
-        lines.append("gpu: " + gpu.read_text().strip().splitlines()[-1])
     tests = out / "pytest_gpu.log"
     if tests.exists():
-        tail = [line for line in tests.read_text().splitlines() if line.strip()]
+        text = [line for line in tests.read_text().splitlines() if line.strip()]
+        lines += [line for line in text[:1] if line.startswith("gpu: ")]
+        tail = [line for line in text if not line.startswith("gpu: ")]
         lines.append("gpu tests: " + (tail[-1] if tail else "no output"))
     lines += _bench_lines(f"LIBERO bench ({preset})",
                           _load(out / f"bench_gpu_{preset}_libero.json"))
@@ -177,7 +176,22 @@ def summary(out: Path, preset: str = "nano") -> str:
     lines += _bench_lines(f"DROID bench ({preset})", droid)
     lines += _recipe_lines(droid)
     lines += _fp8_lines(droid, _load(out / f"bench_gpu_{preset}_fp8.json"))
+    lines += _folder_lines(_load(out / f"lerobot_folder_{preset}.json"))
     return "\n".join(lines)
+
+
+def _folder_lines(found: dict[str, Any] | None) -> list[str]:
+    """The LeRobot-format folder stage: load and call times, bf16 against fp32."""
+    if found is None:
+        return ["LeRobot folder: not run"]
+    calls = found.get("calls", {})
+    timing = ", ".join(f"{k} {v['median_s']:.3f} s" for k, v in calls.items())
+    finite = all(v.get("finite") for v in calls.values()) if calls else None
+    return [f"LeRobot folder ({found['preset']}, {found['layers']} layers, "
+            f"{found.get('folder_gb', 0):.1f} GB): write {found.get('write_s', 0):.1f} s, load "
+            f"{found.get('load_s', 0):.1f} s; calls {timing}; finite {_mark(finite)}; bf16 vs "
+            f"fp32 max {found.get('bf16_vs_fp32_max_abs', float('nan')):.3g} of "
+            f"{found.get('fp32_action_absmax', float('nan')):.3g}"]
 
 
 if __name__ == "__main__":

@@ -450,3 +450,24 @@ def test_cuda_tensor_observations_reach_the_pipeline_without_a_host_copy(tmp_pat
     from_cuda = VectorPolicy(pipe, seed=2)({"rgb": on_gpu, "qpos": torch.zeros(3, 7).cuda()},
                                            prompts)
     np.testing.assert_array_equal(from_cuda, from_numpy)
+
+
+@pytest.mark.parametrize("case", ["libero", "state"])
+def test_lerobot_folders_on_the_gpu_give_lerobots_actions(case) -> None:
+    """The LeRobot fixtures (written by LeRobot's own code, reference actions from its CPU run)
+    on CUDA: fp32 to 1e-3 of LeRobot's, bf16 to a few percent; diffusers' UniPC, the float
+    resize and the state row on the device, the fast path on (CUDA graphs, kernels)."""
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).parent / "fixtures" / "lerobot_cosmos3" / case
+    with np.load(folder / "reference.npz") as data:
+        ref = {k: data[k] for k in data.files}
+    tasks = json.loads((folder / "reference.json").read_text())["tasks"]
+    seeds = [int(s) for s in ref["seeds"]]
+    extra = {"state": ref["state"][:, None, :]} if case == "state" else {}
+    for dtype, tolerance in ((torch.float32, 1e-3), (torch.bfloat16, 0.1)):
+        pipe = Cosmos3ActionPipeline.from_pretrained(folder, device="cuda", dtype=dtype)
+        out = pipe(ref["canvas"], tasks, seed=seeds, progress=False, **extra)
+        scale = float(np.abs(ref["actions_folder"]).max())
+        assert np.abs(out.actions - ref["actions_folder"]).max() <= tolerance * max(scale, 1.0)

@@ -105,3 +105,24 @@ def test_the_droid_stage_runs_the_released_recipes_at_cpu_size(tmp_path) -> None
     summary = (out / "summary.txt").read_text()
     assert "recipe nano-policy-droid B=1 4 steps, 4 guided" in summary
     assert "recipe edge-policy-droid B=1 4 steps, 1 guided" in summary
+
+
+@pytest.mark.slow
+def test_the_lerobot_folder_stage_runs_at_cpu_size(tmp_path) -> None:
+    """The formats stage: a LeRobot-format folder written by this project's writer, loaded back
+    and run at B=1 and 8, its line in the summary; one file under OUT besides the log."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PRESET": "tiny", "DEVICE": "cpu", "SKIP_INSTALL": "1",
+           "FORMAT_LAYERS": "1", "OUT": str(out), "RUNS": str(tmp_path / "runs"),
+           "PYTHON": sys.executable, "TIMEOUT_SCALE": "12"}
+    done = subprocess.run(["bash", "scripts/gpu_session.sh", "formats", "summary"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads((out / "lerobot_folder_tiny.json").read_text())
+    assert found["layers"] == 1 and found["calls"]["B8"]["shape"] == [8, 16, 10]
+    assert all(call["finite"] for call in found["calls"].values())
+    assert "diffusers UniPCMultistepScheduler" in found["sampler"]
+    summary = (out / "summary.txt").read_text()
+    assert "LeRobot folder (tiny, 1 layers" in summary
+    assert sorted(p.name for p in out.iterdir()) == [
+        "lerobot_folder_tiny.json", "log.txt", "summary.txt"]
