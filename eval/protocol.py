@@ -106,6 +106,9 @@ def record(config: Any, init_state_rule: str | None, policy: Any) -> dict[str, A
         named = {s.removeprefix("recipe ") for s in sources.values() if s.startswith("recipe ")}
         recipe = named.pop() if len(named) == 1 else config.recipe
         sampler.update(sampler_name=sampling.sampler, recipe=recipe, sources=sources)
+        scheduler = getattr(policy, "scheduler", None)  # the official FlowUniPC, or diffusers'
+        if isinstance(scheduler, dict):
+            sampler["scheduler"] = scheduler
     fixed = sampling.noise == "fixed"
     return {
         "name": name,
@@ -136,8 +139,11 @@ def describe(protocol: dict[str, Any]) -> list[str]:
             guidance += f" on timesteps ({lo:g}, {hi:g})"
         name = sampler.get("sampler_name", "flow_unipc")
         recipe = f", recipe {sampler['recipe']}" if sampler.get("recipe") else ""
+        scheduler = ""
+        if (sampler.get("scheduler") or {}).get("name") == "diffusers_unipc":
+            scheduler = " on diffusers' UniPC (the checkpoint's scheduler_config)"
         parts.append(f"sampler {name} {sampler['num_inference_steps']} steps, {guidance}, "
-                     f"shift {sampler['flow_shift']:g}{recipe}")
+                     f"shift {sampler['flow_shift']:g}{scheduler}{recipe}")
     lines = [f"protocol {protocol['name']}: " + ", ".join(parts)]
     if protocol.get("deviations"):
         lines.append("deviations from the official protocol: " + "; ".join(protocol["deviations"]))
