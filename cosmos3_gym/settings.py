@@ -247,8 +247,8 @@ class EnvSettings:
         None, "--env gym:ID: modules to import first, comma-separated (the packages that register "
         "the id, e.g. gym_pusht)", group="env", flag="import", parse=csv, metavar="MODULES")
     env_kwargs: dict[str, Any] | None = setting(
-        None, "--env gym:ID: keyword arguments of every env, as a JSON object", group="env",
-        parse=json_object, metavar="JSON")
+        None, "--env gym:ID: keyword arguments of every env, as a JSON object; --env color_reach: "
+        "its max_speed", group="env", parse=json_object, metavar="JSON")
     success_key: str | None = setting(
         None, "--env gym:ID: the info key success is read from (default: is_success, else "
         "success)", group="env", metavar="KEY")
