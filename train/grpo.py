@@ -361,7 +361,7 @@ def update(learner: Learner, batch: dict[str, Any], signal: Signal, iteration: i
     total = len(keys)
     local_pos = {tuple(k): i for i, k in enumerate(signal.keys.tolist())}
     sums = {"loss": 0.0, "clipped": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "scored": 0.0,
-            "steps": 0.0}
+            "steps": 0.0, "grad_norm": 0.0}
     if total == 0:
         return sums
     generator = torch.Generator().manual_seed(iteration_seed(cfg.seed, iteration, 0))
@@ -405,8 +405,10 @@ def update(learner: Learner, batch: dict[str, Any], signal: Signal, iteration: i
                     sums["approx_kl"] += float((torch.exp(-log_ratio) + log_ratio - 1).sum())
                     sums["scored"] += len(idx)
             dp.reduce_gradients(params)
-            learner.step()
-            sums["steps"] += 1.0 / dp.world_size  # every rank counts each step once
+            norm = learner.step()
+            # Every rank counts each step once (the sums are added over the ranks).
+            sums["steps"] += 1.0 / dp.world_size
+            sums["grad_norm"] += norm / dp.world_size
     return sums
 
 
@@ -431,12 +433,15 @@ class Learner:
         self.optimizer = torch.optim.AdamW(self.masters.masters, lr=cfg.lr, weight_decay=0.0)
         self.frozen = self.trainable.frozen_copy() if cfg.kl_coef > 0 else None
 
-    def step(self) -> None:
+    def step(self) -> float:
+        """One optimiser step on the gradients the microbatches left (clipped to norm 1);
+        returns their norm before the clip."""
         self.masters.grads_to_master()
-        torch.nn.utils.clip_grad_norm_(self.masters.masters, 1.0)
+        norm = torch.nn.utils.clip_grad_norm_(self.masters.masters, 1.0)
         self.optimizer.step()
         self.masters.master_to_model()
         self.masters.zero_grad()
+        return float(norm)
 
     def reference(self) -> contextlib.AbstractContextManager:
         return self.trainable.reference(self.frozen)
@@ -688,6 +693,7 @@ def _point(it: int, signal: dict[str, float], sums: dict[str, float], collect_s:
         "chunks_with_signal": int(signal["chunks_with_signal"]),
         "update_steps": int(round(sums["steps"])),
         "loss": sums["loss"] / sums["steps"] if sums["steps"] else 0.0,
+        "grad_norm": sums["grad_norm"] / sums["steps"] if sums["steps"] else 0.0,
         "clip_frac": sums["clipped"] / scored if scored else 0.0,
         "approx_kl": sums["approx_kl"] / scored if scored else 0.0,
         "collect_s": round(collect_s, 2), "update_s": round(update_s, 2),
@@ -903,7 +909,8 @@ def _check_memory(learner: Learner, cfg: GRPOConfig, eval_env: Any, envs: Any, a
         microbatch=cfg.microbatch or cfg.minibatch, stochastic_steps=steps,
         rollout_batch=rollout_batch, lora_rank=cfg.lora_rank if cfg.train == "lora" else 0,
         checkpointing=cfg.gradient_checkpointing,
-        kl_reference_params=trained.fully_trained_count if cfg.kl_coef > 0 else 0)
+        kl_reference_params=trained.fully_trained_count if cfg.kl_coef > 0 else 0,
+        text_trains=cfg.train == "full")
     check_fits(estimate, device_memory_bytes(device), train=cfg.train,
                checkpointing=cfg.gradient_checkpointing, microbatch=cfg.microbatch or
                cfg.minibatch, kl=cfg.kl_coef > 0)

@@ -9,11 +9,11 @@ keys and values); :func:`training_memory` adds them up and :func:`check_fits` re
 that cannot fit, naming the knob to turn.
 
 The activation count is per GEN layer and token, in the model's dtype (what autograd saves:
-the layer's input and norms, the Q/K/V and attention output, the MLP's gate, up and product, the
-concatenated text+GEN keys and values; LoRA adds its rank-``r`` intermediates). With gradient
-checkpointing a layer keeps only its two residual-stream inputs, and one layer's intermediates
-are alive at a time during the recompute. ``tests/test_train_grpo.py`` holds the count against
-the bytes autograd actually saves on a small model.
+the residual stream and its norms, the queries, keys and attention output, the MLP's gate, up
+and product, the concatenated text+GEN keys and values; LoRA adds its rank-``r``
+intermediates). With gradient checkpointing a layer keeps only its two residual-stream inputs,
+and one layer's intermediates are alive at a time during the recompute.
+``tests/test_train_grpo.py`` holds the count against the bytes autograd actually saves.
 """
 
 from __future__ import annotations
@@ -60,30 +60,48 @@ class MemoryEstimate:
         return f"{parts}; total {self.total / GIB:.2f} GiB"
 
 
+# What autograd saves per GEN layer and token, in multiples of each width (``C`` the hidden
+# size, ``Q`` = Hq·D, ``K`` = Hkv·D, ``I`` the MLP width), counted from the saved tensors of a
+# scoring forward (tests/test_train_grpo.py measures them again): bf16 keeps fp32 copies in its
+# norms (Qwen3's rounding order), fp32 runs one fused norm.
+SAVED_PER_TOKEN = {
+    # dtype bytes: (C, Q, K) multiples in elements of the model's dtype
+    2: (9.5, 6.0, 3.0),
+    4: (7.0, 5.0, 2.0),
+}
+
+
 def activation_bytes_per_chunk(config: Any, tokens: ChunkTokens, *, dtype_bytes: int,
-                               lora_rank: int = 0, checkpointing: bool = False) -> int:
+                               lora_rank: int = 0, checkpointing: bool = False,
+                               text_trains: bool = False) -> int:
     """Bytes autograd keeps for one chunk's scoring forward (one stochastic step).
 
-    Per GEN layer and token: the residual input and the two norms' outputs (3C), the Q, K, V
-    and attention output (2·Hq·D + 2·Hkv·D), the concatenated text+GEN K and V (2·Hkv·D per key,
-    ``text + gen`` keys over ``gen`` queries), the MLP's gate, up, activation and product (4I;
-    squared-ReLU: up, activation and product, 3I) and the residual before the MLP norm (C);
-    LoRA adds ``r`` per adapted projection (7 per layer). With ``checkpointing`` a layer keeps
-    its two inputs (2C) and one layer's intermediates are alive during its recompute.
+    Per GEN layer and token: :data:`SAVED_PER_TOKEN`'s multiples of the widths (the residual
+    stream, its norms and the attention output; the queries before and after their norm and
+    rotation; the keys), the concatenated text+GEN keys and values (``2K`` per key: ``text +
+    gen`` keys over ``gen`` queries), the MLP's four ``I``-wide tensors (squared-ReLU: three)
+    and LoRA's rank-``r`` intermediates (seven projections). ``text_trains`` (full training):
+    the text pass is recorded too, at the same cost per token (and the patch-in layer's input).
+    With ``checkpointing`` a layer
+    keeps its two residual inputs (``2C``) and one layer's tensors are alive in its recompute.
     """
-    c, d = config.hidden_size, config.head_dim
-    hq, hkv = config.num_attention_heads, config.num_key_value_heads
-    inter = config.intermediate_size
-    mlp = 4 * inter if config.hidden_act == "silu" else 3 * inter
+    c, q = config.hidden_size, config.num_attention_heads * config.head_dim
+    k = config.num_key_value_heads * config.head_dim
+    per_c, per_q, per_k = SAVED_PER_TOKEN.get(dtype_bytes, SAVED_PER_TOKEN[2])
+    mlp = (4 if config.hidden_act == "silu" else 3) * config.intermediate_size
+    base = per_c * c + per_q * q + per_k * k + mlp + 7 * lora_rank
     keys = (tokens.text + tokens.gen) / tokens.gen
-    per_token = 4 * c + 2 * hq * d + 2 * hkv * d + 2 * hkv * d * keys + mlp + 7 * lora_rank
-    layer = per_token * tokens.gen * dtype_bytes
+    layer = (base + 2 * k * keys) * tokens.gen * dtype_bytes
+    text = base * tokens.text * dtype_bytes if text_trains else 0
     layers = config.num_hidden_layers
-    # The heads: patch-in/out and the action projections' inputs, fp32 velocities and means.
+    # The heads: the final norm, fp32 velocities and transition means (and the patch-in
+    # input, where proj_in trains).
     heads = tokens.gen * c * dtype_bytes * 2 + tokens.action * config.action_dim * 4 * 4
+    if text_trains:
+        heads += tokens.vision * config.patch_latent_dim * 4
     if checkpointing:
-        return int(layers * 2 * c * tokens.gen * dtype_bytes + layer + heads)
-    return int(layers * layer + heads)
+        return int(layers * (2 * c * tokens.gen * dtype_bytes + text) + layer + heads)
+    return int(layers * (layer + text) + heads)
 
 
 def sampling_bytes(config: Any, tokens: ChunkTokens, batch: int, dtype_bytes: int) -> int:
@@ -99,7 +117,7 @@ def training_memory(
     config: Any, *, weight_bytes: int, trained_params: int, trained_in_fp32: bool,
     dtype_bytes: int, tokens: ChunkTokens, microbatch: int, stochastic_steps: int,
     rollout_batch: int, lora_rank: int = 0, checkpointing: bool = False,
-    kl_reference_params: int = 0,
+    kl_reference_params: int = 0, text_trains: bool = False,
 ) -> MemoryEstimate:
     """The memory of one rank's training setting (see the module notes).
 
@@ -111,7 +129,8 @@ def training_memory(
     master = 0 if trained_in_fp32 else trained_params * 4
     grad_bytes = 4 if trained_in_fp32 else dtype_bytes
     act = activation_bytes_per_chunk(config, tokens, dtype_bytes=dtype_bytes,
-                                     lora_rank=lora_rank, checkpointing=checkpointing)
+                                     lora_rank=lora_rank, checkpointing=checkpointing,
+                                     text_trains=text_trains)
     return MemoryEstimate(
         weights=int(weight_bytes), trained=int(master),
         gradients=int(trained_params * grad_bytes), optimizer=int(trained_params * 8),
@@ -127,7 +146,7 @@ def lora_parameter_count(config: Any, rank: int) -> int:
 
     >>> from cosmos3_gym.model.presets import preset_config
     >>> f"{lora_parameter_count(preset_config('nano'), 16) / 1e6:.1f} M"
-    '43.7 M'
+    '43.6 M'
     """
     c, d = config.hidden_size, config.head_dim
     q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
@@ -158,21 +177,21 @@ def device_memory_bytes(device: Any) -> int | None:
 
 def check_fits(estimate: MemoryEstimate, available: int | None, *, train: str,
                checkpointing: bool, microbatch: int, kl: bool) -> None:
-    """Refuse a setting whose estimate exceeds ``available`` bytes, naming the knob that
-    shrinks the largest part (one line)."""
+    """Refuse a setting whose estimate exceeds ``available`` bytes, naming the first knob that
+    can make it fit (one line): LoRA where what full training optimises does not fit by itself,
+    then gradient checkpointing, then smaller microbatches."""
     if available is None or estimate.total <= available:
         return
-    parts = asdict(estimate)
-    biggest = max(("trained", "gradients", "optimizer", "activations", "reference"),
-                  key=parts.__getitem__)
-    if biggest == "activations" and not checkpointing:
-        knob = "turn on --gradient-checkpointing"
-    elif biggest == "activations" and microbatch > 1:
-        knob = f"lower --microbatch (now {microbatch}; the update stays the same)"
-    elif biggest == "reference" and kl:
-        knob = "train LoRA adapters (--train lora: the reference is then free) or --kl-coef 0"
-    elif train != "lora":
+    held = estimate.weights + estimate.sampling
+    optimiser = estimate.trained + estimate.gradients + estimate.optimizer
+    if train != "lora" and held + optimiser + estimate.reference > available:
         knob = "train LoRA adapters (--train lora)"
+    elif kl and estimate.reference and held + optimiser + estimate.reference > available:
+        knob = "train LoRA adapters (--train lora: the reference is then free) or --kl-coef 0"
+    elif not checkpointing:
+        knob = "turn on --gradient-checkpointing"
+    elif microbatch > 1:
+        knob = f"lower --microbatch (now {microbatch}; the update stays the same)"
     else:
         knob = "lower --lora-rank, or shard the groups over more GPUs (torchrun)"
     raise ValueError(
@@ -195,3 +214,38 @@ def chunk_tokens(pipe: Any, image_hw: tuple[int, int], prompt: str) -> ChunkToke
     h, w = latent_content_shape(plan)
     vision = pipe.noise.num_latent_frames * math.ceil(h / p) * math.ceil(w / p)
     return ChunkTokens(text=text, vision=vision, action=pipe.history_length + pipe.action_horizon)
+
+
+def preset_estimate(preset: str, train: str, *, lora_rank: int = 16, microbatch: int = 8,
+                    checkpointing: bool = True, rollout_batch: int = 16,
+                    tokens: ChunkTokens = ChunkTokens(text=105, vision=250, action=16),
+                    dtype_bytes: int = 2) -> MemoryEstimate:
+    """The estimate for a published shape (``nano``, ``super``, ``edge``) in bf16, before any
+    weights exist: the parameter counts of the model and the Wan2.2 VAE built on the meta
+    device. ``tokens`` default to a LIBERO chunk (256x512 at the 256 tier, 16 actions, a
+    ~100-token caption); ``train`` is ``full`` or ``lora`` (the action heads in full beside the
+    adapters)."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    from cosmos3_gym.model.presets import preset_config, vae_preset
+    from cosmos3_gym.model.transformer import Cosmos3Transformer
+
+    config = preset_config(preset)
+    with torch.device("meta"):
+        model = Cosmos3Transformer(config)
+        vae = AutoencoderKLWan(**vae_preset(preset))
+    params = sum(p.numel() for p in model.parameters())
+    heads = sum(p.numel() for name in ("action_proj_in", "action_proj_out")
+                for p in getattr(model, name).parameters())
+    vae_bytes = sum(p.numel() for p in vae.parameters()) * 4  # the VAE runs in fp32
+    if train == "lora":
+        trained = lora_parameter_count(config, lora_rank) + heads
+        weights = params * dtype_bytes + vae_bytes + trained * 4 + heads * dtype_bytes
+    else:
+        trained, weights = params, params * dtype_bytes + vae_bytes
+    return training_memory(
+        config, weight_bytes=weights, trained_params=trained, trained_in_fp32=False,
+        dtype_bytes=dtype_bytes, tokens=tokens, microbatch=microbatch, stochastic_steps=1,
+        rollout_batch=rollout_batch, lora_rank=lora_rank if train == "lora" else 0,
+        checkpointing=checkpointing, text_trains=train == "full")
