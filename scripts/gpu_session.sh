@@ -37,7 +37,17 @@
 #                bench_gpu_nano_fp8.json
 #   summary      the one-screen summary
 # 2 x 15 + 75 + 85 + 184 + 70 + 80 + 35 = 559 s at most. `bash scripts/gpu_session.sh eval summary` runs
-# some stages only. On a CPU, each stage runs at a small size with
+# some stages only.
+#
+# Not in the default run (the stages above fill one command's budget): a second command,
+#   bash scripts/gpu_session.sh install grpo summary          (2 x 15 + 150 = 180 s at most)
+#   grpo    150  one GRPO iteration (bench/grpo_step.py) on a synthetic model of $PRESET's shape,
+#                LoRA rank 16 on the generation tower and the action heads in full, gradient
+#                checkpointing: 2 groups x 8 episodes of ColorReach at LIBERO's 256x512 input
+#                (16-action chunks, 48 steps, 10 denoising steps), then the update over every
+#                chunk (minibatch 64, microbatch 8): seconds per iteration, peak memory beside
+#                the estimate (train/memory.py), into grpo_$PRESET.json
+# On a CPU, each stage runs at a small size with
 #   PRESET=tiny DEVICE=cpu SKIP_INSTALL=1 EVAL_BATCHES="1 2" bash scripts/gpu_session.sh eval
 # (tests/test_gpu_session.py does that for every stage but the GPU tests).
 #
@@ -61,7 +71,7 @@ FP8_BATCH="${FP8_BATCH:-32}"
 STEPS="${STEPS:-30}"
 RUNS="${RUNS:-/tmp/cosmos3-gym-gpu-runs}"  # eval folders, outside $OUT (its file count is capped)
 mkdir -p "$OUT"
-stages="${*:-install checks libero eval droid fp8 summary}"
+stages="${*:-install checks libero eval droid fp8 summary}"  # grpo: on its own (above)
 has() { [[ " $stages " == *" $1 "* ]]; }
 # A stage's timeout, scaled by TIMEOUT_SCALE (default 1: the device budget; the CPU-size tests
 # of tests/test_gpu_session.py give a slow shared CPU more room).
@@ -172,6 +182,13 @@ bench = json.loads(bench_path.read_text()) if bench_path.exists() else {"rows": 
 bench["fp8_gates"] = json.loads(gates_path.read_text()) if gates_path.exists() else None
 bench_path.write_text(json.dumps(bench, indent=2))
 PYEOF
+fi
+if has grpo; then
+  log "grpo iteration ($PRESET, LoRA, gradient checkpointing, ${GRPO_GROUPS:-2}x${GRPO_GROUP_SIZE:-8} episodes)"
+  timeout "$(t 150)" "$PYTHON" -m cosmos3_gym.bench.grpo_step --preset "$PRESET" --device "$DEVICE" \
+    --groups "${GRPO_GROUPS:-2}" --group-size "${GRPO_GROUP_SIZE:-8}" \
+    --denoising-steps "${GRPO_STEPS:-10}" --episode-steps "${GRPO_EPISODE_STEPS:-48}" \
+    --microbatch "${GRPO_MICROBATCH:-8}" --out "$OUT/grpo_${PRESET}.json" >> "$OUT/log.txt" 2>&1
 fi
 if has summary; then
   "$PYTHON" scripts/gpu_summary.py "$OUT" "$PRESET" | tee "$OUT/summary.txt"
