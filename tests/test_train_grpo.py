@@ -413,3 +413,37 @@ def test_a_setting_that_cannot_fit_is_refused_naming_the_knob() -> None:
     memory.check_fits(slim, 139 * memory.GIB, train="lora", checkpointing=True, microbatch=64,
                       kl=False)
     assert slim.total < 60 * memory.GIB < wide.total
+
+
+def test_color_reach_takes_its_speed_from_env_kwargs_and_other_keys_are_refused() -> None:
+    from cosmos3_gym.envs import make_eval_env
+
+    assert make_eval_env("color_reach", env_kwargs={"max_speed": 0.28}).max_speed == 0.28
+    with pytest.raises(ValueError, match=r"takes \['max_speed'\] only"):
+        make_eval_env("color_reach", env_kwargs={"speed": 0.28})
+    with pytest.raises(ValueError, match="positive number"):
+        make_eval_env("color_reach", env_kwargs={"max_speed": -1})
+    with pytest.raises(ValueError, match="apply to --env gym:ID only"):
+        make_eval_env("metaworld", env_kwargs={"max_speed": 0.28})
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"eval_seed": 0}, "must differ from seed"),
+    ({"precision": "fp8"}, "for inference"),
+    ({"group_size": 1}, "GRPO compares a group"),
+    ({"microbatch": 65}, "between 1 and minibatch"),
+    ({"sampler": "flow_unipc"}, "stochastic sampler"),
+    ({"synthetic": "tiny", "checkpoint": "tiny"}, "random weights"),
+])
+def test_bad_settings_are_refused_before_anything_runs(settings, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        grpo.GRPOConfig(**settings)
+
+
+def test_more_ranks_than_groups_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                           tmp_path: Path) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match="each of the 4 ranks needs at least one group"):
+        grpo.run_grpo(grpo.GRPOConfig(groups=2, out=str(tmp_path / "o")))
+    assert not (tmp_path / "o").exists()

@@ -600,6 +600,9 @@ def _run(cfg: GRPOConfig, progress: bool, rank: Any, device: Any, dtype: Any, ev
 
     start = time.perf_counter()
     dp = DataParallel(rank.rank, rank.world_size)
+    if rank.is_main:  # a state a killed run was writing (the folder is ours: we hold its lock)
+        for partial in out.glob(f".{STATE_PREFIX}*.tmp"):
+            shutil.rmtree(partial, ignore_errors=True)
     states = state_dirs(out)
     evals = out / EVALS
     recorded = bool(states) or (evals.is_dir() and any(evals.iterdir()))
