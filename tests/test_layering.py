@@ -1,7 +1,7 @@
 """The architecture as the folder tree shows it, checked on the imports: the library (model,
 pipeline, policy, runner, envs, integrations) knows nothing of the commands built on it; the
-benchmarks know nothing of the evaluator, and training only its measurement; and one loop (``cosmos3_gym.runner``) drives a policy
-through vector envs."""
+benchmarks know nothing of the evaluator, and training only its measurement; and one loop
+(``cosmos3_gym.runner``) drives a policy through vector envs."""
 
 from __future__ import annotations
 
