@@ -279,8 +279,8 @@ class EnvSettings:
         None, "--env gym:ID: modules to import first, comma-separated (the packages that register "
         "the id, e.g. gym_pusht)", group="env", flag="import", parse=csv, metavar="MODULES")
     env_kwargs: dict[str, Any] | None = setting(
-        None, "--env gym:ID: keyword arguments of every env, as a JSON object", group="env",
-        parse=json_object, metavar="JSON")
+        None, "--env gym:ID: keyword arguments of every env, as a JSON object; --env color_reach: "
+        "its max_speed", group="env", parse=json_object, metavar="JSON")
     success_key: str | None = setting(
         None, "--env gym:ID and presets: the bool info key success is read from (the same as "
         "--success info.KEY)", group="env", metavar="KEY")

@@ -170,6 +170,9 @@ class EvalEnv:
     real_action_units: bool = False
     # How a trial picks its initial state, for results.json (None: the seed decides it all).
     init_state_rule: str | None = None
+    # The settings of this family that ``--env-kwargs`` may give (its from_cli takes them as
+    # ``env_kwargs``); gym:ID passes any to its env.
+    env_kwargs_keys: tuple[str, ...] = ()
     # The action map (--action-map) a run applies unless told otherwise (None: unchanged).
     action_map: str | None = None
 
@@ -301,11 +304,19 @@ class ColorReachEval(EvalEnv):
     suite = "color_reach"
     adapter = "generic"
     domain = "color_reach"
+    # A faster agent (0.28 instead of 0.08 arena units per step) makes the tiny policy overshoot:
+    # GRPO's reference benchmark (docs/rl.md).
+    env_kwargs_keys = ("max_speed",)
 
     def __init__(
         self, tasks: list[str] | None = None, *, image_size: int = 128, max_episode_steps: int = 40,
         max_speed: float | None = None,
     ) -> None:
+        if max_speed is not None and (isinstance(max_speed, bool)
+                                      or not isinstance(max_speed, (int, float))
+                                      or not max_speed > 0):
+            raise ValueError(f"color_reach max_speed must be a positive number of arena units "
+                             f"per step; found {max_speed!r}")
         tasks = list(COLORS) if tasks is None else tasks
         unknown = [t for t in tasks if t not in COLORS]
         if unknown:
@@ -322,6 +333,7 @@ class ColorReachEval(EvalEnv):
     def from_cli(
         cls, *, suite: str | None, tasks: list[str] | None, image_size: int | None,
         max_episode_steps: int | None, step_budget: str | None = None,
+        env_kwargs: dict[str, Any] | None = None,
     ) -> ColorReachEval:
         if suite not in (None, "color_reach"):
             raise ValueError(f"--suite {suite!r} does not apply to --env color_reach")
@@ -330,7 +342,8 @@ class ColorReachEval(EvalEnv):
                 f"--step-budget {step_budget!r} chooses between LIBERO clients' conventions and "
                 "applies to --env libero only; --env color_reach takes --max-episode-steps"
             )
-        return cls(tasks, image_size=image_size or 128, max_episode_steps=max_episode_steps or 40)
+        return cls(tasks, image_size=image_size or 128, max_episode_steps=max_episode_steps or 40,
+                   **(env_kwargs or {}))
 
     def episode_budget(self) -> dict[str, Any]:
         return {"step_budget": None, "settle_steps": 0,
@@ -586,11 +599,19 @@ def make_eval_env(
         return preset_eval_env(env, **common, **options)
     if env not in EVAL_ENVS:
         check_env_name(env)
+    family = EVAL_ENVS[env]
+    env_kwargs = options.pop("env_kwargs", None) if family.env_kwargs_keys else None
     given = [GYM_OPTIONS[k] for k, v in options.items() if v not in ((), [])]
     if given:
         raise ValueError(f"{', '.join(given)} apply to --env gym:ID and the benchmark presets "
                          f"only; found --env {env}")
-    return EVAL_ENVS[env].from_cli(**common)
+    if env_kwargs:
+        unknown = sorted(set(env_kwargs) - set(family.env_kwargs_keys))
+        if unknown:
+            raise ValueError(f"--env-kwargs {unknown}: --env {env} takes "
+                             f"{list(family.env_kwargs_keys)} only")
+        return family.from_cli(**common, env_kwargs=env_kwargs)
+    return family.from_cli(**common)
 
 
 def _task_id(text: str, n_tasks: int) -> int:

@@ -24,7 +24,7 @@ Examples:
     cosmos3-gym bench --checkpoint PATH --out bench.json          # on the GPU where there is one
     cosmos3-gym size --synthetic nano --out nano.json             # a published shape, no weights
     cosmos3-gym train --out runs/tiny                              # the shipped tiny checkpoint
-    cosmos3-gym rl grpo --out runs/grpo                            # GRPO on ColorReach
+    cosmos3-gym rl grpo --env-kwargs '{"max_speed": 0.28}' --out runs/grpo   # GRPO, ColorReach
     cosmos3-gym report runs/right runs/shuffled --out compare.png  # two runs in one plot
     cosmos3-gym inspect /models/Cosmos3-Nano-Policy-LIBERO_10       # format, head, sampler
     cosmos3-gym convert /models/export OUT --vae /models/Cosmos3-Nano \
@@ -52,7 +52,8 @@ COMMAND_HELP = {
     "bench": "a checkpoint's latency and throughput: batched vs serial, each option on and off",
     "size": "a published model shape with random weights: time and memory before the weights",
     "train": "train the tiny checkpoint on ColorReach expert demos (CPU, deterministic)",
-    "rl": "reinforcement learning fine-tuning: rl grpo (GRPO on ColorReach)",
+    "rl": "reinforcement learning fine-tuning: rl grpo (GRPO on any env family, resumable, "
+          "LoRA, torchrun)",
     "report": "print a run's results table and redraw its plot (finished or partial runs; "
               "several runs side by side)",
     "inspect": "what a checkpoint folder is and how it would run (any format), before any weight "
@@ -258,11 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
     rl = sub.add_parser("rl", help=COMMAND_HELP["rl"], description=COMMAND_HELP["rl"])
     algorithms = rl.add_subparsers(dest="algorithm", required=True, metavar="ALGORITHM")
     grpo = algorithms.add_parser(
-        "grpo", help="GRPO fine-tuning of a tiny Cosmos3 policy on ColorReach (CPU): groups of "
+        "grpo", help="GRPO fine-tuning of a Cosmos3 policy on any env family: groups of "
                      "episodes from one start state, group-relative advantages, PPO's clip",
-        description="GRPO fine-tuning of a tiny Cosmos3 policy on ColorReach (CPU).")
+        description="GRPO fine-tuning of a Cosmos3 policy (docs/rl.md): a run folder that "
+                    "resumes, full or LoRA training, data-parallel under torchrun.")
     add_settings(grpo, classes["rl grpo"])
-    add_settings(grpo, ProgressSettings)
+    grpo.add_argument("--init", action=Renamed, new="--checkpoint", help=argparse.SUPPRESS)
     from cosmos3_gym.eval import report
 
     report.add_arguments(sub.add_parser("report", help=COMMAND_HELP["report"],
@@ -286,6 +288,19 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="print the rows as JSON")
         add_settings(p, ModelSettings, exclude=("checkpoint", "synthetic"))
     return parser
+
+
+class Renamed(argparse.Action):
+    """An option that was renamed: refused with one error naming the new one."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(option_strings, dest, nargs="?", default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        parser.error(f"{option_string} is now {self.new} (the same value: a checkpoint folder "
+                     f"or a shipped name); run again with {self.new}")
 
 
 def parsers(parser: argparse.ArgumentParser | None = None) -> dict[str, argparse.ArgumentParser]:
@@ -420,6 +435,9 @@ def _interrupted(command: str, args: argparse.Namespace) -> str:
     if command == "rollout":
         return (f"the shards saved in {args.out} are kept; rerun the same command to collect "
                 "the remaining steps")
+    if command == "rl grpo":
+        return (f"{out} keeps its newest saved state (state-*/) and held-out evaluations; rerun "
+                "the same command to resume from that state")
     return f"nothing written ({out} is written at the end)"
 
 
@@ -464,7 +482,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
         return run_train_command(config, progress=progress)
     from cosmos3_gym.train.grpo import run_grpo
 
-    run_grpo(config, progress=progress)
+    run_grpo(config, progress=config.progress)
     return 0
 
 

@@ -45,14 +45,19 @@ class RankInfo:
         return items[self.rank :: self.world_size]
 
 
-def init_process_group(info: RankInfo) -> None:
-    """Join the gloo group (only for ``world_size > 1``)."""
+def init_process_group(info: RankInfo, backend: str = "gloo") -> bool:
+    """Join the process group (only for ``world_size > 1``); True where this call made it, so
+    the caller that made it is the one that destroys it (an evaluation inside a GRPO run uses
+    the run's group and leaves it standing). ``backend``: gloo (CPU tensors, the barrier), or
+    ``cpu:gloo,cuda:nccl`` where CUDA tensors are reduced too (data-parallel training)."""
     if info.world_size == 1:
-        return
+        return False
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=BARRIER_TIMEOUT)
+    if dist.is_initialized():
+        return False
+    dist.init_process_group(backend, timeout=BARRIER_TIMEOUT)
+    return True
 
 
 def barrier(info: RankInfo) -> None:

@@ -347,7 +347,7 @@ class Evaluator:
         device, dtype = self._device()  # a device that is not there fails here, before writing
         folder = RunFolder(self.out_dir, rank=self.rank.rank, world_size=self.rank.world_size)
         with folder:
-            init_process_group(self.rank)
+            owns_group = init_process_group(self.rank)
             try:
                 finished = results_io.read_episode_records(self.out_dir)
                 self.bind(folder, recorded=bool(finished), precision=self._precision(dtype))
@@ -381,7 +381,8 @@ class Evaluator:
                     return None
                 return self.write_results(final=True)
             finally:
-                destroy_process_group(self.rank)
+                if owns_group:
+                    destroy_process_group(self.rank)
 
     def bind(self, folder: RunFolder, *, recorded: bool, precision: dict[str, Any]) -> None:
         """Write ``config.json``, or refuse a folder that holds another evaluation's episodes

@@ -59,7 +59,7 @@ DEMO_IMAGINED = ["eval", "--trials", "1", "--num-envs", "4", "--videos", "imagin
                  "--out", str(DEMO_IMAGINED_OUT)]
 # The demo draws results.png (matplotlib); imagined videos are GIFs unless imageio-ffmpeg is there.
 DEMO_EXTRAS = {"plot"}
-TEST_EXTRAS = {"test", "libero", "metaworld", "gym"}
+TEST_EXTRAS = {"test", "libero", "metaworld", "gym", "rl"}
 DOCS_EXTRAS = {"docs"}
 # Top-level folders installed as subpackages of cosmos3_gym (pyproject.toml, package-dir).
 DOCS_SUBPACKAGES = ("envs", "eval", "bench", "train")

@@ -43,7 +43,17 @@
 #                times, peak memory, bf16 actions against fp32's (bench/lerobot_folder.py)
 #   summary      the one-screen summary
 # 2 x 15 + 65 + 70 + 184 + 60 + 75 + 35 + 40 = 559 s at most. `bash scripts/gpu_session.sh eval summary` runs
-# some stages only. On a CPU, each stage runs at a small size with
+# some stages only.
+#
+# Not in the default run (the stages above fill one command's budget): a second command,
+#   bash scripts/gpu_session.sh install grpo summary          (2 x 15 + 150 = 180 s at most)
+#   grpo    150  one GRPO iteration (bench/grpo_step.py) on a synthetic model of $PRESET's shape,
+#                LoRA rank 16 on the generation tower and the action heads in full, gradient
+#                checkpointing: 2 groups x 8 episodes of ColorReach at LIBERO's 256x512 input
+#                (16-action chunks, 48 steps, 10 denoising steps), then the update over every
+#                chunk (minibatch 64, microbatch 8): seconds per iteration, peak memory beside
+#                the estimate (train/memory.py), into grpo_$PRESET.json
+# On a CPU, each stage runs at a small size with
 #   PRESET=tiny DEVICE=cpu SKIP_INSTALL=1 EVAL_BATCHES="1 2" bash scripts/gpu_session.sh eval
 # (tests/test_gpu_session.py does that for every stage but the GPU tests).
 #
@@ -68,7 +78,7 @@ STEPS="${STEPS:-30}"
 FORMAT_LAYERS="${FORMAT_LAYERS:-4}"
 RUNS="${RUNS:-/tmp/cosmos3-gym-gpu-runs}"  # eval folders, outside $OUT (its file count is capped)
 mkdir -p "$OUT"
-stages="${*:-install checks libero eval droid fp8 formats summary}"
+stages="${*:-install checks libero eval droid fp8 formats summary}"  # grpo: on its own (above)
 has() { [[ " $stages " == *" $1 "* ]]; }
 # A stage's timeout, scaled by TIMEOUT_SCALE (default 1: the device budget; the CPU-size tests
 # of tests/test_gpu_session.py give a slow shared CPU more room).
@@ -189,6 +199,13 @@ if has formats; then
   timeout "$(t 40)" "$PYTHON" -m cosmos3_gym.bench.lerobot_folder --preset "$PRESET" \
     --layers "$FORMAT_LAYERS" --device "$DEVICE" --folder "$RUNS/lerobot_folder" --repeats 3 \
     --out "$OUT/lerobot_folder_$PRESET.json" >> "$OUT/log.txt" 2>&1
+fi
+if has grpo; then
+  log "grpo iteration ($PRESET, LoRA, gradient checkpointing, ${GRPO_GROUPS:-2}x${GRPO_GROUP_SIZE:-8} episodes)"
+  timeout "$(t 150)" "$PYTHON" -m cosmos3_gym.bench.grpo_step --preset "$PRESET" --device "$DEVICE" \
+    --groups "${GRPO_GROUPS:-2}" --group-size "${GRPO_GROUP_SIZE:-8}" \
+    --denoising-steps "${GRPO_STEPS:-10}" --episode-steps "${GRPO_EPISODE_STEPS:-48}" \
+    --microbatch "${GRPO_MICROBATCH:-8}" --out "$OUT/grpo_${PRESET}.json" >> "$OUT/log.txt" 2>&1
 fi
 if has summary; then
   "$PYTHON" scripts/gpu_summary.py "$OUT" "$PRESET" | tee "$OUT/summary.txt"

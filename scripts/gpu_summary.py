@@ -161,6 +161,28 @@ def _fp8_lines(droid: dict[str, Any] | None, fp8: dict[str, Any] | None) -> list
     return lines
 
 
+def _grpo_lines(step: dict[str, Any] | None, preset: str) -> list[str]:
+    """One GRPO iteration (bench/grpo_step.py): its seconds, and peak memory beside the
+    estimate."""
+    if step is None:
+        return [f"GRPO iteration ({preset}): no result"]
+    head = (f"GRPO iteration ({step['preset']}, --train {step['train']}"
+            f"{', gradient checkpointing' if step['gradient_checkpointing'] else ''}, "
+            f"{step['groups']}x{step['group_size']} episodes, {step['steps']} steps)")
+    if not step.get("complete"):
+        return [f"{head}: cut short after "
+                + ", ".join(k for k in ("build_s", "collect_s") if k in step)]
+    estimate = (step.get("estimate_gib") or {}).get("total")
+    peak = step.get("update_peak_gib")
+    memory = "" if peak is None else (
+        f"; peak {peak:.1f} GiB in the update, {step.get('collect_peak_gib') or 0:.1f} GiB "
+        f"collecting (estimate {estimate:.1f} GiB)")
+    return [f"{head}: {step['iteration_s']:.1f} s per iteration (collect "
+            f"{step['collect_s']:.1f} s, update {step['update_s']:.1f} s over "
+            f"{step['chunks_with_signal']} chunks, {step['update_steps']} steps){memory}; "
+            f"{step['trained_parameters']:,} of {step['parameters']:,} parameters train"]
+
+
 def summary(out: Path, preset: str = "nano") -> str:
     lines = ["cosmos3-gym device session: summary"]
     tests = out / "pytest_gpu.log"
@@ -177,6 +199,7 @@ def summary(out: Path, preset: str = "nano") -> str:
     lines += _recipe_lines(droid)
     lines += _fp8_lines(droid, _load(out / f"bench_gpu_{preset}_fp8.json"))
     lines += _folder_lines(_load(out / f"lerobot_folder_{preset}.json"))
+    lines += _grpo_lines(_load(out / f"grpo_{preset}.json"), preset)
     return "\n".join(lines)
 
 

@@ -37,14 +37,15 @@ def test_every_command_and_its_help_runs(capsys) -> None:
 def test_grpo_is_reachable_and_described_from_help(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["--help"])
-    assert "rl grpo (GRPO on ColorReach)" in capsys.readouterr().out
+    assert "rl grpo (GRPO on any env" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["rl", "--help"])
     assert "grpo" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["rl", "grpo", "--help"])
     text = capsys.readouterr().out
-    for flag in ("--group-size", "--noise-level", "--iterations", "--eval-episodes"):
+    for flag in ("--group-size", "--noise-level", "--iterations", "--eval-trials", "--checkpoint",
+                 "--env", "--train", "--lora-rank", "--kl-coef", "--save-every"):
         assert flag in text
 
 
@@ -70,8 +71,8 @@ def test_no_flag_name_has_two_meanings_across_commands() -> None:
     # The names the old command line gave three meanings to now name one thing each.
     assert "--steps" not in found and "--dtype" not in found and "--deterministic" not in found
     assert {"--env-steps", "--train-steps", "--denoising-steps", "--step-counts"} <= set(found)
-    assert set(found["--denoising-steps"]) == {"eval", "rollout", "bench"}
-    assert set(found["--precision"]) == {"eval", "rollout", "bench", "size"}
+    assert set(found["--denoising-steps"]) == {"eval", "rollout", "bench", "rl grpo"}
+    assert set(found["--precision"]) == {"eval", "rollout", "bench", "size", "rl grpo"}
     for everyday in ("--checkpoint", "--env", "--suite", "--tasks", "--trials", "--num-envs",
                      "--seed", "--out", "--no-progress"):
         assert everyday in found, everyday

@@ -63,12 +63,36 @@ def test_the_fp8_stage_runs_at_cpu_size(tmp_path) -> None:
     assert "LIBERO B=2 1 steps: fp8" in summary and "per-layer SQNR" in summary
 
 
+def _stage_timeouts(script: str) -> dict[str, list[int]]:
+    """Each stage's fixed timeouts (``timeout "$(t N)"``), by the stage whose ``has`` block
+    holds them."""
+    import re
+
+    found: dict[str, list[int]] = {}
+    stage = None
+    for line in script.splitlines():
+        opened = re.match(r'^if has (\w+)', line)
+        if opened:
+            stage = opened.group(1)
+        limit = re.match(r'^\s*timeout "\$\(t (\d+)\)" ', line)
+        if limit and stage:
+            found.setdefault(stage, []).append(int(limit.group(1)))
+    return found
+
+
 def test_the_stage_timeouts_fit_the_device_budget() -> None:
-    """Every stage's timeout, the eval stage's per batch size, sum to at most 560 s."""
+    """Every default stage's timeout, the eval stage's per batch size, sum to at most 560 s;
+    the GRPO stage, run as a command of its own with the install, fits too."""
     import re
 
     script = (ROOT / "scripts" / "gpu_session.sh").read_text()
-    fixed = [int(t) for t in re.findall(r'^\s*timeout "\$\(t (\d+)\)" ', script, flags=re.M)]
+    stages = _stage_timeouts(script)
+    defaults = re.search(r'stages="\$\{\*:-([\w ]+)\}"', script).group(1).split()
+    assert "grpo" not in defaults and "grpo" in stages
+    fixed = [t for name in defaults for t in stages.get(name, [])]
+    assert sum(stages["install"]) + sum(stages["grpo"]) <= 560
+    assert f"(2 x 15 + {sum(stages['grpo'])} = {sum(stages['install']) + sum(stages['grpo'])} s " \
+           "at most)" in script
     batches = re.search(r'EVAL_BATCHES="\$\{EVAL_BATCHES:-([\d ]+)\}"', script).group(1).split()
     per_run = [int(t) for t in re.findall(r"limit=\$\(\( (\d+) \+ b \)\)", script)]
     assert len(per_run) == 2  # the plain run and the overlapped one, per batch size
@@ -126,3 +150,27 @@ def test_the_lerobot_folder_stage_runs_at_cpu_size(tmp_path) -> None:
     assert "LeRobot folder (tiny, 1 layers" in summary
     assert sorted(p.name for p in out.iterdir()) == [
         "lerobot_folder_tiny.json", "log.txt", "summary.txt"]
+
+
+@pytest.mark.slow
+def test_the_grpo_stage_runs_at_cpu_size(tmp_path) -> None:
+    """One GRPO iteration of the tiny shape with LoRA and gradient checkpointing: every chunk
+    carries an advantage, the update steps, and the summary's line."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PRESET": "tiny", "DEVICE": "cpu", "SKIP_INSTALL": "1",
+           "GRPO_GROUPS": "1", "GRPO_GROUP_SIZE": "2", "GRPO_STEPS": "2",
+           "GRPO_EPISODE_STEPS": "16", "GRPO_MICROBATCH": "2", "OUT": str(out),
+           "RUNS": str(tmp_path / "runs"), "PYTHON": sys.executable, "TIMEOUT_SCALE": "3"}
+    done = subprocess.run(["bash", "scripts/gpu_session.sh", "grpo", "summary"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["grpo_tiny.json", "log.txt", "summary.txt"]
+    step = json.loads((out / "grpo_tiny.json").read_text())
+    assert step["complete"], (out / "log.txt").read_text()[-2000:]
+    assert step["train"] == "lora" and step["gradient_checkpointing"]
+    assert step["chunks"] == step["chunks_with_signal"] == 2  # 16 steps: one 16-action chunk each
+    assert step["update_steps"] == 1 and step["update_s"] > 0 and step["collect_s"] > 0
+    assert 0 < step["trained_parameters"] < step["parameters"]
+    summary = (out / "summary.txt").read_text()
+    assert "GRPO iteration (tiny, --train lora, gradient checkpointing, 1x2 episodes" in summary
+    assert "s per iteration" in summary

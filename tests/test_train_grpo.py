@@ -1,79 +1,449 @@
-"""GRPO (train/grpo.py) and the RL modules' docstring examples."""
+"""GRPO (train/grpo.py): the update, the command and its run folder (resume), torchrun's
+data-parallel update, what trains (train/trainable.py), and the memory estimate
+(train/memory.py)."""
 
 from __future__ import annotations
 
 import doctest
 import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from gymnasium.vector import AutoresetMode
 
 from cosmos3_gym.envs import ColorReachEval
 from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions, chunk_log_prob, sde
-from cosmos3_gym.runner import onpolicy, schedule
-from cosmos3_gym.train import grpo
+from cosmos3_gym.runner import GroupEpisodes, onpolicy, schedule
+from cosmos3_gym.train import grpo, memory, trainable
+
+# A short run on the shipped tiny policy in the harder ColorReach, small enough for the CPU
+# suite: at 3 denoising steps its groups agree unless the stochastic step is wide (noise level
+# 2: most groups then carry signal).
+SHORT = ["--env-kwargs", '{"max_speed": 0.28}', "--max-episode-steps", "10",
+         "--denoising-steps", "3", "--noise-level", "2.0", "--n-action-steps", "2",
+         "--groups", "2", "--group-size", "3", "--minibatch", "8", "--epochs", "1",
+         "--lr", "1e-3", "--eval-trials", "1", "--num-envs", "4", "--eval-every", "2",
+         "--save-every", "1", "--no-progress"]
+# What differs between two runs of the same computation: the clock.
+TIMES = ("collect_s", "update_s", "eval_s", "wall_s")
 
 
-@pytest.mark.parametrize("module", [sde, schedule, grpo], ids=lambda m: m.__name__)
+def _grpo(*args: str) -> int:
+    from cosmos3_gym.eval.cli import main
+
+    return main(["rl", "grpo", *args])
+
+
+def _curve(out: Path) -> list[dict]:
+    points = json.loads((out / "curve.json").read_text())["curve"]
+    return [{k: v for k, v in p.items() if k not in TIMES} for p in points]
+
+
+def _masters(out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(grpo.state_dirs(out)[-1] / "trained.safetensors")
+
+
+@pytest.mark.parametrize("module", [sde, schedule, grpo, memory, trainable],
+                         ids=lambda m: m.__name__)
 def test_docstring_examples_run(module) -> None:
     result = doctest.testmod(module)
     assert result.failed == 0 and result.attempted > 0
 
 
 def test_an_update_moves_the_weights_towards_the_better_episodes(checkpoint: Path) -> None:
-    pipe = Cosmos3ActionPipeline.from_pretrained(
-        checkpoint, options=InferenceOptions(fuse_projections=False))
-    model = pipe.transformer.requires_grad_(True)
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
+    cfg = grpo.GRPOConfig(checkpoint=str(checkpoint), group_size=2, groups=2, epochs=1,
+                          minibatch=64, lr=1e-3)
+    learner = grpo.Learner(pipe, cfg)
     eval_env = ColorReachEval(image_size=32, max_episode_steps=3)
     envs = eval_env.make(4, False, autoreset_mode=AutoresetMode.DISABLED)
-    policy = onpolicy_policy(pipe)
-    batch = onpolicy.collect_on_policy(policy, envs, 3, eval_env=eval_env, group_size=2)
+    from cosmos3_gym.policy import VectorPolicy
+
+    policy = VectorPolicy(pipe, num_inference_steps=3, sampler="flow_sde",
+                          seed_rule=schedule.group_seed_rule(0))
+    batch = onpolicy.collect_on_policy(policy, envs, 3, eval_env=eval_env,
+                                       schedule=GroupEpisodes(eval_env, 0, [0, 1], 2))
     envs.close()
-    first = batch["episode_group"] < 2
-    batch["episode_success"][first] = torch.tensor([True, False, False, True])[
-        : int(first.sum())]  # a group with a better and a worse episode
-    cfg = grpo.GRPOConfig(group_size=2, groups=2, epochs=1, minibatch=64, lr=1e-3,
-                          eval_episodes=4, eval_envs=4)
-    before = [p.detach().clone() for p in model.parameters()]
+    # A group with a better and a worse episode (a random policy rarely succeeds by itself).
+    batch["episode_success"] = torch.tensor([True, False, False, True])
+    batch["episode_finished"][:] = True
+    signal = grpo.batch_signal(batch, 2, "success")
+    assert signal.stats["groups"] == 2 and len(signal.rows) > 0
+    before = [p.detach().clone() for p in learner.masters.params]
     with torch.no_grad():
         old = chunk_log_prob(pipe, onpolicy.stochastic_record(batch), batch["chunk_prompts"])
-    stats = grpo._update(model, pipe, torch.optim.AdamW(model.parameters(), lr=1e-3), batch,
-                         cfg, torch.Generator().manual_seed(0), onpolicy.stochastic_record,
-                         chunk_log_prob)
-    assert stats["chunks_with_signal"] > 0 and stats["groups"] == 2
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    sums = grpo.update(learner, batch, signal, 1, cfg, grpo.DataParallel(0, 1))
+    assert sums["steps"] == 1 and sums["scored"] == len(signal.rows)
+    assert any(not torch.equal(a, b) for a, b in zip(before, learner.masters.params,
+                                                      strict=True))
     with torch.no_grad():
         new = chunk_log_prob(pipe, onpolicy.stochastic_record(batch), batch["chunk_prompts"])
     adv = grpo.group_advantages(batch["episode_success"].float(), batch["episode_group"])
-    chunk_adv = adv[batch["chunk_episode"]]
-    # The chunks of the better episode became likelier relative to the worse one's.
+    chunk_adv = adv[batch["chunk_episode"] - int(batch["episode_id"].min())]
+    # The chunks of the better episodes became likelier relative to the worse ones'.
     assert float(((new - old) * chunk_adv).sum()) > 0
 
 
-def onpolicy_policy(pipe):
-    from cosmos3_gym.policy import VectorPolicy
+def test_groups_split_over_ranks_are_the_episodes_of_the_whole_iteration() -> None:
+    """Two ranks' schedules together hand out exactly one process's episodes (same ids, seeds
+    and reset options), so the collection does not depend on the launch."""
+    env = ColorReachEval()
+    whole = GroupEpisodes(env, 7, range(4, 8), 3)
+    one = [whole.next(s) for s in range(12)]
+    dp = [grpo.DataParallel(r, 2) for r in range(2)]
+    shares = [GroupEpisodes(env, 7, d.groups_of(list(range(4, 8))), 3) for d in dp]
+    split = [spec for share in shares for spec in (share.next(s) for s in range(6))]
+    assert sorted((s.id, s.seed, str(s.reset_options)) for s in split) == sorted(
+        (s.id, s.seed, str(s.reset_options)) for s in one)
 
-    return VectorPolicy(pipe, seed=0, num_inference_steps=3, sampler="flow_sde")
 
-
-def test_grpo_command_writes_its_curve_and_checkpoint(checkpoint: Path, tmp_path: Path) -> None:
+def test_the_command_writes_its_run_folder_and_the_eval_command_repeats_its_measure(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "grpo"
+    assert _grpo("--out", str(out), "--iterations", "2", *SHORT) == 0
+    printed = capsys.readouterr().out
+    curve = json.loads((out / "curve.json").read_text())
+    assert [p["iteration"] for p in curve["curve"]] == [0, 1, 2]
+    assert "held_out_success" in curve["curve"][0] and "held_out_success" in curve["curve"][2]
+    assert sum(p.get("chunks_with_signal", 0) for p in curve["curve"]) > 0
+    assert all(len(p["held_out_interval"]) == 2 for p in curve["curve"]
+               if "held_out_success" in p)
+    assert (out / "grpo.json").exists() and [p.name for p in grpo.state_dirs(out)] == [
+        "state-000002"]
+    results = json.loads((out / "evals" / "iter-000002" / "results.json").read_text())
+    assert results["complete"] and results["episodes"] == 4
+    command = curve["eval_command"]
+    assert command in printed and "--checkpoint" in command
+    # The printed command, run as printed, measures the fine-tuned checkpoint on the same
+    # episodes as the last held-out measurement and gets the same outcome, episode by episode.
     from cosmos3_gym.eval.cli import main
 
-    out = tmp_path / "grpo"
-    assert main(["rl", "grpo", "--init", str(checkpoint), "--out", str(out), "--iterations",
-                 "1", "--groups", "1", "--group-size", "2", "--eval-episodes", "4",
-                 "--eval-envs", "4", "--no-progress"]) == 0
-    curve = json.loads((out / "curve.json").read_text())
-    assert [p["iteration"] for p in curve["curve"]] == [0, 1]
-    assert 0.0 <= curve["before"] <= 1.0 and 0.0 <= curve["after"] <= 1.0
-    assert (out / "checkpoint" / "transformer").is_dir()
-    Cosmos3ActionPipeline.from_pretrained(out / "checkpoint")  # loads strictly
+    assert main([*shlex.split(command)[1:], "--no-progress"]) == 0
+    from cosmos3_gym.eval.results import read_episode_records
+
+    def outcomes(folder: Path) -> list[tuple]:
+        return sorted((r["task"], r["trial"], r["obs_sha256"], r["success"])
+                      for r in read_episode_records(folder))
+
+    assert outcomes(out / "eval") == outcomes(out / "evals" / "iter-000002")
 
 
-def test_grpo_without_a_starting_checkpoint_says_how_to_make_one(tmp_path: Path) -> None:
-    from cosmos3_gym.train.grpo import GRPOConfig, run_grpo
+def test_init_is_refused_with_the_new_name(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as stop:
+        _grpo("--init", "tiny", "--out", "x")
+    assert stop.value.code == 2
+    assert "--init is now --checkpoint" in capsys.readouterr().err
 
+
+def test_a_missing_checkpoint_says_how_to_make_one(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="cosmos3-gym train --out"):
-        run_grpo(GRPOConfig(init=str(tmp_path / "none"), out=str(tmp_path / "o")))
+        grpo.run_grpo(grpo.GRPOConfig(checkpoint=str(tmp_path / "none"),
+                                      out=str(tmp_path / "o")))
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_curve(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert _grpo("--out", str(whole), "--iterations", "4", *SHORT) == 0
+
+    # Killed in iteration 3, after its episodes were collected: the newest state is
+    # iteration 2's; the resumed run collects iteration 3 again and goes on.
+    calls = {"n": 0}
+    real = grpo.update
+
+    def dies_in_the_third(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grpo, "update", dies_in_the_third)
+    with pytest.raises(SystemExit):
+        _grpo("--out", str(cut), "--iterations", "4", *SHORT)
+    assert [p.name for p in grpo.state_dirs(cut)] == ["state-000002"]
+    monkeypatch.setattr(grpo, "update", real)
+    assert _grpo("--out", str(cut), "--iterations", "4", *SHORT) == 0
+    assert _curve(cut) == _curve(whole)
+    a, b = _masters(whole), _masters(cut)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_run_folder_refuses_another_runs_settings(tmp_path: Path) -> None:
+    out = tmp_path / "grpo"
+    assert _grpo("--out", str(out), "--iterations", "1", *SHORT) == 0
+    with pytest.raises(SystemExit) as stop:
+        _grpo("--out", str(out), "--iterations", "2", *SHORT, "--lr", "3e-4")
+    assert stop.value.code == 2
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_torchrun_ranks_make_the_update_one_process_makes(tmp_path: Path) -> None:
+    """gloo on the CPU: each rank collects one of the two groups, the gradients are summed over
+    the ranks: the same episodes, losses and gradients as one process, to fp32 rounding.
+
+    The weights are held to a looser bound: AdamW's first steps move each weight by about
+    ``lr · g / (|g| + eps)``, which turns the rounding of gradients near ``eps`` into steps of a
+    few percent of ``lr``; a wrong reduction (a missing, doubled or averaged rank) moves them by
+    the order of ``lr``."""
+    args = ["rl", "grpo", "--iterations", "2", "--eval-every", "100", *SHORT]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    subprocess.run([sys.executable, "-m", "cosmos3_gym.eval.cli", *args, "--out", str(single)],
+                   check=True, env=env, capture_output=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_addr", "127.0.0.1", "--master_port", str(_free_loopback_port()),
+         "-m", "cosmos3_gym.eval.cli", *args, "--out", str(multi)],
+        env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    one, two = _curve(single), _curve(multi)
+    for a, b in zip(one, two, strict=True):
+        for key in ("train_success", "groups", "chunks_with_signal", "update_steps",
+                    "held_out_success"):
+            assert a.get(key) == b.get(key), key
+        for key in ("loss", "grad_norm", "approx_kl"):
+            assert a.get(key, 0.0) == pytest.approx(b.get(key, 0.0), rel=1e-4, abs=1e-6), key
+    steps = sum(p.get("update_steps", 0) for p in one)
+    assert steps > 0 and all(p["grad_norm"] > 0 for p in one[1:] if p["update_steps"])
+    a, b = _masters(single), _masters(multi)
+    apart = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert apart <= 0.1 * 1e-3 * steps, apart  # lr 1e-3
+
+
+# ---------------------------------------------------------------------- what trains
+
+
+def _learner(checkpoint: Path, train: str, **kw) -> grpo.Learner:
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
+    return grpo.Learner(pipe, grpo.GRPOConfig(checkpoint=str(checkpoint), train=train, **kw))
+
+
+def _chunks(pipe: Cosmos3ActionPipeline) -> tuple[sde.StochasticRecord, list[str]]:
+    from cosmos3_gym.envs import make_color_reach_vector_env
+
+    envs = make_color_reach_vector_env(2, image_size=32)
+    obs, _ = envs.reset(seed=0)
+    prompts = list(envs.call("task_description"))
+    envs.close()
+    with torch.inference_mode():
+        out = pipe(obs, prompts, seed=[1, 2], sampler="flow_sde", num_inference_steps=3,
+                   progress=False)
+    return out.stochastic, prompts
+
+
+def test_lora_trains_adapters_and_heads_and_turned_off_is_the_base(checkpoint: Path) -> None:
+    learner = _learner(checkpoint, "lora", lora_rank=4, kl_coef=0.1)
+    names = [n for n, _ in learner.trainable.named_parameters()]
+    assert names and all(".lora_" in n or ".modules_to_save." in n for n in names)
+    assert not any(n.startswith("embed_tokens") or ".mlp." in n for n in names)
+    assert learner.trainable.count < sum(p.numel() for p in learner.model.parameters())
+    adapters = learner.trainable.count - learner.trainable.fully_trained_count
+    assert adapters == memory.lora_parameter_count(learner.model.config, 4)
+    record, prompts = _chunks(learner.pipe)
+    base = chunk_log_prob(learner.pipe, record, prompts).detach()
+    # LoRA's B starts at zero: the adapted policy is the base until it trains.
+    np.testing.assert_allclose(base.numpy(), record.log_prob, atol=1e-5)
+    with torch.no_grad():
+        for p in learner.trainable.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    moved = chunk_log_prob(learner.pipe, record, prompts).detach()
+    assert float((moved - base).abs().max()) > 1e-3
+    with torch.no_grad(), learner.reference():
+        reference = chunk_log_prob(learner.pipe, record, prompts)
+    assert torch.equal(reference, base)
+
+
+def test_the_merged_lora_checkpoint_acts_as_the_adapted_policy(checkpoint: Path,
+                                                               tmp_path: Path) -> None:
+    learner = _learner(checkpoint, "lora", lora_rank=4)
+    with torch.no_grad():
+        for p in learner.trainable.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    record, prompts = _chunks(learner.pipe)
+    adapted = chunk_log_prob(learner.pipe, record, prompts).detach()
+    assert learner.trainable.save_adapter(tmp_path / "adapter") is not None
+    assert {p.name for p in (tmp_path / "adapter").iterdir()} == {
+        "adapter_config.json", "adapter_model.safetensors"}
+    folder = grpo.write_checkpoint(learner, tmp_path / "ckpt")
+    loaded = Cosmos3ActionPipeline.from_pretrained(folder, trainable=True)
+    np.testing.assert_allclose(chunk_log_prob(loaded, record, prompts).detach().numpy(),
+                               adapted.numpy(), atol=1e-4)
+
+
+def test_named_modules_train_alone_and_unknown_names_are_refused(checkpoint: Path) -> None:
+    learner = _learner(checkpoint, "modules:action_proj_out,layers.1.mlp_moe_gen")
+    names = {n for n, _ in learner.trainable.named_parameters()}
+    assert names and all(n.startswith(("action_proj_out.", "layers.1.mlp_moe_gen."))
+                         for n in names)
+    with pytest.raises(ValueError, match="no module named"):
+        _learner(checkpoint, "modules:action_head")
+    with pytest.raises(ValueError, match="expected full, lora or modules"):
+        grpo.GRPOConfig(train="heads")
+
+
+def test_full_training_keeps_a_frozen_reference_for_the_kl_term(checkpoint: Path) -> None:
+    learner = _learner(checkpoint, "full", kl_coef=0.1)
+    record, prompts = _chunks(learner.pipe)
+    base = chunk_log_prob(learner.pipe, record, prompts).detach()
+    with torch.no_grad():
+        for p in learner.trainable.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    with torch.no_grad(), learner.reference():
+        assert torch.equal(chunk_log_prob(learner.pipe, record, prompts), base)
+    assert not torch.equal(chunk_log_prob(learner.pipe, record, prompts).detach(), base)
+
+
+def test_bf16_trained_parameters_keep_fp32_masters() -> None:
+    layer = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    masters = trainable.MasterWeights(list(layer.named_parameters()))
+    assert masters.copies and all(m.dtype == torch.float32 for m in masters.masters)
+    opt = torch.optim.SGD(masters.masters, lr=1e-4)
+    start = masters.masters[0].detach().clone()
+    for _ in range(3):  # steps far below bf16's resolution accumulate in the fp32 master
+        layer.weight.grad = torch.ones_like(layer.weight)
+        masters.grads_to_master()
+        opt.step()
+        masters.master_to_model()
+    assert torch.allclose(masters.masters[0], start - 3e-4, atol=1e-7)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(checkpoint: Path) -> None:
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
+    record, prompts = _chunks(pipe)
+    grads = []
+    for on in (False, True):
+        pipe.transformer.gradient_checkpointing = on
+        pipe.transformer.zero_grad(set_to_none=True)
+        chunk_log_prob(pipe, record, prompts).sum().backward()
+        grads.append([p.grad.clone() for p in pipe.transformer.parameters()
+                      if p.grad is not None])
+    assert len(grads[0]) == len(grads[1]) > 0
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------------- memory
+
+
+def _saved_bytes(pipe, record, prompts) -> int:
+    """The bytes autograd saves in one scoring forward for its backward (distinct storages,
+    the parameters themselves not counted)."""
+    params = {p.untyped_storage().data_ptr() for p in pipe.transformer.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in params:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        chunk_log_prob(pipe, record, prompts)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("train", ["full", "lora"])
+def test_the_activation_estimate_is_what_autograd_keeps(train: str, dtype) -> None:
+    """One chunk at LIBERO's input on the tiny shape: the estimated activation bytes are within
+    30% of what autograd saves (the estimate sizes GPUs: tens of percent matter, not bytes);
+    with gradient checkpointing the forward keeps less, and the estimate (which adds the one
+    layer alive in the recompute) bounds it from above."""
+    from cosmos3_gym.checkpoint import PolicyConfig
+
+    policy = PolicyConfig.for_domain("libero", normalization="none")
+    prompt = "put the bowl on the plate"
+    counts = []
+    for checkpointing in (False, True):
+        pipe = Cosmos3ActionPipeline.from_preset(
+            "tiny", policy, device="cpu", dtype=dtype,
+            options=InferenceOptions(fuse_projections=False))
+        learner = grpo.Learner(pipe, grpo.GRPOConfig(
+            synthetic="tiny", train=train, lora_rank=8, gradient_checkpointing=checkpointing))
+        with torch.inference_mode():
+            out = pipe(np.zeros((1, 256, 512, 3), np.uint8), [prompt], seed=[1],
+                       sampler="flow_sde", num_inference_steps=2, progress=False)
+        measured = _saved_bytes(pipe, out.stochastic, [prompt])
+        estimated = memory.activation_bytes_per_chunk(
+            pipe.transformer.config, memory.chunk_tokens(pipe, (256, 512), prompt),
+            dtype_bytes=dtype.itemsize, lora_rank=8 if train == "lora" else 0,
+            checkpointing=checkpointing, text_trains=train == "full")
+        assert learner.trainable.count > 0
+        counts.append((measured, estimated))
+    (plain, plain_estimate), (kept, kept_estimate) = counts
+    assert 0.7 * plain <= plain_estimate <= 1.3 * plain, counts
+    assert kept < plain and kept <= kept_estimate < plain_estimate, counts
+
+
+def test_a_setting_that_cannot_fit_is_refused_naming_the_knob() -> None:
+    from cosmos3_gym.model.presets import preset_config
+
+    nano = preset_config("nano")
+    tokens = memory.ChunkTokens(text=120, vision=256, action=16)
+    common = dict(weight_bytes=30 * memory.GIB, dtype_bytes=2, tokens=tokens, microbatch=64,
+                  stochastic_steps=1, rollout_batch=16)
+    full = memory.training_memory(nano, trained_params=14_550_000_000, trained_in_fp32=False,
+                                  **common)
+    with pytest.raises(ValueError, match="--train lora"):
+        memory.check_fits(full, 139 * memory.GIB, train="full", checkpointing=True,
+                          microbatch=64, kl=False)
+    lora = memory.lora_parameter_count(nano, 16) + 17_000_000
+    wide = memory.training_memory(nano, trained_params=lora, trained_in_fp32=False,
+                                  lora_rank=16, **common)
+    with pytest.raises(ValueError, match="--gradient-checkpointing"):
+        memory.check_fits(wide, 80 * memory.GIB, train="lora", checkpointing=False,
+                          microbatch=64, kl=False)
+    slim = memory.training_memory(nano, trained_params=lora, trained_in_fp32=False,
+                                  lora_rank=16, checkpointing=True, **common)
+    memory.check_fits(slim, 139 * memory.GIB, train="lora", checkpointing=True, microbatch=64,
+                      kl=False)
+    assert slim.total < 60 * memory.GIB < wide.total
+
+
+def test_color_reach_takes_its_speed_from_env_kwargs_and_other_keys_are_refused() -> None:
+    from cosmos3_gym.envs import make_eval_env
+
+    assert make_eval_env("color_reach", env_kwargs={"max_speed": 0.28}).max_speed == 0.28
+    with pytest.raises(ValueError, match=r"takes \['max_speed'\] only"):
+        make_eval_env("color_reach", env_kwargs={"speed": 0.28})
+    with pytest.raises(ValueError, match="positive number"):
+        make_eval_env("color_reach", env_kwargs={"max_speed": -1})
+    with pytest.raises(ValueError, match="apply to --env gym:ID only"):
+        make_eval_env("metaworld", env_kwargs={"max_speed": 0.28})
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"eval_seed": 0}, "must differ from seed"),
+    ({"precision": "fp8"}, "for inference"),
+    ({"group_size": 1}, "GRPO compares a group"),
+    ({"microbatch": 65}, "between 1 and minibatch"),
+    ({"sampler": "flow_unipc"}, "stochastic sampler"),
+    ({"synthetic": "tiny", "checkpoint": "tiny"}, "random weights"),
+])
+def test_bad_settings_are_refused_before_anything_runs(settings, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        grpo.GRPOConfig(**settings)
+
+
+def test_more_ranks_than_groups_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                           tmp_path: Path) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match="each of the 4 ranks needs at least one group"):
+        grpo.run_grpo(grpo.GRPOConfig(groups=2, out=str(tmp_path / "o")))
+    assert not (tmp_path / "o").exists()

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from diffusers.models.embeddings import TimestepEmbedding, Timesteps
 from torch import nn
 
@@ -410,6 +411,10 @@ class Cosmos3Transformer(nn.Module):
         self.proj_out = nn.Linear(c, config.patch_latent_dim)
         self.time_proj = Timesteps(num_channels=256, flip_sin_to_cos=True, downscale_freq_shift=0)
         self.time_embedder = TimestepEmbedding(in_channels=256, time_embed_dim=c)
+        # Under autograd, each GEN layer's activations are recomputed in the backward instead of
+        # kept (torch.utils.checkpoint): training memory per chunk falls from every layer's
+        # intermediates to one residual stream per layer (train/memory.py counts both).
+        self.gradient_checkpointing = False
         if config.action_gen:
             n_dom = config.num_embodiment_domains
             self.action_proj_in = DomainAwareLinear(config.action_dim, c, n_dom)
@@ -643,10 +648,12 @@ class Cosmos3Transformer(nn.Module):
             self.layers, zip(text.keys, text.values, strict=True), buffers,
             [*next_norms, self.norm_moe_gen], strict=True,
         )):
-            x, h = layer.forward_gen(
-                x, h, text_kv, layout.key_mask, layout.cos, layout.sin, kv, next_norm, ops,
-                last=i == last,
-            )
+            args = (x, h, text_kv, layout.key_mask, layout.cos, layout.sin, kv, next_norm, ops)
+            if self.gradient_checkpointing and torch.is_grad_enabled():
+                x, h = torch.utils.checkpoint.checkpoint(
+                    layer.forward_gen, *args, last=i == last, use_reentrant=False)
+            else:
+                x, h = layer.forward_gen(*args, last=i == last)
         x = h  # norm_moe_gen of the last layer's output
 
         n_vis = t * hp * wp

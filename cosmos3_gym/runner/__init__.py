@@ -32,11 +32,13 @@ from cosmos3_gym.runner.rollouts import (
 from cosmos3_gym.runner.schedule import (
     EpisodeList,
     EpisodeSpec,
+    GroupEpisodes,
     RotationTag,
     Schedule,
     TaskRotation,
     episode_seed_rule,
     episode_specs,
+    group_seed_rule,
 )
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "EpisodeRunner",
     "EpisodeSpec",
     "FolderInUse",
+    "GroupEpisodes",
     "GuardedEnvs",
     "PlannedChunks",
     "RotationTag",
@@ -63,6 +66,7 @@ __all__ = [
     "collect_rollouts",
     "episode_seed_rule",
     "episode_specs",
+    "group_seed_rule",
     "hash_observation",
     "iter_rollout_shards",
     "load_rollouts",

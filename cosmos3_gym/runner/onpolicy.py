@@ -31,7 +31,7 @@ from cosmos3_gym.runner.loop import (
     StepRow,
     group_layout,
 )
-from cosmos3_gym.runner.schedule import EpisodeSpec, RotationTag, TaskRotation
+from cosmos3_gym.runner.schedule import EpisodeSpec, RotationTag, Schedule, TaskRotation
 from cosmos3_gym.vector_env import autoreset_mode
 
 
@@ -157,17 +157,25 @@ def sde_metadata(planned: Sequence[PlannedChunks]) -> tuple[dict[str, Any] | Non
 def collect_on_policy(
     policy: VectorPolicy, envs: VectorEnv, num_steps: int, *, eval_env: EvalEnv,
     seed: int = 0, group_size: int = 1, progress: bool = False,
-    env_timeout: float | None = 300.0,
+    env_timeout: float | None = 300.0, schedule: Schedule | None = None,
 ) -> dict[str, Any]:
     """Roll ``policy`` in ``envs`` (built by ``eval_env.make(n, async_)``: autoreset disabled,
     each sub-env held) for ``num_steps`` vector steps; everything as torch tensors, time-major
     ``[T, B, ...]``. ``envs`` stay open; an env fault ends the episodes in flight unfinished
     and the run goes on in a vector env rebuilt by ``eval_env``.
 
+    The episodes are ``TaskRotation(eval_env, seed, num_envs, group_size)``'s unless
+    ``schedule`` names them (:class:`~cosmos3_gym.runner.GroupEpisodes`: one episode per slot, a
+    GRPO iteration; then ``seed`` and ``group_size`` are the schedule's, and the run ends when
+    every slot's episode has ended, or after ``num_steps``).
+
     Keys: ``obs`` (or ``obs.{key}``), ``actions``, ``raw_actions``, ``rewards``,
     ``terminations``, ``truncations``, ``dones``, ``chunk_ids`` (row of the chunk arrays each
-    action came from), ``episode_ids`` (row of the episode arrays); per chunk ``chunk_*``
-    (``chunk_rewards``: the summed rewards of its executed steps; ``chunk_log_prob`` and
+    action came from), ``episode_ids`` (the episode's run-wide id: the row of the episode
+    arrays under a TaskRotation, which numbers from 0; ``episode_id`` maps rows to ids); per
+    chunk ``chunk_*``
+    (``chunk_episode``: its episode's run-wide id; ``chunk_rewards``: the summed rewards of
+    its executed steps; ``chunk_log_prob`` and
     ``chunk_sde_*`` with a stochastic sampler); per episode ``episode_*`` (``episode_group``:
     the GRPO group, ``episode_return``, ``episode_success``, ``episode_finished``: ended within
     the run); ``last_obs``, the bootstrap observation; and plain values ``prompts`` (``[T][B]``
@@ -180,13 +188,17 @@ def collect_on_policy(
 
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1; found {num_steps}")
+    if schedule is not None and (seed, group_size) != (0, 1):
+        raise ValueError("collect_on_policy: the schedule given fixes the episodes' seeds and "
+                         f"groups; found seed={seed}, group_size={group_size} beside it")
     refuse_autoreset(envs)
     num_envs, async_ = envs.num_envs, isinstance(envs, AsyncVectorEnv)
     options = RunnerOptions(num_envs=num_envs, async_envs=async_, env_timeout=env_timeout,
                             faults="cut", max_steps=num_steps)
     bar = progress_bar(enabled=progress, total=num_steps, desc="collect", unit="step")
     keep = _InMemory(group_layout(num_envs, False), bar)
-    schedule = TaskRotation(eval_env, seed, num_envs, group_size)
+    if schedule is None:
+        schedule = TaskRotation(eval_env, seed, num_envs, group_size)
     runner = EpisodeRunner(policy, lambda n: eval_env.make(n, async_), schedule, options, keep,
                            envs=envs)
     try:
@@ -215,7 +227,9 @@ def collect_on_policy(
     for key, value in chunks.items():
         out[key] = value.tolist() if key == "chunk_prompts" else torch.from_numpy(value)
     out["chunk_rewards"] = chunk_rewards
-    for key, value in keep.arrays(sorted(keep.started)).items():
+    started = sorted(keep.started)
+    out["episode_id"] = torch.tensor(started, dtype=torch.int64)
+    for key, value in keep.arrays(started).items():
         out[key] = value.tolist() if key == "episode_task" else torch.from_numpy(value)
     out["sde_settings"], out["weights"] = sde_metadata(keep.chunks)
     return out

@@ -14,6 +14,10 @@ own tag (an evaluation's :class:`~cosmos3_gym.envs.Episode`).
   task it was given, evenly; with ``group_size`` G, slots ``[g·G, (g+1)·G)`` form group g, and
   the e-th episode of each of its slots is one group episode (same task, trial, env seed and init
   state: the G episodes start from the same state and differ only by the policy's noise).
+- :class:`GroupEpisodes`: one episode per slot and then idle (a GRPO iteration): slots
+  ``[b·G, (b+1)·G)`` run group ``groups[b]``, the groups numbered run-wide, so the episodes, their
+  ids and (with :func:`group_seed_rule`) their chunks' noise are the same whichever process or
+  slot runs a group (a torchrun rank collects its share of an iteration's groups).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cosmos3_gym.envs.families import Episode, EvalEnv, derive_seed
-from cosmos3_gym.policy.planner import SeedRule
+from cosmos3_gym.policy.planner import SeedRule, chunk_seed
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,58 @@ class TaskRotation:
                            tag=RotationTag(episode, group))
         self.next_id += 1
         return spec
+
+
+class GroupEpisodes:
+    """One episode per slot, then the slot stays idle: slot ``s`` runs member ``s % G`` of group
+    ``groups[s // G]``. Group ``g`` is the family's task ``g % n_tasks``, trial ``g // n_tasks``
+    (the :class:`TaskRotation` order), so its ``G`` members share the task, env seed and init
+    state; member ``m`` of group ``g`` has the run-wide id ``g·G + m``, which is also its
+    ``rule_episode`` (the chunk-seed coordinate of :func:`group_seed_rule`).
+
+    >>> from cosmos3_gym.envs import ColorReachEval
+    >>> schedule = GroupEpisodes(ColorReachEval(["red", "blue"]), seed=0, groups=[3, 4],
+    ...                          group_size=2)
+    >>> [(s.id, s.tag.group, s.tag.episode.task, s.tag.episode.trial)
+    ...  for s in (schedule.next(slot) for slot in range(4))]
+    [(6, 3, 'blue', 1), (7, 3, 'blue', 1), (8, 4, 'red', 2), (9, 4, 'red', 2)]
+    >>> schedule.next(0) is None
+    True
+    """
+
+    def __init__(self, env: EvalEnv, seed: int, groups: Iterable[int], group_size: int) -> None:
+        self.groups = [int(g) for g in groups]
+        if group_size < 1 or any(g < 0 for g in self.groups):
+            raise ValueError(f"expected group_size >= 1 and group ids >= 0; found {group_size} "
+                             f"and {self.groups}")
+        self.env, self.seed, self.group_size = env, int(seed), group_size
+        self._given = [False] * (len(self.groups) * group_size)
+
+    @property
+    def num_envs(self) -> int:
+        """The slots this schedule fills: one per member of each group."""
+        return len(self._given)
+
+    def next(self, slot: int) -> EpisodeSpec | None:
+        if slot >= len(self._given):
+            raise ValueError(f"slot {slot}: this schedule fills {len(self._given)} slots")
+        if self._given[slot]:
+            return None
+        self._given[slot] = True
+        group, member = self.groups[slot // self.group_size], slot % self.group_size
+        n = len(self.env.tasks)
+        episode = self.env.episode(group % n, group // n, self.seed)
+        episode_id = group * self.group_size + member
+        return EpisodeSpec(id=episode_id, seed=episode.seed,
+                           reset_options=self.env.reset_options(episode),
+                           rule_episode=episode_id, tag=RotationTag(episode, group))
+
+
+def group_seed_rule(root: int) -> SeedRule:
+    """Chunk ``c`` of the episode with run-wide id ``k`` (:class:`GroupEpisodes`) gets
+    ``chunk_seed(root, 0, k, c)`` whichever slot runs it: the noise follows the episode, not the
+    slot or the process."""
+    return SeedRule(lambda env, episode, chunk: chunk_seed(root, 0, episode, chunk))
 
 
 def episode_specs(env: EvalEnv, episodes: Iterable[Episode]) -> list[EpisodeSpec]:
