@@ -423,8 +423,13 @@ def _interrupted(command: str, args: argparse.Namespace) -> str:
     if command == "train":
         return (f"the checkpoint in {out} is incomplete (training does not resume); rerun the "
                 "same command to train from the start")
-    if command in ("report", "inspect"):
+    if command == "report":
+        return "it only reads runs; rerun the same command"
+    if command == "inspect":
         return "it only reads; rerun the same command"
+    if command == "convert":
+        return (f"{args.out} may hold a partial conversion: delete it and rerun the same "
+                "command")
     if command == "eval":
         from cosmos3_gym.eval.results import read_episode_records
 

@@ -88,10 +88,10 @@ def _rate(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
     """
     n = len(records)
     returns = [r["return"] for r in records if r.get("return") is not None]
-    lengths = [r["steps"] for r in records]
+    lengths = [r["steps"] for r in records if r.get("steps") is not None]
     measures = {
         "mean_return": sum(returns) / len(returns) if returns else None,
-        "mean_length": sum(lengths) / n if n else None,
+        "mean_length": sum(lengths) / len(lengths) if lengths else None,
     }
     if any(r["success"] is None for r in records):
         return {"success_rate": None, "successes": None, "episodes": n,

@@ -24,13 +24,12 @@ def test_the_box_map_is_affine_per_dimension_onto_the_bounds() -> None:
     space = Box(np.array([0.0, -2.0, 10.0]), np.array([512.0, 2.0, 11.0]), dtype=np.float32)
     adapter = with_action_map(GenericAdapter(), "box", space)
     raw = np.random.default_rng(0).uniform(-1.5, 1.5, (2, 4, 3)).astype(np.float32)
-    # The reference: np.interp per dimension, extended linearly beyond [-1, 1].
+    # The reference: np.interp per dimension, which holds at the bounds beyond [-1, 1]: the map
+    # clips onto the box (and the records say how much: tests/test_success_sources.py).
     expected = np.stack([
-        np.interp(raw[..., d], [-1, 1], [space.low[d], space.high[d]])
-        + np.where(raw[..., d] > 1, (raw[..., d] - 1) * (space.high[d] - space.low[d]) / 2, 0)
-        + np.where(raw[..., d] < -1, (raw[..., d] + 1) * (space.high[d] - space.low[d]) / 2, 0)
-        for d in range(3)
+        np.interp(raw[..., d], [-1, 1], [space.low[d], space.high[d]]) for d in range(3)
     ], axis=-1)
+    assert (np.abs(raw) > 1).any()  # some actions were outside, so the clip is exercised
     np.testing.assert_allclose(adapter.actions(raw), expected, rtol=1e-6, atol=1e-4)
     assert with_action_map(GenericAdapter(), None, space).name == "generic"
 
