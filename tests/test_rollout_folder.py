@@ -252,3 +252,18 @@ def test_python_rollouts_of_another_env_are_refused(checkpoint: Path, tmp_path: 
     with pytest.raises(RunMismatch, match="image_size"):
         collect(48)
     assert collect(32) == out  # the same env: complete, nothing to run
+
+
+def test_the_episode_table_keeps_every_task_name_whole(checkpoint: Path, tmp_path: Path) -> None:
+    """Each shard's string columns are as wide as its own longest name; the merged table is as
+    wide as the longest of all (a first shard of "red" alone left "yellow" as "yel")."""
+    from cosmos3_gym.envs import ColorReachEval
+    from cosmos3_gym.policy import VectorPolicy
+    from cosmos3_gym.runner import collect_rollouts
+
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint)
+    policy = VectorPolicy(pipe, adapter="generic", seed=0, num_inference_steps=1)
+    env = ColorReachEval(["red", "yellow"], image_size=32, max_episode_steps=3)
+    data = load_rollouts(collect_rollouts(policy, env, 8, tmp_path / "run", num_envs=1,
+                                          shard_steps=2))
+    assert data["episode_task"].tolist()[:3] == ["red", "yellow", "red"]

@@ -136,8 +136,11 @@ class ShardWriter(RunObserver):
                      "valid", "chunk_ids", "episode_ids"):
             data[name] = np.stack([getattr(r, name) for r in rows])
         data["step_first"] = np.int64(self.step_first)
-        due = [c for c in self._chunks if c.step < end]
-        self._chunks = [c for c in self._chunks if c.step >= end]
+        # The chunk table is in id order (row k of the run's table is chunk k), so a shard takes
+        # every chunk planned for its steps and every chunk planned before one of those: with
+        # overlap a group ahead of the other has planned chunks for a later shard already.
+        last = max((k for k, c in enumerate(self._chunks) if c.step < end), default=-1)
+        due, self._chunks = self._chunks[:last + 1], self._chunks[last + 1:]
         # A shard during whose steps nothing was planned holds no chunk rows (chunk_env only).
         chunks = chunk_arrays(due) if due else {"chunk_env": np.zeros(0, np.int64)}
         data.update(chunks)
@@ -163,9 +166,12 @@ class ShardWriter(RunObserver):
         self._rows = []
 
     def _episode_table(self, end: int) -> dict[str, np.ndarray]:
-        """The touched episodes' rows as of run-wide step ``end`` (the shard's end)."""
-        ids = sorted(self._touched)
-        self._touched = set()
+        """The touched episodes' rows as of run-wide step ``end`` (the shard's end). An episode
+        that starts after ``end`` waits for a later shard: with overlap a group ahead of the
+        other has started it already, and a folder cut after this shard must hold the episodes
+        (and so continue the ids) a run without overlap holds."""
+        ids = sorted(e for e in self._touched if self._episodes[e].start_step <= end)
+        self._touched -= set(ids)
         rows = [self._episodes[e] for e in ids]
 
         def over(row: _EpisodeRow) -> bool:  # its end lies within the saved steps
@@ -426,8 +432,9 @@ def _merge_tables(tables: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         for r, e in enumerate(table["episode_id"].tolist()):
             latest[e] = (t, r)
     ids = sorted(latest)
+    # Each shard's string columns are as wide as its own longest name: take the widest.
     return {key: np.asarray([tables[latest[e][0]][key][latest[e][1]] for e in ids],
-                            dtype=tables[0][key].dtype)
+                            dtype=np.result_type(*(t[key].dtype for t in tables)))
             for key in tables[0]} if ids else {key: tables[0][key][:0] for key in tables[0]}
 
 
