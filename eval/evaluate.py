@@ -344,7 +344,8 @@ class Evaluator:
         checked = self.check_action_fit()
         units_checked = self.check_action_units()
         device, dtype = self._device()  # a device that is not there fails here, before writing
-        folder = RunFolder(self.out_dir, rank=self.rank.rank, world_size=self.rank.world_size)
+        folder = RunFolder(self.out_dir, kind="evaluation", rank=self.rank.rank,
+                           world_size=self.rank.world_size)
         with folder:
             init_process_group(self.rank)
             try:

@@ -77,7 +77,7 @@ def check_rollout_folder(out: Path, command: dict[str, Any]) -> None:
     """Before anything loads: refuse a folder that holds another command's rollouts, or
     rollouts this command did not write (a rerun of the same command resumes or, complete,
     runs nothing), or one another run holds."""
-    with RunFolder(out):
+    with RunFolder(out, kind="rollouts"):
         state = read_state(out)
         if not state.shards:
             return

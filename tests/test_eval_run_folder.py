@@ -246,6 +246,32 @@ def test_a_broken_episode_does_not_fail_its_healthy_batch_mates(
     assert results["restarted_episodes"] == 1
 
 
+@pytest.mark.parametrize("first", ["eval", "rollout"])
+def test_an_evaluation_and_rollouts_never_share_a_folder(checkpoint, tmp_path, capsys,
+                                                         first) -> None:
+    out = tmp_path / "run"
+    rollout = ["rollout", "--checkpoint", str(checkpoint), "--env-steps", "4", "--num-envs", "1",
+               "--image-size", "32", "--max-episode-steps", "3", "--denoising-steps", "1",
+               "--no-progress", "--out", str(out)]
+    evaluation = eval_args(checkpoint, out, "--trials", "1", "--tasks", "red")
+    commands = {"eval": evaluation, "rollout": rollout}
+    assert main(commands[first]) == 0
+    capsys.readouterr()
+    def files() -> dict[str, int]:  # the lock file names its holder: each command rewrites it
+        return {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != ".lock.rank0"}
+
+    before = files()
+    second = "rollout" if first == "eval" else "eval"
+    with pytest.raises(SystemExit) as exit_info:
+        main(commands[second])
+    line = error_line(capsys, exit_info, 2)
+    held = "an evaluation (config.json, episodes.jsonl, results.json)" if first == "eval" \
+        else "rollouts (meta.json, rollout.json, shard-00000.npz)"
+    writes = "rollouts" if first == "eval" else "evaluation"
+    assert f"{out} holds {held}; this command writes {writes}" in line, line
+    assert files() == before  # nothing written
+
+
 def test_up_front_checks_fail_before_anything_is_written(checkpoint, tmp_path, capsys) -> None:
     out = tmp_path / "run"
     for extra, message in (

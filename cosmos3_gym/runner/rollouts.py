@@ -249,14 +249,14 @@ def collect_rollouts(
     identity = rollout_identity(policy, eval_env, num_envs=num_envs, num_steps=num_steps,
                                 seed=seed, shard_steps=shard_steps,
                                 command=(provenance or {}).get("command"))
-    with RunFolder(out) as folder:
+    with RunFolder(out, kind="rollouts") as folder:
         state = read_state(out)
         if (out / META).exists() and state.steps >= num_steps:
             bind_rollout(folder, identity, state, session)
             return out  # complete
         bind_rollout(folder, identity, state, session)
         if state.steps < num_steps:
-            _collect_part(policy, eval_env, num_steps, out, state, identity, session,
+            _collect_part(policy, eval_env, num_steps, folder, state, identity, session,
                           num_envs=num_envs,
                           async_envs=async_envs, seed=seed, shard_steps=shard_steps,
                           overlap=overlap, env_timeout=env_timeout,
@@ -275,11 +275,12 @@ def bind_rollout(folder: RunFolder, identity: dict[str, Any], state: _PartState,
                 what="rollouts of another command")
 
 
-def _collect_part(policy: VectorPolicy, eval_env: EvalEnv, num_steps: int, out: Path,
+def _collect_part(policy: VectorPolicy, eval_env: EvalEnv, num_steps: int, folder: RunFolder,
                   state: _PartState, identity: dict[str, Any], session: dict[str, Any] | None,
                   *, num_envs: int,
                   async_envs: bool, seed: int, shard_steps: int, overlap: bool,
                   env_timeout: float | None, provenance: dict[str, Any], bar: Any) -> None:
+    out = folder.path
     part_seed = seed if not state.parts else _part_seed(seed, len(state.parts))
     policy = policy.clone()
     policy.reset(seed=part_seed)
@@ -287,8 +288,7 @@ def _collect_part(policy: VectorPolicy, eval_env: EvalEnv, num_steps: int, out: 
     # Every part is listed as it starts, so a cut one stays on record.
     state.parts.append({"steps": steps, "seed": part_seed, "first_shard": len(state.shards),
                         "first_step": state.steps, "provenance": provenance})
-    write_json_atomic(out / PROGRESS, {"identity": identity, "parts": state.parts,
-                                       **({} if session is None else {"session": session})})
+    bind_rollout(folder, identity, state, session)
     layout = group_layout(num_envs, overlap)
     writer = ShardWriter(out, shard_steps, state, layout, bar)
     schedule = TaskRotation(eval_env, seed, num_envs, first_group=state.groups,
