@@ -480,6 +480,9 @@ class Evaluator:
         and calls no model. False where the checkpoint's head is not known without loading it
         (no ``action_policy.json``, no pipeline given)."""
         cfg = self.config
+        # Before the head: the env's own checks (GymEval builds and resets one env here) come
+        # first, whether or not the head is known yet.
+        space = self.eval_env.single_action_space()
         policy, source = self._head()
         if self.pipeline is not None:
             head = pipeline_action_head(self.pipeline)
@@ -499,7 +502,6 @@ class Evaluator:
         env, own = cfg.env, self.eval_env.domain
         homes = [name for name, cls in EVAL_ENVS.items() if domain and cls.domain == domain]
         hint = f"evaluate it with --env {homes[0]}, " if homes and homes[0] != env else ""
-        space = self.eval_env.single_action_space()
         fix = (f"Fix: {hint + 'or ' if hint else ''}pass a --checkpoint trained for --env {env}"
                + (f" (domain {own!r})." if own else "."))
         if getattr(self.eval_env, "sizes_synthetic_head", False) and getattr(space, "shape", None):

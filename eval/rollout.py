@@ -113,6 +113,8 @@ def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
                              step_budget=cfg.step_budget, prompt=cfg.prompt,
                              import_modules=cfg.import_modules, env_kwargs=cfg.env_kwargs,
                              success_key=cfg.success_key)
+    # The env's own checks (a gym:ID env is built and reset once here), before the model loads.
+    space = eval_env.single_action_space()
     options = InferenceOptions(fp8=fp8)
     if cfg.synthetic is not None:
         pipeline = synthetic_pipeline(cfg.synthetic, device=device, dtype=dtype, options=options,
@@ -123,7 +125,7 @@ def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
             cfg.checkpoint, domain=cfg.domain, recipe=cfg.recipe, action_stats=cfg.action_stats,
             device=device, dtype=dtype, options=options)
         adapter = get_adapter(eval_env.adapter)
-    adapter = with_action_map(adapter, cfg.action_map, eval_env.single_action_space())
+    adapter = with_action_map(adapter, cfg.action_map, space)
     policy = VectorPolicy(pipeline, adapter=adapter, n_action_steps=cfg.n_action_steps,
                           seed=cfg.seed, sampling=cfg.sampling)
     runtime = {"device": str(device), "dtype": str(dtype).removeprefix("torch."),
