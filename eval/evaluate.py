@@ -535,6 +535,10 @@ class Evaluator:
                 "FILE (the statistics JSON of the checkpoint's training data, see "
                 "docs/libero.md), or --allow-normalized-actions to run anyway"
             )
+        if policy.denormalizes:  # the checkpoint's own statistics too, not only --action-stats
+            from cosmos3_gym.checkpoint import check_action_stats
+
+            check_action_stats(policy.stats, policy, f"{source}'s action statistics")
         return True
 
     def _throughput_name(self) -> str:

@@ -103,9 +103,19 @@ def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
     command = cfg.identity()
     device, dtype, fp8 = cfg.resolve_runtime()
     if cfg.synthetic is None:
-        from cosmos3_gym.checkpoint import check_files, resolve_checkpoint
+        from cosmos3_gym.checkpoint import (
+            check_action_stats,
+            check_files,
+            checkpoint_policy,
+            resolve_checkpoint,
+        )
 
         check_files(resolve_checkpoint(cfg.checkpoint))
+        # The head's statistics (the checkpoint's own, or --action-stats) for its mode.
+        head = checkpoint_policy(cfg.checkpoint, cfg.domain, cfg.action_stats, cfg.recipe)
+        if head is not None and head.denormalizes:
+            check_action_stats(head.stats, head,
+                               f"--checkpoint {cfg.checkpoint}'s action statistics")
     check_rollout_folder(out, command)
     image_size = view_size(cfg.env, cfg.synthetic, cfg.image_size)
     eval_env = make_eval_env(cfg.env, suite=cfg.suite, tasks=cfg.tasks,
