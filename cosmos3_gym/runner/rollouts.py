@@ -281,11 +281,16 @@ def _collect_part(policy: VectorPolicy, eval_env: EvalEnv, num_steps: int, folde
                   async_envs: bool, seed: int, shard_steps: int, overlap: bool,
                   env_timeout: float | None, provenance: dict[str, Any], bar: Any) -> None:
     out = folder.path
+    if state.parts and state.parts[-1]["first_shard"] == len(state.shards):
+        # The last attempt saved nothing (a full disk, a kill before its first shard): it is
+        # not a part, and this one takes its place, so the folder is the one a run without it
+        # writes.
+        state.parts.pop()
     part_seed = seed if not state.parts else _part_seed(seed, len(state.parts))
     policy = policy.clone()
     policy.reset(seed=part_seed)
     steps = num_steps - state.steps
-    # Every part is listed as it starts, so a cut one stays on record.
+    # Every part is listed as it starts, so a cut one that saved shards stays on record.
     state.parts.append({"steps": steps, "seed": part_seed, "first_shard": len(state.shards),
                         "first_step": state.steps, "provenance": provenance})
     bind_rollout(folder, identity, state, session)
