@@ -347,7 +347,7 @@ def test_an_evaluation_and_rollouts_never_share_a_folder(checkpoint, tmp_path, c
     line = error_line(capsys, exit_info, 2)
     held = "an evaluation (config.json, episodes.jsonl, results.json)" if first == "eval" \
         else "rollouts (meta.json, rollout.json, shard-00000.npz)"
-    writes = "rollouts" if first == "eval" else "evaluation"
+    writes = "rollouts" if first == "eval" else "an evaluation"
     assert f"{out} holds {held}; this command writes {writes}" in line, line
     assert files() == before  # nothing written
 

@@ -187,14 +187,14 @@ class RunFolder:
                 shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
                 raise RunMismatch(
                     f"{self.path} holds {_a(other)} ({shown}); this command writes "
-                    f"{self.kind}, and a folder holds one kind of run. Use another folder")
+                    f"{_a(self.kind)}, and a folder holds one kind of run. Use another folder")
         own = self.path / RUN_KINDS[self.kind][0]
         if own.exists():
             stored = read_json_object(own, what="run identity file").get("kind", self.kind)
             if stored != self.kind:
                 raise RunMismatch(
                     f"{own} is the identity of {_a(str(stored))}; this command writes "
-                    f"{self.kind}, and a folder holds one kind of run. Use another folder")
+                    f"{_a(self.kind)}, and a folder holds one kind of run. Use another folder")
 
     def _holder(self) -> str:
         try:
@@ -246,7 +246,8 @@ class RunFolder:
                                  f"{RUN_KINDS[self.kind][0]}; found {name!r}")
             extra = {"kind": self.kind, **(extra or {})}
         path = self.path / name
-        document = {"identity": identity, **(extra or {})}
+        document = {k: v for k, v in (extra or {}).items() if k == "kind"}
+        document.update({"identity": identity, **(extra or {})})
         if path.exists():
             stored = read_json_object(path, what="run identity file")
             found = stored.get("identity", {})
