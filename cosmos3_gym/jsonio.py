@@ -57,10 +57,26 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise _naming(err, path) from None
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def _naming(err: OSError, path: Path) -> OSError:
+    """``err`` with ``path`` as its file where the system named none (a ``write`` or ``fsync``
+    that found the disk full names no file), so its one line says which file was not written.
+
+    >>> str(_naming(OSError(28, "No space left on device"), Path("runs/x/results.json")))
+    "[Errno 28] No space left on device: 'runs/x/results.json'"
+    """
+    if err.filename is not None or err.errno is None:
+        return err
+    return type(err)(err.errno, err.strerror, str(path))
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
@@ -111,6 +127,10 @@ def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
             while view:  # os.write may write less than asked
                 view = view[os.write(fd, view):]
             os.fsync(fd)
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise _naming(err, path) from None
         except BaseException:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, start)

@@ -41,6 +41,47 @@ def make_held_env(
     return EpisodeEndHold(env)
 
 
+def observation_problem(space: gym.Space, obs: Any, path: str = "observation") -> str | None:
+    """What is wrong with ``obs`` for ``space`` (None: nothing): an array of another shape than
+    its ``Box``, or a float array holding NaN (an infinity may be a reading, e.g. a range
+    sensor that saw nothing; NaN never is). Dict and Tuple spaces are walked key by key.
+
+    >>> observation_problem(Box(0, 255, (4, 4, 3), np.uint8), np.zeros((2, 4, 3), np.uint8))
+    'observation has shape [2, 4, 3]; its observation space says [4, 4, 3]'
+    >>> observation_problem(gym.spaces.Dict({"state": Box(-1, 1, (2,))}),
+    ...                     {"state": np.array([0.0, np.nan])})
+    "observation['state'] holds NaN in dims [1]"
+    """
+    if isinstance(space, gym.spaces.Dict):
+        if not isinstance(obs, dict):
+            return f"{path} is a {type(obs).__name__}; its observation space is a Dict"
+        for key, sub in space.spaces.items():
+            if key not in obs:
+                return f"{path} lacks {key!r}; its observation space has {list(space.spaces)}"
+            problem = observation_problem(sub, obs[key], f"{path}[{key!r}]")
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(space, gym.spaces.Tuple):
+        for k, sub in enumerate(space.spaces):
+            problem = observation_problem(sub, obs[k], f"{path}[{k}]")
+            if problem is not None:
+                return problem
+        return None
+    if not isinstance(space, Box) or not hasattr(obs, "shape"):
+        return None
+    if tuple(obs.shape) != tuple(space.shape):
+        return (f"{path} has shape {list(obs.shape)}; its observation space says "
+                f"{list(space.shape)}")
+    if isinstance(obs, np.ndarray) and obs.dtype.kind == "f":
+        nan = np.isnan(obs)
+        if nan.any():
+            where = np.flatnonzero(nan.reshape(-1)).tolist()
+            shown = where[:8] + (["..."] if len(where) > 8 else [])
+            return f"{path} holds NaN in dims {shown}"
+    return None
+
+
 class EpisodeEndHold(gym.Wrapper):
     """Hold a sub-env still after its episode ends, until it is reset; for chunk stepping.
 
@@ -51,6 +92,12 @@ class EpisodeEndHold(gym.Wrapper):
     without touching the simulator. It does the same while ``chunk_hold`` is set (an env that
     sits out a chunk). The vector env's own autoreset therefore never fires; the chunk wrapper
     resets envs itself, only between chunks.
+
+    Armed, it also checks each observation the env returns against the env's own observation
+    space: an array whose shape differs from the space's, or a float array holding NaN, is a
+    fault of this env (``env_faulted``, a ``ValueError`` naming the key, the step and what was
+    found), where the vector env above would fail to stack it naming no env and no key, or
+    pass a NaN on to the policy.
 
     Use it as the outermost wrapper of each sub-env. Wrappers inside it see every env step and
     every episode end, also under chunk stepping (the place for per-episode statistics such as
@@ -80,6 +127,13 @@ class EpisodeEndHold(gym.Wrapper):
         self._episode_over = False
         self._last_obs: Any = None
         self._last_info: dict[str, Any] = {}
+        self._steps = 0
+
+    def _check_obs(self, obs: Any, when: str) -> None:
+        problem = observation_problem(self.env.observation_space, obs)
+        if problem is not None:
+            self.env_faulted = True
+            raise ValueError(f"{problem} at {when}")
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -90,6 +144,9 @@ class EpisodeEndHold(gym.Wrapper):
             self.env_faulted = True
             raise
         self._episode_over = False
+        self._steps = 0
+        if self.chunk_hold_armed:
+            self._check_obs(obs, "reset")
         self._last_obs, self._last_info = obs, info
         return obs, info
 
@@ -99,6 +156,8 @@ class EpisodeEndHold(gym.Wrapper):
         if self.chunk_hold or self._episode_over:
             return self._last_obs, 0.0, False, False, self._last_info
         obs, reward, terminated, truncated, info = self._faulting_step(action)
+        self._steps += 1
+        self._check_obs(obs, f"step {self._steps} of its episode")
         self._episode_over = bool(terminated or truncated)
         info = {**info, _TERMINATED_KEY: bool(terminated), _TRUNCATED_KEY: bool(truncated)}
         self._last_obs, self._last_info = obs, info

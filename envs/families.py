@@ -785,15 +785,31 @@ class GymEval(EvalEnv):
         return prompt
 
     def single_action_space(self) -> Space:
-        if self._action_space is None:  # one env, built once, closed unreset
-            import gymnasium
+        """The env's action space, from one sync sub-env built as the runner builds them and
+        reset once (then closed), so that what the env gets wrong for this run is one
+        ``ValueError`` before any model loads: a package it needs, a ``--env-kwargs`` keyword
+        its constructor does not take, no prompt where it names no task, a ``render()`` that
+        gives no image, an action space the adapters cannot map (they map actions onto a
+        ``Box``)."""
+        if self._action_space is None:
+            from gymnasium.spaces import Box
 
-            v = self._variants[0]
-            env = gymnasium.make(v.env_id, **v.env_kwargs)
+            from .gym import foreign_env_errors
+
+            envs = self.make(1, False)
             try:
-                self._action_space = env.action_space
+                space = envs.single_action_space
+                if not isinstance(space, Box):
+                    raise ValueError(
+                        f"--env {self.label}'s action space is {space}; the policy's actions "
+                        "are real vectors, which its adapters map onto a Box action space only. "
+                        "Expected an env with a Box action space (a discrete env can be wrapped "
+                        "in a gymnasium.ActionWrapper that takes a Box: docs/your_own_env.md)")
+                with foreign_env_errors(self.env_id, self.env_kwargs):
+                    envs.reset(seed=0, options=self.reset_options(self.episode(0, 0, 0)))
             finally:
-                env.close()
+                envs.close()
+            self._action_space = space
         return self._action_space
 
     def check_success(self) -> None:

@@ -6,16 +6,22 @@ ManiSkill3, ...) lacks, one small piece each: a prompt (:class:`TaskPrompt`,
 Gymnasium's ``AddRenderObservation``), success in ``info["is_success"]``
 (:class:`ReportSuccess`). Nothing here imports the model stack.
 
+What a foreign env gets wrong for the input it was given (a package it needs that is not
+installed, a constructor keyword it does not take, a ``render()`` that gives no image) is one
+``ValueError`` saying so (:func:`foreign_env_errors`, :class:`CheckedRender`), not its traceback.
+
 What each piece does, the command line's ``--env gym:ID``: docs/your_own_env.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -63,6 +69,106 @@ def has_image(space: spaces.Space) -> bool:
         isinstance(space, spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
         and space.shape[-1] in (1, 3, 4)
     )
+
+
+# gymnasium.make's own keywords: they never reach the env's constructor.
+_MAKE_KEYWORDS = ("max_episode_steps", "disable_env_checker", "autoreset",
+                  "apply_api_compatibility")
+
+
+@contextlib.contextmanager
+def foreign_env_errors(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> Iterator[None]:
+    """Turn what a registered env raises for input it cannot take into one ``ValueError`` that
+    names the fix: a package it needs that is not installed (``DependencyNotInstalled``, an
+    ``ImportError``), or a constructor keyword it does not take or lacks (``env_kwargs``, the
+    command line's ``--env-kwargs``). Any other error passes through unchanged (a bug to
+    report, with its traceback).
+
+    >>> try:
+    ...     with foreign_env_errors("CartPole-v1"):
+    ...         raise gym.error.DependencyNotInstalled("pygame is not installed")
+    ... except ValueError as err:
+    ...     print(str(err).split(";")[0])
+    gym:CartPole-v1 needs a package that is not installed (pygame is not installed)
+    """
+    try:
+        yield
+    except (gym.error.DependencyNotInstalled, ImportError) as err:
+        raise ValueError(
+            f"gym:{env_id} needs a package that is not installed ({err}); install it (the env's "
+            'extra, e.g. pip install "gymnasium[classic-control]"), then rerun') from err
+    except TypeError as err:
+        problem = _keyword_problem(env_id, dict(env_kwargs or {}))
+        if problem is None:
+            raise
+        raise ValueError(problem) from err
+
+
+def _keyword_problem(env_id: str, env_kwargs: dict[str, Any]) -> str | None:
+    """What is wrong with the keywords ``env_id``'s constructor got, read from its signature
+    (its spec's own kwargs with ``env_kwargs`` over them); None where nothing is."""
+    spec = gym.spec(env_id)
+    try:
+        creator = spec.entry_point if callable(spec.entry_point) else load_env_creator(
+            spec.entry_point)
+        signature = inspect.signature(creator)
+    except (AttributeError, ImportError, ValueError, TypeError):
+        return None
+    given = {k: v for k, v in {**spec.kwargs, **env_kwargs}.items() if k not in _MAKE_KEYWORDS}
+    params = {name: p for name, p in signature.parameters.items()
+              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    unknown = [k for k in given if k not in params and not takes_any]
+    missing = [name for name, p in params.items() if p.default is p.empty and name not in given]
+    name = getattr(creator, "__qualname__", str(creator))
+    takes = ", ".join(params) or "no keywords"
+    if unknown:
+        return (f"--env-kwargs: gym:{env_id}'s constructor ({name}) takes no keyword "
+                f"{', '.join(map(repr, unknown))}; it takes: {takes}")
+    if missing:
+        return (f"gym:{env_id}'s constructor ({name}) needs {', '.join(map(repr, missing))}; give "
+                f"{'it' if len(missing) == 1 else 'them'} with --env-kwargs "
+                f"'{json.dumps({k: '...' for k in missing})}' (it takes: {takes})")
+    return None
+
+
+class CheckedRender(gym.Wrapper):
+    """Refuse a ``render()`` frame the policy cannot take as its image: anything but a uint8
+    numpy array ``[H, W, C]`` (C 1, 3 or 4), found at the first render (which Gymnasium's
+    ``AddRenderObservation`` makes when it is built), as one ``ValueError`` saying what the env
+    returned.
+
+    >>> import gymnasium as gym
+    >>> class Blank(gym.Wrapper):
+    ...     def render(self):
+    ...         return None
+    >>> env = CheckedRender(Blank(gym.make("CartPole-v1", render_mode="rgb_array")))
+    >>> try:
+    ...     env.render()
+    ... except ValueError as err:
+    ...     print(str(err).split(";")[0])
+    CartPole-v1's render() returned None (render_mode 'rgb_array')
+    """
+
+    def render(self) -> Any:
+        frame = self.env.render()
+        if not (isinstance(frame, np.ndarray) and frame.dtype == np.uint8 and frame.ndim == 3
+                and frame.shape[-1] in (1, 3, 4) and frame.shape[0] and frame.shape[1]):
+            raise ValueError(
+                f"{_env_name(self.env)}'s render() returned {_describe_frame(frame)} "
+                f"(render_mode {self.env.render_mode!r}); expected a uint8 [H, W, C] frame "
+                "(C 1, 3 or 4), the policy's image: an env that renders 'rgb_array' frames, or "
+                "an image in its observation")
+        return frame
+
+
+def _describe_frame(frame: Any) -> str:
+    if frame is None:
+        return "None"
+    if isinstance(frame, np.ndarray):
+        return f"a {frame.dtype} array of shape {list(frame.shape)}"
+    shape = getattr(frame, "shape", None)
+    return type(frame).__name__ + ("" if shape is None else f" of shape {list(shape)}")
 
 
 class TaskPrompt(gym.Wrapper):
@@ -199,6 +305,7 @@ def with_image(env: gym.Env, image: str = "auto",
             f"{env.metadata.get('render_modes')}), or an image in its observation "
             "(e.g. --env-kwargs '{\"obs_type\": \"pixels\"}')"
         )
+    env = CheckedRender(env)
     if render_size is not None:
         env = ResizeFrames(env, render_size)
     return gym.wrappers.AddRenderObservation(env, render_only=False)
@@ -319,7 +426,8 @@ def make_gym_sub_env(
     :class:`SubEnvWrapping`, :class:`EpisodeEndHold` outermost). A module-level function, so
     worker processes can unpickle a ``functools.partial`` of it."""
     wrap = SubEnvWrapping(prompt, image, success, render_size, tuple(wrappers))
-    return wrap(gym.make(env_id, **env_kwargs))
+    with foreign_env_errors(env_id, env_kwargs):
+        return wrap(gym.make(env_id, **env_kwargs))
 
 
 def make_gym_vector_env(
@@ -389,8 +497,9 @@ def make_gym_vector_env(
         # its TimeLimit, and its vector entry point applies it itself (it builds its batched env
         # with gymnasium.make(id)), so the spec goes without them.
         entry_spec = dataclasses.replace(spec, additional_wrappers=())
-        envs = gym.make_vec(entry_spec, num_envs, vectorization_mode=vectorization_mode,
-                            **env_kwargs)
+        with foreign_env_errors(env_id, env_kwargs):
+            envs = gym.make_vec(entry_spec, num_envs, vectorization_mode=vectorization_mode,
+                                **env_kwargs)
         if image == "obs" or has_image(envs.single_observation_space):
             return envs if prompts is None else VectorTaskPrompt(envs, prompts)
         envs.close()
@@ -410,10 +519,11 @@ def make_gym_vector_env(
     env_kwargs, frames = sub_env_kwargs(env_id, env_kwargs, image, render_size)
     wrap = SubEnvWrapping(None if prompts is None else prompts[0], image, success, frames,
                           tuple(wrappers), tuple(env_wrappers))
-    envs = gym.make_vec(
-        env_id, num_envs, vectorization_mode=vectorization_mode,
-        vector_kwargs={"autoreset_mode": autoreset_mode}, wrappers=[wrap], **env_kwargs,
-    )
+    with foreign_env_errors(env_id, env_kwargs):
+        envs = gym.make_vec(
+            env_id, num_envs, vectorization_mode=vectorization_mode,
+            vector_kwargs={"autoreset_mode": autoreset_mode}, wrappers=[wrap], **env_kwargs,
+        )
     try:
         if prompts is not None and len(set(prompts)) > 1:
             envs.set_attr("task_description", list(prompts))

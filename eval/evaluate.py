@@ -345,7 +345,8 @@ class Evaluator:
         units_checked = self.check_action_units()
         self.eval_env.check_success()  # an env without its declared signal: refused now
         device, dtype = self._device()  # a device that is not there fails here, before writing
-        folder = RunFolder(self.out_dir, rank=self.rank.rank, world_size=self.rank.world_size)
+        folder = RunFolder(self.out_dir, kind="evaluation", rank=self.rank.rank,
+                           world_size=self.rank.world_size)
         with folder:
             owns_group = init_process_group(self.rank)
             try:
@@ -488,6 +489,9 @@ class Evaluator:
         and calls no model. False where the checkpoint's head is not known without loading it
         (no ``action_policy.json``, no pipeline given)."""
         cfg = self.config
+        # Before the head: the env's own checks (GymEval builds and resets one env here) come
+        # first, whether or not the head is known yet.
+        space = self.eval_env.single_action_space()
         policy, source = self._head()
         if self.pipeline is not None:
             head = pipeline_action_head(self.pipeline)
@@ -507,7 +511,6 @@ class Evaluator:
         env, own = cfg.env, self.eval_env.domain
         homes = [name for name, cls in EVAL_ENVS.items() if domain and cls.domain == domain]
         hint = f"evaluate it with --env {homes[0]}, " if homes and homes[0] != env else ""
-        space = self.eval_env.single_action_space()
         fix = (f"Fix: {hint + 'or ' if hint else ''}pass a --checkpoint trained for --env {env}"
                + (f" (domain {own!r})." if own else "."))
         if getattr(self.eval_env, "sizes_synthetic_head", False) and getattr(space, "shape", None):
@@ -541,6 +544,10 @@ class Evaluator:
                 "FILE (the statistics JSON of the checkpoint's training data, see "
                 "docs/libero.md), or --allow-normalized-actions to run anyway"
             )
+        if policy.denormalizes:  # the checkpoint's own statistics too, not only --action-stats
+            from cosmos3_gym.checkpoint import check_action_stats
+
+            check_action_stats(policy.stats, policy, f"{source}'s action statistics")
         return True
 
     def _throughput_name(self) -> str:

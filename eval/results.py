@@ -276,7 +276,7 @@ def format_table(results: dict[str, Any]) -> str:
         lines.append(f"invalid actions: {results['invalid_action_episodes']} of {n} episodes "
                      "failed on an invalid action (see invalid_action in episodes.jsonl)")
     if results["incidents"]:
-        lines.append(f"incidents: {len(results['incidents'])} (see results.json)")
+        lines += format_incidents(results["incidents"])
     return "\n".join(lines)
 
 
@@ -294,6 +294,43 @@ def format_outcomes(results: dict[str, Any]) -> list[str]:
                   f"{e['mean_length']:.1f} steps" for name, e in results["per_task"].items()
                   if e.get("mean_return") is not None]
     return lines
+
+
+def format_incidents(incidents: Sequence[dict[str, Any]], most: int = 5) -> list[str]:
+    """The env faults of a run, each kind once: how often, at which env slot and episode, and
+    what the env did (the detail names the observation key or call that failed).
+
+    >>> fault = {"kind": "crash", "detail": "observation['pixels'] has shape [8, 16, 3]",
+    ...          "env_slots_at_fault": [0], "episodes": [
+    ...              {"env_slot": 0, "at_fault": True, "task": "red", "trial": 0},
+    ...              {"env_slot": 1, "at_fault": False, "task": "red", "trial": 1}]}
+    >>> for line in format_incidents([fault, fault]):
+    ...     print(line)
+    incidents: 2 env faults (incidents.jsonl has each):
+      2x crash of env slot 0, episode red trial 0: observation['pixels'] has shape [8, 16, 3]
+    """
+    groups: dict[tuple[Any, ...], int] = {}
+    for incident in incidents:
+        key = (incident.get("kind"), incident.get("detail"), _culprits(incident))
+        groups[key] = groups.get(key, 0) + 1
+    n = len(incidents)
+    lines = [f"incidents: {n} env fault{'' if n == 1 else 's'} (incidents.jsonl has each):"]
+    for (kind, detail, culprits), count in list(groups.items())[:most]:
+        lines.append(f"  {count}x {kind} of {culprits}: {detail}")
+    if len(groups) > most:
+        lines.append(f"  ... and {len(groups) - most} other kinds")
+    return lines
+
+
+def _culprits(incident: dict[str, Any]) -> str:
+    """Which env slots and episodes an incident was pinned on, in words."""
+    slots = incident.get("env_slots_at_fault")
+    episodes = [e for e in incident.get("episodes", []) if e.get("at_fault")]
+    named = ", ".join(f"episode {e.get('task')} trial {e.get('trial')}" for e in episodes)
+    if slots is None:
+        return "an env slot not known" + (f" (in flight: {named})" if named else "")
+    where = f"env slot{'' if len(slots) == 1 else 's'} {', '.join(map(str, slots))}"
+    return f"{where}, {named}" if named else f"{where} (no episode running)"
 
 
 def merge_throughput(parts: Iterable[dict[str, Any]]) -> dict[str, Any] | None:

@@ -77,7 +77,7 @@ def check_rollout_folder(out: Path, command: dict[str, Any]) -> None:
     """Before anything loads: refuse a folder that holds another command's rollouts, or
     rollouts this command did not write (a rerun of the same command resumes or, complete,
     runs nothing), or one another run holds."""
-    with RunFolder(out):
+    with RunFolder(out, kind="rollouts"):
         state = read_state(out)
         if not state.shards:
             return
@@ -103,12 +103,24 @@ def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
     command = cfg.identity()
     device, dtype, fp8 = cfg.resolve_runtime()
     if cfg.synthetic is None:
-        from cosmos3_gym.checkpoint import check_files, resolve_checkpoint
+        from cosmos3_gym.checkpoint import (
+            check_action_stats,
+            check_files,
+            checkpoint_policy,
+            resolve_checkpoint,
+        )
 
         check_files(resolve_checkpoint(cfg.checkpoint), vae=cfg.vae, tokenizer=cfg.tokenizer)
+        # The head's statistics (the checkpoint's own, or --action-stats) for its mode.
+        head = checkpoint_policy(cfg.checkpoint, **cfg.checkpoint_options())
+        if head is not None and head.denormalizes:
+            check_action_stats(head.stats, head,
+                               f"--checkpoint {cfg.checkpoint}'s action statistics")
     check_rollout_folder(out, command)
     image_size = view_size(cfg.env, cfg.synthetic, cfg.image_size)
     eval_env = make_eval_env(cfg.env, **{**cfg.env_options(), "image_size": image_size})
+    # The env's own checks (a gym:ID env is built and reset once here), before the model loads.
+    space = eval_env.single_action_space()
     eval_env.check_success()
     options = InferenceOptions(fp8=fp8)
     if cfg.synthetic is not None:
@@ -122,8 +134,7 @@ def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
         contract = pipeline.contract  # the checkpoint's declared conventions, else the env's
         adapter = (adapter_for_contract(contract) if contract is not None
                    else get_adapter(eval_env.adapter, **eval_env.adapter_options))
-    adapter = with_action_map(adapter, action_map_of(cfg.action_map, eval_env),
-                              eval_env.single_action_space())
+    adapter = with_action_map(adapter, action_map_of(cfg.action_map, eval_env), space)
     policy = VectorPolicy(pipeline, adapter=adapter, n_action_steps=cfg.n_action_steps,
                           seed=cfg.seed, sampling=cfg.sampling)
     runtime = {"device": str(device), "dtype": str(dtype).removeprefix("torch."),

@@ -176,3 +176,35 @@ def test_a_head_of_another_width_in_the_stats_is_refused(tmp_path, capsys) -> No
                                                                         "stats": None}),
             action_stats=str(stats))
     del ckpt
+
+
+@pytest.mark.parametrize("where", ["--action-stats", "action_policy.json"])
+@pytest.mark.parametrize("command", ["eval", "rollout"])
+def test_statistics_of_zero_spread_are_refused_before_the_model_loads(
+    tmp_path, capsys, monkeypatch, where, command
+) -> None:
+    """A meanstd head whose statistics have std 0 ran to 0% success, every action the mean."""
+    stats = {"mean": [0.1, -0.2], "std": [0.0, 0.0], "min": [-1.0, -1.0], "max": [1.0, 1.0],
+             "q01": [-0.9, -0.9], "q99": [0.9, 0.9]}
+    embedded = where == "action_policy.json"
+    checkpoint = write_tiny_checkpoint(tmp_path / "ckpt", policy_overrides={
+        **COLOR_REACH_POLICY, "normalization": "meanstd",
+        "stats": {"global": stats} if embedded else None})
+    extra: tuple[str, ...] = ()
+    if not embedded:
+        path = tmp_path / "stats.json"
+        path.write_text(json.dumps({"global": stats}))
+        extra = ("--action-stats", str(path))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model loaded before its statistics were checked")
+
+    monkeypatch.setattr(Cosmos3ActionPipeline, "from_pretrained", refuse)
+    out = tmp_path / "out"
+    argv = eval_args(checkpoint, out, *extra) if command == "eval" else [
+        "rollout", "--checkpoint", str(checkpoint), "--env-steps", "2", "--no-progress",
+        "--out", str(out), *extra]
+    line = refused(capsys, argv)
+    assert ("stats['global']: std is 0 in every dim, so mode 'meanstd' would give every action "
+            "the same value") in line, line
+    assert not out.exists()

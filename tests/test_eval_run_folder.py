@@ -13,6 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -244,6 +245,111 @@ def test_a_broken_episode_does_not_fail_its_healthy_batch_mates(
         assert [(e["task"], e["trial"]) for e in at_fault] == [("green", 1)]
         assert len(incident["episodes"]) == 2  # its batch-mate was re-run, not blamed
     assert results["restarted_episodes"] == 1
+
+
+class _BadObservation(_BrokenGreen):
+    """From the 2nd step of 'green' trial 1, every time: a frame of another shape, or NaN in
+    the state beside the frame."""
+
+    def __init__(self, fault: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.fault = fault
+        if fault == "nan":
+            self.observation_space = gym.spaces.Dict({
+                "pixels": self.observation_space,
+                "state": gym.spaces.Box(-1.0, 1.0, (2,), np.float32)})
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        return self._observe(obs), info
+
+    def step(self, action):
+        obs, *rest = ColorReachEnv.step(self, action)
+        return (self._observe(obs), *rest)
+
+    def _observe(self, frame):
+        bad = self._broken and self._elapsed >= 2
+        if self.fault == "shape":
+            return frame[:8] if bad else frame
+        state = np.full(2, np.nan if bad else 0.0, np.float32)
+        return {"pixels": frame, "state": state}
+
+
+def _bad_observation_env(fault: str, image_size: int, max_episode_steps: int) -> EpisodeEndHold:
+    return EpisodeEndHold(_BadObservation(fault, image_size=image_size,
+                                          max_episode_steps=max_episode_steps))
+
+
+class _BadObservationEval(ColorReachEval):
+    fault = "shape"
+
+    def make(self, num_envs: int, async_: bool, autoreset_mode=None):
+        import functools
+
+        from gymnasium.vector import AutoresetMode
+
+        fn = functools.partial(_bad_observation_env, self.fault, self.image_size,
+                               self.max_episode_steps)
+        vector = gym.vector.AsyncVectorEnv if async_ else gym.vector.SyncVectorEnv
+        return vector([fn] * num_envs, autoreset_mode=AutoresetMode.DISABLED)
+
+
+@pytest.mark.parametrize("async_envs", [False, True])
+@pytest.mark.parametrize(("fault", "detail"), [
+    ("shape", "observation has shape [8, 32, 3]; its observation space says [32, 32, 3] at "
+              "step 2 of its episode"),
+    ("nan", "observation['state'] holds NaN in dims [0, 1] at step 2 of its episode"),
+])
+def test_an_observation_that_breaks_mid_episode_is_named_with_its_episode(
+    checkpoint: Path, pipeline, tmp_path: Path, capsys, fault: str, detail: str,
+    async_envs: bool
+) -> None:
+    config = EvalConfig(checkpoint=str(checkpoint), tasks=TASKS, trials=2, num_envs=2, seed=7,
+                        image_size=32, max_episode_steps=6,
+                        sampling=SamplerConfig(num_inference_steps=2), async_envs=async_envs,
+                        env_timeout=86400.0, progress=False)
+    env = _BadObservationEval(TASKS, image_size=32, max_episode_steps=6)
+    env.fault = fault
+    results = evaluate(config, tmp_path / "out", pipeline=pipeline, eval_env=env)
+    broken = {(r["task"], r["trial"]): r for r in read_episode_records(tmp_path / "out")}[
+        ("green", 1)]
+    assert broken["error"].startswith("abandoned after 3 env faults") and detail in \
+        broken["error"]
+    for incident in results["incidents"]:  # pinned on its own env slot and episode
+        at_fault = [e for e in incident["episodes"] if e["at_fault"]]
+        assert [(e["task"], e["trial"]) for e in at_fault] == [("green", 1)]
+        assert incident["env_slots_at_fault"] == [at_fault[0]["env_slot"]]
+    table = capsys.readouterr().out
+    slot = results["incidents"][0]["env_slots_at_fault"][0]
+    assert "incidents: 3 env faults (incidents.jsonl has each):" in table
+    assert f"  3x crash of env slot {slot}, episode green trial 1: " in table
+    assert detail in table
+
+
+@pytest.mark.parametrize("first", ["eval", "rollout"])
+def test_an_evaluation_and_rollouts_never_share_a_folder(checkpoint, tmp_path, capsys,
+                                                         first) -> None:
+    out = tmp_path / "run"
+    rollout = ["rollout", "--checkpoint", str(checkpoint), "--env-steps", "4", "--num-envs", "1",
+               "--image-size", "32", "--max-episode-steps", "3", "--denoising-steps", "1",
+               "--no-progress", "--out", str(out)]
+    evaluation = eval_args(checkpoint, out, "--trials", "1", "--tasks", "red")
+    commands = {"eval": evaluation, "rollout": rollout}
+    assert main(commands[first]) == 0
+    capsys.readouterr()
+    def files() -> dict[str, int]:  # the lock file names its holder: each command rewrites it
+        return {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != ".lock.rank0"}
+
+    before = files()
+    second = "rollout" if first == "eval" else "eval"
+    with pytest.raises(SystemExit) as exit_info:
+        main(commands[second])
+    line = error_line(capsys, exit_info, 2)
+    held = "an evaluation (config.json, episodes.jsonl, results.json)" if first == "eval" \
+        else "rollouts (meta.json, rollout.json, shard-00000.npz)"
+    writes = "rollouts" if first == "eval" else "an evaluation"
+    assert f"{out} holds {held}; this command writes {writes}" in line, line
+    assert files() == before  # nothing written
 
 
 def test_up_front_checks_fail_before_anything_is_written(checkpoint, tmp_path, capsys) -> None:

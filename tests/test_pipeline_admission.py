@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from cosmos3_gym.pipeline.admission import admit, admit_images, admit_prompts
@@ -101,6 +102,20 @@ def test_wrong_rank_is_rejected() -> None:
 def test_wrong_channel_count_is_rejected() -> None:
     with pytest.raises(ValueError, match="image 0: expected 1, 3 or 4 channels, got 2"):
         admit_images(np.zeros((4, 6, 2), np.uint8))
+
+
+@pytest.mark.parametrize("make", [lambda s: np.zeros(s, np.uint8),
+                                  lambda s: torch.zeros(s, dtype=torch.uint8)])
+def test_a_channel_first_batch_is_named_as_such(make) -> None:
+    # Torch vision code holds images [B, C, H, W]; the message used to blame "image 0" for 64
+    # channels.
+    move = "permute" if isinstance(make((1,)), torch.Tensor) else "transpose"
+    with pytest.raises(ValueError, match=(
+            r"images: expected 1, 3 or 4 channels, got 64 \(a batch is channels-last "
+            r"\[B, H, W, C\]; found an? (array|tensor) of shape \[2, 3, 64, 64\]; it looks "
+            r"channel-first \[B, C, H, W\] \(C=3\): move the channels last with "
+            rf"images.{move}\(0, 2, 3, 1\)\)")):
+        admit_images(make((2, 3, 64, 64)))
 
 
 def test_zero_size_is_rejected() -> None:

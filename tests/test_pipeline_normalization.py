@@ -129,3 +129,73 @@ def test_bad_stats_files_are_rejected() -> None:
         denormalize_actions(np.zeros((1, D), np.float32), only_global, "quantile_rot")
     flat = ActionStats.from_dict(_block(0.0))  # a flat block is read as "global"
     assert flat.raw_action_dim == D
+
+
+# cosmos-framework's LIBERO statistics (libero_native_frame_wise_relative_rot6d.json, the
+# quantiles its reference notes give: shared/reference/checkpoint-formats.md B.4): dpos(3),
+# rot6d(6), gripper. The rot6d dims' q01 lie close to their q99 and the gripper's are 0 and 1.
+LIBERO_Q01 = [-0.723214, -0.808929, -0.9375, 0.934955, -0.223431, -0.189878, -0.334735,
+              0.938516, -0.107736, 0.0]
+LIBERO_Q99 = [0.9375, 0.870536, 0.9375, 1.0, 0.331, 0.163153, 0.226216, 1.0, 0.127158, 1.0]
+
+
+def _libero_like() -> dict:
+    q01, q99 = np.array(LIBERO_Q01), np.array(LIBERO_Q99)
+    raw = {"q01": q01.tolist(), "q99": q99.tolist(), "min": (q01 - 0.05).tolist(),
+           "max": np.minimum(q99 + 0.05, [1.0] * 9 + [1.0]).tolist(),
+           "mean": ((q01 + q99) / 2).tolist(), "std": ((q99 - q01) / 4).tolist()}
+    # The block quantile_rot does not read, with placeholders for the rot6d dims it passes
+    # through: held to nothing but finiteness.
+    placeholder = {k: [0.0] * 10 for k in ("mean", "std", "min", "max", "q01", "q99")}
+    return {"global": placeholder, "global_raw": raw}
+
+
+def test_a_libero_statistics_file_loads_for_its_mode() -> None:
+    stats = ActionStats.from_dict(_libero_like())
+    assert stats.block_for("quantile_rot") is stats.global_raw
+    gripper = denormalize_actions(np.array([[-1.0] * 9 + [1.0]], np.float32), stats,
+                                  "quantile_rot")[0, -1]
+    assert gripper == pytest.approx(1.0)
+    # Its placeholder block is refused only by a mode that would read it.
+    with pytest.raises(ValueError, match=r"stats\['global'\]: q99 - q01 is 0 in every dim"):
+        stats.block_for("quantile")
+
+
+def _with(**changes: list[float]) -> dict:
+    block = {"mean": [0.0, 0.0, 0.3], "std": [0.5, 0.5, 0.0], "min": [-1.0, -1.0, 0.3],
+             "max": [1.0, 1.0, 0.3], "q01": [-0.9, -0.9, 0.3], "q99": [0.9, 0.9, 0.3]}
+    return {"global": {**block, **changes}}
+
+
+@pytest.mark.parametrize(("mode", "changes", "message"), [
+    ("meanstd", {"std": [0.0, 0.0, 0.0]},
+     r"stats\['global'\]: std is 0 in every dim, so mode 'meanstd' would give every action the "
+     r"same value"),
+    ("meanstd", {"std": [0.5, 0.0, 0.0]},
+     r"std is 0 in dims \[1\], whose actions vary \(min \[-1.0\], max \[1.0\]\)"),
+    ("meanstd", {"std": [0.5, -0.5, 0.0]}, r"std < 0 in dims \[1\]"),
+    ("quantile", {"q99": [0.9, -0.95, 0.3]}, r"q99 < q01 in dims \[1\]"),
+    ("quantile", {"q01": [0.9, 0.9, 0.3]}, r"q99 - q01 is 0 in every dim"),
+    ("quantile_rot", {}, r"expected a 'global_raw' stats block"),
+    ("minmax", {"max": [1.0, -2.0, 0.3]}, r"max < min in dims \[1\]"),
+    ("minmax", {"max": [-1.0, -1.0, 0.3]}, r"max - min is 0 in every dim"),
+])
+def test_statistics_no_data_has_are_refused_for_the_mode_that_reads_them(
+    mode: str, changes: dict, message: str
+) -> None:
+    stats = ActionStats.from_dict(_with(**changes))
+    with pytest.raises(ValueError, match=message):
+        stats.block_for(mode)
+    with pytest.raises(ValueError, match=message):
+        denormalize_actions(np.zeros((1, 3), np.float32), stats, mode)
+
+
+def test_a_constant_dim_is_data_and_loads() -> None:
+    # Dim 2 never moved in the training data: zero spread everywhere, clamped (the official
+    # server's rule), in every mode.
+    stats = ActionStats.from_dict(_with())
+    for mode in ("quantile", "meanstd", "minmax"):
+        out = denormalize_actions(np.zeros((1, 3), np.float32), stats, mode)
+        assert out[0, 2] == pytest.approx(0.3, abs=1e-5)  # + half the clamped range
+    with pytest.raises(ValueError, match="finite"):
+        ActionStats.from_dict(_with(std=[0.5, float("inf"), 0.0]))

@@ -161,6 +161,7 @@ def test_a_full_disk_is_one_line_and_resumes_once_space_is_freed(
             err = capsys.readouterr().err
             assert exit_info.value.code == 1 and "Traceback" not in err
             assert len(err.strip().splitlines()) == 1 and "No space left on device" in err
+            assert f"No space left on device: {out}/" in err  # the file that was not written
             assert not list(out.glob(".*.tmp"))
             filler.unlink()
             assert main(rollout_args(checkpoint, out, "--shard-steps", "3")) == 0
@@ -252,3 +253,68 @@ def test_python_rollouts_of_another_env_are_refused(checkpoint: Path, tmp_path: 
     with pytest.raises(RunMismatch, match="image_size"):
         collect(48)
     assert collect(32) == out  # the same env: complete, nothing to run
+
+
+def test_the_episode_table_keeps_every_task_name_whole(checkpoint: Path, tmp_path: Path) -> None:
+    """Each shard's string columns are as wide as its own longest name; the merged table is as
+    wide as the longest of all (a first shard of "red" alone left "yellow" as "yel")."""
+    from cosmos3_gym.envs import ColorReachEval
+    from cosmos3_gym.policy import VectorPolicy
+    from cosmos3_gym.runner import collect_rollouts
+
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint)
+    policy = VectorPolicy(pipe, adapter="generic", seed=0, num_inference_steps=1)
+    env = ColorReachEval(["red", "yellow"], image_size=32, max_episode_steps=3)
+    data = load_rollouts(collect_rollouts(policy, env, 8, tmp_path / "run", num_envs=1,
+                                          shard_steps=2))
+    assert data["episode_task"].tolist()[:3] == ["red", "yellow", "red"]
+
+
+def test_a_full_disk_names_the_file_it_could_not_write(checkpoint: Path, tmp_path: Path,
+                                                       capsys, monkeypatch) -> None:
+    """A write or fsync that finds the disk full names no file (the system's OSError has none);
+    the error line names the one that was not written."""
+    from cosmos3_gym import jsonio
+
+    real_fsync, calls = jsonio.os.fsync, [0]
+
+    def full(fd: int) -> None:
+        calls[0] += 1
+        if calls[0] > 2:  # rollout.json twice, then the first shard
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(jsonio.os, "fsync", full)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main(rollout_args(checkpoint, out))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and len(err.strip().splitlines()) == 1, err
+    assert f"error: No space left on device: {out / 'shard-00000.npz'} (OSError, errno 28)" in err
+    assert not list(out.glob(".*.tmp"))
+
+
+def test_attempts_that_saved_nothing_are_not_parts(checkpoint: Path, whole: dict,
+                                                   tmp_path: Path, capsys, monkeypatch) -> None:
+    """Reruns on a disk that is still full save no shard; once it has room, the folder is the
+    one an uninterrupted run writes: one part, the same steps."""
+    import cosmos3_gym.runner.rollouts as rollouts
+
+    real = rollouts.atomic_write
+
+    def no_room(path, write):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(rollouts, "atomic_write", no_room)  # every shard write fails
+    for _ in range(2):
+        with pytest.raises(SystemExit):
+            main(rollout_args(checkpoint, out))
+    capsys.readouterr()
+    monkeypatch.setattr(rollouts, "atomic_write", real)
+    assert main(rollout_args(checkpoint, out)) == 0
+    data = load_rollouts(out)
+    assert [p["steps"] for p in data["meta"]["parts"]] == [24]
+    assert data["meta"]["parts"][0]["seed"] == whole["meta"]["parts"][0]["seed"]
+    for key in ("obs", "actions", "chunk_ids", "episode_ids", "chunk_noise", "episode_id"):
+        np.testing.assert_array_equal(data[key], whole[key], err_msg=key)

@@ -4,6 +4,7 @@ no path, so a moved folder resumes."""
 
 from __future__ import annotations
 
+import contextlib
 import doctest
 import json
 import os
@@ -112,3 +113,92 @@ def test_the_lock_outlives_a_busy_loop(tmp_path: Path) -> None:
         with pytest.raises(FolderInUse):
             RunFolder(tmp_path).open()
         assert time.perf_counter() - start < 1.0  # refused at once, never waits
+
+
+def test_a_folder_holds_one_kind_of_run(tmp_path: Path) -> None:
+    with RunFolder(tmp_path / "ev", kind="evaluation") as held:
+        held.bind("config.json", {"seed": 0}, bound=False)
+    stored = json.loads((tmp_path / "ev" / "config.json").read_text())
+    assert stored["kind"] == "evaluation" and stored["identity"] == {"seed": 0}
+    with pytest.raises(RunMismatch, match=r"holds an evaluation \(config.json\); this command "
+                                          r"writes rollouts, and a folder holds one kind"):
+        RunFolder(tmp_path / "ev", kind="rollouts").open()
+    # Refused before anything is written, and the lock is not kept.
+    assert sorted(p.name for p in (tmp_path / "ev").iterdir()) == [".lock.rank0", "config.json"]
+    with RunFolder(tmp_path / "ev", kind="evaluation"):
+        pass
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "ro" / "shard-00000.npz").write_bytes(b"")
+    with pytest.raises(RunMismatch, match=r"holds rollouts \(shard-00000.npz\)"):
+        RunFolder(tmp_path / "ro", kind="evaluation").open()
+    # An identity file that names another kind (copied by hand) is refused too.
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "config.json").write_text('{"kind": "rollouts", "identity": {}}')
+    with pytest.raises(RunMismatch, match=r"config.json is the identity of rollouts"):
+        RunFolder(tmp_path / "odd", kind="evaluation").open()
+    with RunFolder(tmp_path / "ro"):  # no kind named: any folder
+        pass
+
+
+# Holds the folder with --async-envs' vector env: two ColorReach workers forked after the lock
+# was taken, the second one hung in its step (a simulator that never answers), then prints the
+# workers' pids and waits to be killed.
+HOLD_WITH_WORKERS = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    from cosmos3_gym.envs import ColorReachEnv
+    from cosmos3_gym.runner import RunFolder
+    import gymnasium as gym
+
+    class Hangs(ColorReachEnv):
+        def step(self, action):
+            time.sleep(600)
+
+    with RunFolder(sys.argv[1]):
+        envs = gym.vector.AsyncVectorEnv([ColorReachEnv, Hangs], context="fork")
+        envs.reset(seed=0)
+        envs.step_async(np.zeros((2, 2), np.float32))
+        print(" ".join(str(p.pid) for p in envs.processes), flush=True)
+        time.sleep(600)
+""")
+
+
+def test_a_killed_holders_env_workers_do_not_keep_its_lock(tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_WITH_WORKERS, str(tmp_path / "run")],
+                              stdout=subprocess.PIPE, text=True)
+    workers = [int(pid) for pid in holder.stdout.readline().split()]
+    try:
+        assert len(workers) == 2
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        assert os.path.exists(f"/proc/{workers[1]}")  # the hung worker outlives its holder
+        with RunFolder(tmp_path / "run") as held:  # at once, whatever the workers do
+            assert held.held
+    finally:
+        holder.kill()
+        holder.wait()
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_forked_child_never_unlocks_its_parents_folder(tmp_path: Path) -> None:
+    import multiprocessing
+
+    with RunFolder(tmp_path) as held:
+        child = multiprocessing.get_context("fork").Process(target=_close_in_child,
+                                                            args=(str(tmp_path),))
+        child.start()
+        child.join(30)
+        assert child.exitcode == 0
+        assert held.held
+        with pytest.raises(FolderInUse):  # still held by this process
+            RunFolder(tmp_path).open()
+
+
+def _close_in_child(path: str) -> None:
+    from cosmos3_gym.runner import folder as module
+
+    assert not module._HELD  # the child holds nothing, so it has nothing to close or unlock
+    with pytest.raises(FolderInUse):  # the folder is its parent's
+        RunFolder(path).open()

@@ -77,6 +77,7 @@ def admit_images(images: Any) -> list[AdmittedImage]:
     if isinstance(images, (np.ndarray, torch.Tensor)) and images.ndim == 4:
         if images.shape[0] == 0:
             raise ValueError("expected at least one image, got a [B, H, W, C] array with B=0")
+        _check_channels_last(images)
         return [_to_rgb_uint8(images[i], f"image {i}") for i in range(images.shape[0])]
     if isinstance(images, (list, tuple)):
         if len(images) == 0:
@@ -93,6 +94,23 @@ def admit_images(images: Any) -> list[AdmittedImage]:
             "is [B, H, W, 1])"
         )
     return [_to_rgb_uint8(_load_one(images, "image 0"), "image 0")]
+
+
+def _check_channels_last(images: np.ndarray | torch.Tensor) -> None:
+    """Refuse a batch whose last axis cannot be channels, saying where they seem to be (torch
+    vision code and LeRobot hold images channel-first, ``[B, C, H, W]``)."""
+    shape = list(images.shape)
+    if shape[-1] in (1, 3, 4):
+        return
+    tensor = isinstance(images, torch.Tensor)
+    hint = ""
+    if shape[1] in (1, 3, 4):
+        move = "images.permute(0, 2, 3, 1)" if tensor else "images.transpose(0, 2, 3, 1)"
+        hint = (f"; it looks channel-first [B, C, H, W] (C={shape[1]}): move the channels last "
+                f"with {move}")
+    raise ValueError(f"images: expected 1, 3 or 4 channels, got {shape[-1]} (a batch is "
+                     f"channels-last [B, H, W, C]; found {'a tensor' if tensor else 'an array'} "
+                     f"of shape {shape}{hint})")
 
 
 def admit_prompts(prompts: str | Sequence[str], batch_size: int) -> list[str]:

@@ -20,9 +20,30 @@ Modes (the four the official LIBERO policy server supports, and LeRobot's fifth)
 
 As in the official server, ranges are clamped to ``>= 1e-6`` and ``std`` to ``>= 1e-8`` (a
 constant action dimension would otherwise divide by zero when normalising), and the forward
-direction uses the same clamped values so the two are exact inverses. :func:`normalize_actions`
-does not clip to [-1, 1] by default (cosmos-framework's helper does not; sglang's does), because
-clipping makes the round trip lossy; pass ``clip=True`` for sglang's behaviour.
+direction uses the same clamped values so the two are exact inverses.
+
+What is checked, and where:
+
+* Every block, when a file is read (:meth:`ActionStats.from_dict`): vectors of numbers, one
+  length, all finite. A mode reads one block, and the other may hold placeholders for the dims
+  its recipe passes through (cosmos-framework's ``skip_rotation_dims``), so nothing more is
+  asked of a block no mode reads.
+* The block the mode reads, whenever the mode asks for it (:meth:`ActionStats.block_for`: when
+  a command checks its head before the model loads, when the pipeline is built, at each call):
+  statistics that data can have. ``std >= 0``, ``max >= min`` and ``q99 >= q01`` in every dim (a
+  negative spread or a swapped pair is a broken file, never data). The spread the mode uses
+  (``std``: meanstd; ``q99 − q01``: quantile, quantile_rot; ``max − min``: minmax) must be
+  positive in at least one dim: with none, every action would be the same vector whatever the
+  model predicts. meanstd also needs ``std > 0`` wherever ``max > min`` (a dim whose actions
+  vary has a spread; a zero there makes each of its actions the mean).
+* Not refused: a single dim of zero spread, clamped as the official server clamps it. A constant
+  action dim is data (``min == max``, ``std == 0``), and quantiles may meet: a real LIBERO file's
+  rot6d dims have q01 close to q99 (``global_raw``: 0.935 and 1.0), a dim that holds one value
+  in 98% of the frames has q01 equal to q99, and its gripper has q01 0 and q99 1.
+
+:func:`normalize_actions` does not clip to [-1, 1] by default (cosmos-framework's helper does
+not; sglang's does), because clipping makes the round trip lossy; pass ``clip=True`` for
+sglang's behaviour.
 """
 
 from __future__ import annotations
@@ -117,18 +138,57 @@ class ActionStats:
         return cls(global_=global_, global_raw=raw)
 
     def block_for(self, mode: str) -> StatsBlock:
-        """The block a mode reads: ``global_raw`` for ``quantile_rot``, ``global`` otherwise;
-        a ``ValueError`` where it lacks the vectors the mode reads."""
+        """The block a mode reads: ``global_raw`` for ``quantile_rot``, ``global`` otherwise,
+        checked for what the mode needs of it (its two vectors, and a spread data can have: the
+        module notes); a ``ValueError`` naming the dims otherwise."""
         _check_mode(mode)
         if mode == "quantile_rot":
             if self.global_raw is None:
                 raise ValueError(
                     "mode 'quantile_rot': expected a 'global_raw' stats block, found none"
                 )
-            self.global_raw.pair(mode, "the 'global_raw' block")
-            return self.global_raw
-        self.global_.pair(mode, "the 'global' block")
-        return self.global_
+            block, name = self.global_raw, "global_raw"
+        else:
+            block, name = self.global_, "global"
+        block.pair(mode, f"the {name!r} block")
+        _check_spread(block, mode, f"stats[{name!r}]")
+        return block
+
+
+def _check_spread(block: StatsBlock, mode: str, where: str) -> None:
+    """Refuse statistics no data has, and a block that would make every action one vector
+    (vectors the block does not hold are not checked)."""
+    def dims(mask: np.ndarray) -> list[int]:
+        return np.flatnonzero(mask).tolist()
+
+    shown = ", ".join(f"{k} {v.tolist()}" for k, v in block.vectors().items() if k != "mean")
+    checks = [("std < 0", block.std is not None and block.std < 0),
+              ("max < min", block.max is not None and block.min is not None
+               and block.max < block.min),
+              ("q99 < q01", block.q99 is not None and block.q01 is not None
+               and block.q99 < block.q01),
+              ("q90 < q10", block.q90 is not None and block.q10 is not None
+               and block.q90 < block.q10)]
+    for name, bad in checks:
+        if isinstance(bad, np.ndarray) and bad.any():
+            raise ValueError(
+                f"{where}: {name} in dims {dims(bad)} ({shown}); expected statistics of "
+                "actions: std >= 0, min <= max, q01 <= q99, q10 <= q90")
+    low, high = block.pair(mode, where)
+    spread, what = {"meanstd": (high, "std"), "minmax": (high - low, "max - min"),
+                    "quantile10": (high - low, "q90 - q10")}.get(mode, (high - low, "q99 - q01"))
+    if not (spread > 0).any():
+        raise ValueError(
+            f"{where}: {what} is 0 in every dim, so mode {mode!r} would give every action the "
+            "same value whatever the model predicts; expected the statistics of the checkpoint's "
+            "training actions")
+    if mode == "meanstd" and block.max is not None and block.min is not None:
+        flat = (block.std == 0) & (block.max > block.min)
+        if flat.any():
+            raise ValueError(
+                f"{where}: std is 0 in dims {dims(flat)}, whose actions vary (min "
+                f"{block.min[flat].tolist()}, max {block.max[flat].tolist()}), so meanstd would "
+                "make each of their actions the mean; expected std > 0 wherever min < max")
 
 
 def _block(data: Any, where: str) -> StatsBlock:

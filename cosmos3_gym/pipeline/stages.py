@@ -537,6 +537,8 @@ class DecodeStage(Stage):
     name = "decode"
 
     def __init__(self, policy: PolicyConfig, stats: Any, vae: Any) -> None:
+        if stats is not None:  # statistics the mode cannot use: refused now, not at a call
+            stats.block_for(policy.normalization)
         self.policy, self.stats, self.vae = policy, stats, vae
 
     def __call__(self, batch: MicroBatch, params: SamplingParams) -> MicroBatch:

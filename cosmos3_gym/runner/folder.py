@@ -8,12 +8,21 @@ Evaluations and rollouts write into a folder that is somebody's result, so both 
   command, single-process or launched, finds rank 0's lock taken). A command that finds the
   folder held stops with :class:`FolderInUse`, which names the holder (pid, host, command line,
   start time), before it writes anything. The kernel drops the lock of a process that dies, so a
-  folder left by a killed run is taken over by the next command without any clean-up.
+  folder left by a killed run is taken over by the next command without any clean-up. A process
+  forked while the lock is held (an ``--async-envs`` env worker) closes its inherited copy of
+  the lock's descriptor at once: a ``flock`` lives as long as any descriptor of it, so
+  otherwise a killed run's workers (a hung simulator never exits) would keep the folder
+  locked, naming a dead pid.
 - **Identity.** :meth:`RunFolder.bind` compares the run's identity (the settings that decide
   which episodes the folder holds) with the one stored, under the lock. It is written atomically
   before the first record; once the folder holds a record a different identity is refused
   (:class:`RunMismatch` listing the differences). The identity holds no path of the folder
   itself, so a moved or copied folder resumes.
+- **Kind.** A folder holds one kind of run (:data:`RUN_KINDS`: an evaluation or rollouts). A
+  command that names its kind (``RunFolder(path, kind=...)``) is refused, with
+  :class:`RunMismatch`, a folder that holds another kind's files, when it opens the folder and
+  before it writes anything; the identity file records the kind (``"kind"`` beside
+  ``"identity"``).
 - **Left-overs.** Temporary files that a killed single-process run left behind are removed when
   the folder is opened (failed writes remove their own: :mod:`cosmos3_gym.jsonio`).
 """
@@ -29,6 +38,7 @@ import re
 import socket
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
@@ -37,6 +47,13 @@ from typing import Any
 from cosmos3_gym.jsonio import read_json_object, write_json_atomic
 
 _TMP = re.compile(r"^\..+\.(\d+)\.tmp$")
+
+# The kinds of run a folder can hold, each with the files that show a folder holds one: its
+# identity file first, then its records.
+RUN_KINDS: dict[str, tuple[str, ...]] = {
+    "evaluation": ("config.json", "episodes*.jsonl", "results.json"),
+    "rollouts": ("rollout.json", "meta.json", "shard-*.npz"),
+}
 
 
 class FolderInUse(RuntimeError):
@@ -66,8 +83,11 @@ def _as_json(value: Any) -> Any:
 class RunFolder:
     """The output folder of one run (this process's rank of it), held while the run lasts.
 
+    ``kind`` (a key of :data:`RUN_KINDS`; ``None``: any) is the kind of run the command writes.
+
     >>> import tempfile
-    >>> with RunFolder(tempfile.mkdtemp()) as folder:
+    >>> path = tempfile.mkdtemp()
+    >>> with RunFolder(path, kind="evaluation") as folder:
     ...     stored = folder.bind("config.json", {"seed": 0}, bound=False)
     ...     stored = folder.bind("config.json", {"seed": 0}, bound=True)  # the same run: fine
     ...     try:
@@ -75,10 +95,19 @@ class RunFolder:
     ...     except RunMismatch as err:
     ...         print(str(err).split(";")[0].split(" ", 1)[1])
     holds a different run
+    >>> try:
+    ...     RunFolder(path, kind="rollouts").open()
+    ... except RunMismatch as err:
+    ...     print(str(err).split(" ", 1)[1].split(";")[0])
+    holds an evaluation (config.json)
     """
 
-    def __init__(self, path: str | Path, *, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, path: str | Path, *, kind: str | None = None, rank: int = 0,
+                 world_size: int = 1) -> None:
+        if kind is not None and kind not in RUN_KINDS:
+            raise ValueError(f"kind: expected one of {list(RUN_KINDS)} or None; found {kind!r}")
         self.path = Path(path)
+        self.kind = kind
         self.rank, self.world_size = rank, world_size
         self.lock_path = self.path / f".lock.rank{rank}"
         self._fd: int | None = None
@@ -119,6 +148,7 @@ class RunFolder:
             raise PermissionError(f"cannot lock {self.lock_path} ({err.strerror}); the run "
                                   "folder must be on a file system with flock") from None
         self._fd = fd
+        _HELD.add(self)
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "argv": sys.argv,
                   "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         try:
@@ -126,6 +156,11 @@ class RunFolder:
             os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
         except OSError:  # a full disk: the lock holds all the same; only its label is missing
             pass
+        try:
+            self._check_kind()
+        except BaseException:
+            self.close()
+            raise
         if self.world_size == 1:
             self.remove_leftovers()
 
@@ -135,10 +170,31 @@ class RunFolder:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+        _HELD.discard(self)
 
     @property
     def held(self) -> bool:
         return self._fd is not None
+
+    def _check_kind(self) -> None:
+        """Refuse a folder that holds another kind of run than ``kind`` (its files, or an
+        identity file that names another kind)."""
+        if self.kind is None:
+            return
+        for other, patterns in RUN_KINDS.items():
+            found = sorted(p.name for pattern in patterns for p in self.path.glob(pattern))
+            if other != self.kind and found:
+                shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+                raise RunMismatch(
+                    f"{self.path} holds {_a(other)} ({shown}); this command writes "
+                    f"{_a(self.kind)}, and a folder holds one kind of run. Use another folder")
+        own = self.path / RUN_KINDS[self.kind][0]
+        if own.exists():
+            stored = read_json_object(own, what="run identity file").get("kind", self.kind)
+            if stored != self.kind:
+                raise RunMismatch(
+                    f"{own} is the identity of {_a(str(stored))}; this command writes "
+                    f"{_a(self.kind)}, and a folder holds one kind of run. Use another folder")
 
     def _holder(self) -> str:
         try:
@@ -184,8 +240,14 @@ class RunFolder:
         """
         if not self.held:
             raise RuntimeError("bind() needs the folder's lock: use `with RunFolder(...)`")
+        if self.kind is not None:
+            if name != RUN_KINDS[self.kind][0]:
+                raise ValueError(f"{self.kind}: the identity file is "
+                                 f"{RUN_KINDS[self.kind][0]}; found {name!r}")
+            extra = {"kind": self.kind, **(extra or {})}
         path = self.path / name
-        document = {"identity": identity, **(extra or {})}
+        document = {k: v for k, v in (extra or {}).items() if k == "kind"}
+        document.update({"identity": identity, **(extra or {})})
         if path.exists():
             stored = read_json_object(path, what="run identity file")
             found = stored.get("identity", {})
@@ -204,6 +266,31 @@ class RunFolder:
                 stale.unlink(missing_ok=True)
         write_json_atomic(path, document)
         return document
+
+
+# The folders this process holds. A forked child drops its copies of their locks (closing, never
+# unlocking: an unlock would release the parent's lock, which shares the open file). Where the
+# child execs (subprocess), the descriptor is close-on-exec anyway.
+_HELD: weakref.WeakSet[RunFolder] = weakref.WeakSet()
+
+
+def _drop_inherited_locks() -> None:
+    for folder in list(_HELD):
+        if folder._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(folder._fd)
+            folder._fd = None
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_drop_inherited_locks)
+
+
+def _a(kind: str) -> str:
+    """``an evaluation``, ``rollouts``: a kind of run as a sentence names it."""
+    if kind.endswith("s"):
+        return kind
+    return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
 
 
 def _alive(pid: int) -> bool:

@@ -198,7 +198,8 @@ class RowAssembler:
         self._pending.setdefault(row.step, {})[group] = row
         done = []
         while len(self._pending.get(self._next, {})) == len(self.group_slots):
-            parts = [self._pending.pop(self._next)[g] for g in range(len(self.group_slots))]
+            by_group = self._pending.pop(self._next)
+            parts = [by_group[g] for g in range(len(self.group_slots))]
             done.append(StepRow(
                 step=self._next, slots=np.concatenate([p.slots for p in parts]),
                 obs=concat_obs([p.obs for p in parts]),

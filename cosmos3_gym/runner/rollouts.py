@@ -136,8 +136,11 @@ class ShardWriter(RunObserver):
                      "valid", "chunk_ids", "episode_ids"):
             data[name] = np.stack([getattr(r, name) for r in rows])
         data["step_first"] = np.int64(self.step_first)
-        due = [c for c in self._chunks if c.step < end]
-        self._chunks = [c for c in self._chunks if c.step >= end]
+        # The chunk table is in id order (row k of the run's table is chunk k), so a shard takes
+        # every chunk planned for its steps and every chunk planned before one of those: with
+        # overlap a group ahead of the other has planned chunks for a later shard already.
+        last = max((k for k, c in enumerate(self._chunks) if c.step < end), default=-1)
+        due, self._chunks = self._chunks[:last + 1], self._chunks[last + 1:]
         # A shard during whose steps nothing was planned holds no chunk rows (chunk_env only).
         chunks = chunk_arrays(due) if due else {"chunk_env": np.zeros(0, np.int64)}
         data.update(chunks)
@@ -163,9 +166,12 @@ class ShardWriter(RunObserver):
         self._rows = []
 
     def _episode_table(self, end: int) -> dict[str, np.ndarray]:
-        """The touched episodes' rows as of run-wide step ``end`` (the shard's end)."""
-        ids = sorted(self._touched)
-        self._touched = set()
+        """The touched episodes' rows as of run-wide step ``end`` (the shard's end). An episode
+        that starts after ``end`` waits for a later shard: with overlap a group ahead of the
+        other has started it already, and a folder cut after this shard must hold the episodes
+        (and so continue the ids) a run without overlap holds."""
+        ids = sorted(e for e in self._touched if self._episodes[e].start_step <= end)
+        self._touched -= set(ids)
         rows = [self._episodes[e] for e in ids]
 
         def over(row: _EpisodeRow) -> bool:  # its end lies within the saved steps
@@ -243,14 +249,14 @@ def collect_rollouts(
     identity = rollout_identity(policy, eval_env, num_envs=num_envs, num_steps=num_steps,
                                 seed=seed, shard_steps=shard_steps,
                                 command=(provenance or {}).get("command"))
-    with RunFolder(out) as folder:
+    with RunFolder(out, kind="rollouts") as folder:
         state = read_state(out)
         if (out / META).exists() and state.steps >= num_steps:
             bind_rollout(folder, identity, state, session)
             return out  # complete
         bind_rollout(folder, identity, state, session)
         if state.steps < num_steps:
-            _collect_part(policy, eval_env, num_steps, out, state, identity, session,
+            _collect_part(policy, eval_env, num_steps, folder, state, identity, session,
                           num_envs=num_envs,
                           async_envs=async_envs, seed=seed, shard_steps=shard_steps,
                           overlap=overlap, env_timeout=env_timeout,
@@ -269,20 +275,25 @@ def bind_rollout(folder: RunFolder, identity: dict[str, Any], state: _PartState,
                 what="rollouts of another command")
 
 
-def _collect_part(policy: VectorPolicy, eval_env: EvalEnv, num_steps: int, out: Path,
+def _collect_part(policy: VectorPolicy, eval_env: EvalEnv, num_steps: int, folder: RunFolder,
                   state: _PartState, identity: dict[str, Any], session: dict[str, Any] | None,
                   *, num_envs: int,
                   async_envs: bool, seed: int, shard_steps: int, overlap: bool,
                   env_timeout: float | None, provenance: dict[str, Any], bar: Any) -> None:
+    out = folder.path
+    if state.parts and state.parts[-1]["first_shard"] == len(state.shards):
+        # The last attempt saved nothing (a full disk, a kill before its first shard): it is
+        # not a part, and this one takes its place, so the folder is the one a run without it
+        # writes.
+        state.parts.pop()
     part_seed = seed if not state.parts else _part_seed(seed, len(state.parts))
     policy = policy.clone()
     policy.reset(seed=part_seed)
     steps = num_steps - state.steps
-    # Every part is listed as it starts, so a cut one stays on record.
+    # Every part is listed as it starts, so a cut one that saved shards stays on record.
     state.parts.append({"steps": steps, "seed": part_seed, "first_shard": len(state.shards),
                         "first_step": state.steps, "provenance": provenance})
-    write_json_atomic(out / PROGRESS, {"identity": identity, "parts": state.parts,
-                                       **({} if session is None else {"session": session})})
+    bind_rollout(folder, identity, state, session)
     layout = group_layout(num_envs, overlap)
     writer = ShardWriter(out, shard_steps, state, layout, bar)
     schedule = TaskRotation(eval_env, seed, num_envs, first_group=state.groups,
@@ -426,8 +437,9 @@ def _merge_tables(tables: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         for r, e in enumerate(table["episode_id"].tolist()):
             latest[e] = (t, r)
     ids = sorted(latest)
+    # Each shard's string columns are as wide as its own longest name: take the widest.
     return {key: np.asarray([tables[latest[e][0]][key][latest[e][1]] for e in ids],
-                            dtype=tables[0][key].dtype)
+                            dtype=np.result_type(*(t[key].dtype for t in tables)))
             for key in tables[0]} if ids else {key: tables[0][key][:0] for key in tables[0]}
 
 
