@@ -611,6 +611,23 @@ def check_action_stats(stats: dict[str, Any], policy: PolicyConfig, source: str)
         )
 
 
+def _declared(checkpoint: str | Path, domain: str | None, recipe: str | None,
+              vae: str | Path | None, tokenizer: str | Path | None) -> tuple[Any, Any] | None:
+    """A checkpoint read without its weights, and its head as a run resolves it (None where no
+    domain, recipe or folder says); None where the folder is not found (loading reports it)."""
+    from cosmos3_gym.formats import read_checkpoint
+
+    try:
+        root = resolve_checkpoint(checkpoint)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    folder = read_checkpoint(root, vae=vae, tokenizer=tokenizer)
+    try:
+        return folder, resolve_policy(root, domain=domain, recipe=recipe, declared=folder.policy)
+    except FileNotFoundError:
+        return folder, None
+
+
 def checkpoint_policy(checkpoint: str | Path, domain: str | None = None,
                       action_stats: str | Path | None = None,
                       recipe: str | None = None, *, vae: str | Path | None = None,
@@ -620,22 +637,15 @@ def checkpoint_policy(checkpoint: str | Path, domain: str | None = None,
     statistics, checked against the head), read without loading any weights; ``None`` where
     none of them says, or the folder is not found (loading reports that). A folder that is
     found but broken (a partial download, a config that does not parse) raises."""
-    from cosmos3_gym.formats import read_checkpoint
-
-    try:
-        root = resolve_checkpoint(checkpoint)
-    except (FileNotFoundError, NotADirectoryError):
+    found = _declared(checkpoint, domain, recipe, vae, tokenizer)
+    if found is None or found[1] is None:
         return None
-    folder = read_checkpoint(root, vae=vae, tokenizer=tokenizer)
-    try:
-        policy = resolve_policy(root, domain=domain, recipe=recipe, declared=folder.policy)
-    except FileNotFoundError:
-        return None
+    folder, policy = found
     if action_stats is not None:
         stats = read_action_stats(action_stats)
         check_action_stats(stats, policy, f"action statistics {action_stats}")
         policy = dataclasses.replace(policy, stats=stats)
-    check_statistics_present(policy, folder.format, root)
+    check_statistics_present(policy, folder.format, folder.root)
     return policy
 
 
@@ -645,18 +655,13 @@ def checkpoint_contract(checkpoint: str | Path, domain: str | None = None,
     """The observation contract a checkpoint declares
     (:func:`cosmos3_gym.formats.contract_of`), read without loading weights; None where it
     declares none or is not found (loading reports that)."""
-    from cosmos3_gym.formats import contract_of, read_checkpoint
+    from cosmos3_gym.formats import contract_of
 
-    try:
-        root = resolve_checkpoint(checkpoint)
-    except (FileNotFoundError, NotADirectoryError):
+    found = _declared(checkpoint, domain, recipe, vae, tokenizer)
+    if found is None:
         return None
-    folder = read_checkpoint(root, vae=vae, tokenizer=tokenizer)
-    try:
-        policy = resolve_policy(root, domain=domain, recipe=recipe, declared=folder.policy)
-    except FileNotFoundError:
-        return contract_of(folder, None)
-    return contract_of(folder, policy.domain_name)
+    folder, policy = found
+    return contract_of(folder, policy.domain_name if policy is not None else None)
 
 
 def check_statistics_present(policy: PolicyConfig, format_name: str, root: Path) -> None:

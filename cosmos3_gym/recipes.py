@@ -224,6 +224,26 @@ _GENERIC_CHECKPOINTS = (
     "CF:model-configs)"
 )
 
+# cosmos-framework's LIBERO policy server and post-training recipe: the LIBERO settings of a
+# cosmos-framework checkpoint, yours or an export.
+_LIBERO_SERVER = {
+    "domain_name": "libero", "raw_action_dim": 10, "action_horizon": 16,
+    "normalization": "quantile_rot", "fps": 20.0, "resolution_tier": 256,
+    "view_point": "concat_view", "num_inference_steps": 30, "guidance_scale": 1.0,
+    "guidance_interval": None, "flow_shift": 5.0, "history_length": 0,
+}
+_LIBERO_SERVER_SOURCES = {
+    "domain_name": "CF:libero-sft", "raw_action_dim": "CF:libero-server",
+    "action_horizon": "CF:libero-server; CF:libero-sft",
+    "normalization": "CF:libero-sft", "fps": "CF:libero-server",
+    "resolution_tier": "CF:libero-server", "view_point": "CF:libero-sft",
+    "num_inference_steps": "CF:libero-server", "guidance_scale": "CF:libero-server",
+    "guidance_interval": "CF:libero-server (none)",
+    "flow_shift": "CF:libero-server; CF:generate-default",
+    "history_length": "CF:libero-server (zeros chunk, no history)",
+    "representation": "CF:libero-sft",
+}
+
 RECIPES: dict[str, Recipe] = {
     "libero": Recipe(
         name="libero",
@@ -232,23 +252,8 @@ RECIPES: dict[str, Recipe] = {
         representation="10-D frame-wise relative [dpos, rot6d, gripper], quantile_rot "
                        "statistics; no state; agentview and wrist views side by side, 256 x 256 "
                        "each",
-        settings={
-            "domain_name": "libero", "raw_action_dim": 10, "action_horizon": 16,
-            "normalization": "quantile_rot", "fps": 20.0, "resolution_tier": 256,
-            "view_point": "concat_view", "num_inference_steps": 30, "guidance_scale": 1.0,
-            "guidance_interval": None, "flow_shift": 5.0, "history_length": 0,
-        },
-        sources={
-            "domain_name": "CF:libero-sft", "raw_action_dim": "CF:libero-server",
-            "action_horizon": "CF:libero-server; CF:libero-sft",
-            "normalization": "CF:libero-sft", "fps": "CF:libero-server",
-            "resolution_tier": "CF:libero-server", "view_point": "CF:libero-sft",
-            "num_inference_steps": "CF:libero-server", "guidance_scale": "CF:libero-server",
-            "guidance_interval": "CF:libero-server (none)",
-            "flow_shift": "CF:libero-server; CF:generate-default",
-            "history_length": "CF:libero-server (zeros chunk, no history)",
-            "representation": "CF:libero-sft",
-        },
+        settings=dict(_LIBERO_SERVER),
+        sources=dict(_LIBERO_SERVER_SOURCES),
         disagreements=(
             "shift: the LIBERO server passes none, so generate_samples_from_batch's default 5.0 "
             "applies; the wam defaults and sglang use 10.0 (CF:wam-defaults, SGL:cookbook). "
@@ -263,23 +268,9 @@ RECIPES: dict[str, Recipe] = {
         representation="10-D frame-wise relative [dpos, rot6d, gripper], quantile_rot "
                        "statistics (not in the export: --action-stats); no state; agentview and "
                        "wrist views side by side, 256 x 256 each",
-        settings={
-            "domain_name": "libero", "raw_action_dim": 10, "action_horizon": 16,
-            "normalization": "quantile_rot", "fps": 20.0, "resolution_tier": 256,
-            "view_point": "concat_view", "num_inference_steps": 30, "guidance_scale": 1.0,
-            "guidance_interval": None, "flow_shift": 5.0, "history_length": 0,
-        },
-        sources={
-            "domain_name": "CF:libero-sft; HF:sdg-export", "raw_action_dim": "CF:libero-server",
-            "action_horizon": "CF:libero-server; CF:libero-sft",
-            "normalization": "CF:libero-sft", "fps": "CF:libero-server",
-            "resolution_tier": "CF:libero-server", "view_point": "CF:libero-sft",
-            "num_inference_steps": "CF:libero-server", "guidance_scale": "CF:libero-server",
-            "guidance_interval": "CF:libero-server (none)",
-            "flow_shift": "CF:libero-server; CF:unipc-shift",
-            "history_length": "CF:libero-server (zeros chunk, no history)",
-            "representation": "CF:libero-sft",
-        },
+        settings=dict(_LIBERO_SERVER),
+        sources={**_LIBERO_SERVER_SOURCES, "domain_name": "CF:libero-sft; HF:sdg-export",
+                 "flow_shift": "CF:libero-server; CF:unipc-shift"},
         disagreements=(
             "shift: the Nano model config says rectified_flow_inference_config.shift = 1 "
             "(CF:nano-config), but the LIBERO server calls generate_samples_from_batch without a "

@@ -49,11 +49,16 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def detect_format(root: Path) -> str:
     """Which of :data:`FORMATS` the folder is in, from its files alone."""
     from cosmos3_gym.formats import cosmos_framework, diffusers, lerobot
+    from cosmos3_gym.jsonio import read_json_object
 
-    if lerobot.is_lerobot_folder(root):
-        return "lerobot"
-    if cosmos_framework.is_export(root):
-        return "cosmos-framework"
+    # The root config.json tells a LeRobot folder and an export apart (a diffusers folder's
+    # configs are in its components' folders); one that does not parse is named now.
+    if (root / "config.json").is_file():
+        raw = read_json_object(root / "config.json", what="checkpoint config.json")
+        if lerobot.is_lerobot_config(raw):
+            return "lerobot"
+        if cosmos_framework.is_export_config(raw):
+            return "cosmos-framework"
     if diffusers.is_diffusers_folder(root):
         return "diffusers"
     found = sorted(p.name for p in root.iterdir())[:12]

@@ -66,15 +66,8 @@ PARAMETER_RENAMES = {"action_modality_embed": "action_modality_embed",
 _LAYER = re.compile(r"^layers\.(\d+)\.")
 
 
-def is_export(root: Path) -> bool:
-    """A ``config.json`` with a ``"model"`` section (and ``model_type`` cosmos3_omni)."""
-    path = root / CONFIG
-    if not path.is_file():
-        return False
-    try:
-        raw = read_json_object(path, what="config.json")
-    except ValueError:
-        return False
+def is_export_config(raw: dict[str, Any]) -> bool:
+    """A root ``config.json`` with a ``"model"`` section (or ``model_type`` cosmos3_omni)."""
     return isinstance(raw.get("model"), dict) or raw.get("model_type") == MODEL_TYPE
 
 

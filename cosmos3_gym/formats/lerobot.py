@@ -86,16 +86,9 @@ INERT_KEYS = frozenset({
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 
 
-def is_lerobot_folder(root: Path) -> bool:
-    """A ``config.json`` whose ``type`` is a Cosmos3 policy type, or that carries LeRobot's
+def is_lerobot_config(raw: dict[str, Any]) -> bool:
+    """A root ``config.json`` whose ``type`` is a Cosmos3 policy type, or that carries LeRobot's
     inline ``transformer_config``."""
-    path = root / CONFIG
-    if not path.is_file():
-        return False
-    try:
-        raw = read_json_object(path, what="config.json")
-    except ValueError:
-        return False
     return raw.get("type") in TYPES or "transformer_config" in raw
 
 
