@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -129,11 +127,6 @@ def test_async_envs_and_the_spec_budget() -> None:
 def test_a_missing_benchmark_package_is_one_clear_error() -> None:
     with pytest.raises(ValueError, match="--import no_such_benchmark: cannot import it"):
         make_gym_vector_env("CartPole-v1", 1, prompt="p", import_modules=["no_such_benchmark"])
-
-
-def test_docstring_examples_run() -> None:
-    result = doctest.testmod(gym_envs)
-    assert result.attempted > 0 and result.failed == 0
 
 
 @pytest.mark.gym

@@ -322,10 +322,3 @@ def test_fp8_that_fails_on_the_device_is_switched_off_with_one_warning(
     assert caplog.text.count("switched off") == 1
     out = pipe(images, PROMPTS, seed=[1, 2, 3], num_inference_steps=8, progress=False)
     np.testing.assert_array_equal(out.actions, _actions(checkpoint, images, 8))
-
-
-def test_fp8_module_docstring_examples_run() -> None:
-    import doctest
-
-    result = doctest.testmod(fp8)
-    assert result.attempted >= 4 and result.failed == 0

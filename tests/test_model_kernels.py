@@ -238,12 +238,3 @@ def test_flipping_a_switch_keeps_the_options_valid() -> None:
     assert InferenceOptions(triton_kernels=True).flip("kv_buffers")[1] == ("triton_kernels",)
     assert InferenceOptions(text_cache=False).flip("cuda_graphs")[1] == ("text_cache",)
     assert InferenceOptions().flip("frame_encoder")[1] == ()
-
-
-def test_options_docstring_examples_run() -> None:
-    import doctest
-
-    from cosmos3_gym.pipeline import options
-
-    result = doctest.testmod(options)
-    assert result.attempted >= 4 and result.failed == 0

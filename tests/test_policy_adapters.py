@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
-
 import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
@@ -18,12 +16,6 @@ from cosmos3_gym.policy import (
     get_adapter,
 )
 from cosmos3_gym.policy.rotations import project_to_so3, rot6d_to_axis_angle, rot6d_to_matrix
-
-
-def test_module_docstring_example_runs():
-    result = doctest.testmod(adapters_module, verbose=False)
-    assert result.attempted > 0 and result.failed == 0
-
 
 # ---------------------------------------------------------------------------- LIBERO images
 

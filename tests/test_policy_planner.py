@@ -3,8 +3,6 @@ action traceable to the chunk row it came from."""
 
 from __future__ import annotations
 
-import doctest
-
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
@@ -13,16 +11,8 @@ from test_policy_standins import STEP, StandInPipeline, countdown_fns
 from cosmos3_gym import VectorPolicy
 from cosmos3_gym.envs import ColorReachEval, derive_seed
 from cosmos3_gym.pipeline import SamplerConfig
-from cosmos3_gym.policy import ChunkPlanner, GenericAdapter, SeedRule, observations, planner, queues
+from cosmos3_gym.policy import ChunkPlanner, GenericAdapter, SeedRule
 from cosmos3_gym.runner import episode_seed_rule
-
-
-@pytest.mark.parametrize("module", [planner, queues, observations], ids=lambda m: m.__name__)
-def test_docstring_examples_run(module) -> None:
-    result = doctest.testmod(module)
-    assert result.failed == 0
-    if module is not observations:
-        assert result.attempted > 0
 
 
 def test_the_planner_seeds_chunks_by_the_rule_it_is_given() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -22,7 +20,6 @@ from test_policy_standins import (
     task_of,
 )
 
-import cosmos3_gym.policy.vector_policy as vector_policy_module
 from cosmos3_gym import VectorPolicy
 from cosmos3_gym.policy import Adapter, chunk_seed
 
@@ -36,11 +33,6 @@ def images(batch: int, value: int = 0) -> np.ndarray:
     obs = np.full((batch, 4, 4, 3), value, np.uint8)
     obs[:, 0, 0, 2] = np.arange(batch)  # env id marker
     return obs
-
-
-def test_class_docstring_example_runs():
-    result = doctest.testmod(vector_policy_module, verbose=False)
-    assert result.attempted > 0 and result.failed == 0
 
 
 def test_call_and_predict_action_chunk_return_float32_chunks_per_env():

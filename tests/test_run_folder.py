@@ -5,7 +5,6 @@ no path, so a moved folder resumes."""
 from __future__ import annotations
 
 import contextlib
-import doctest
 import json
 import os
 import signal
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cosmos3_gym.runner import FolderInUse, RunFolder, RunMismatch, folder
+from cosmos3_gym.runner import FolderInUse, RunFolder, RunMismatch
 
 HOLD = textwrap.dedent("""
     import sys, time
@@ -33,10 +32,6 @@ def _holder(path: Path) -> subprocess.Popen:
                              text=True)
     assert child.stdout.readline().strip() == "held"
     return child
-
-
-def test_docstring_examples_run() -> None:
-    assert doctest.testmod(folder).failed == 0
 
 
 def test_a_held_folder_refuses_a_second_run_naming_the_holder(tmp_path: Path) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
-
 import numpy as np
 import pytest
 from test_policy_standins import StandInPipeline
@@ -40,8 +38,3 @@ def test_the_largest_seed_is_accepted_everywhere() -> None:
 def test_noise_check_names_what_it_expected_and_found(noise, message) -> None:
     with pytest.raises(ValueError, match=message):
         seeding.check_noise(noise, "action_noise", 3, (4, 64))
-
-
-def test_docstring_examples_run() -> None:
-    result = doctest.testmod(seeding)
-    assert result.attempted > 0 and result.failed == 0

@@ -4,7 +4,6 @@ data-parallel update, what trains (train/trainable.py), and the memory estimate
 
 from __future__ import annotations
 
-import doctest
 import json
 import os
 import shlex
@@ -50,13 +49,6 @@ def _masters(out: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(grpo.state_dirs(out)[-1] / "trained.safetensors")
-
-
-@pytest.mark.parametrize("module", [sde, schedule, grpo, memory, trainable],
-                         ids=lambda m: m.__name__)
-def test_docstring_examples_run(module) -> None:
-    result = doctest.testmod(module)
-    assert result.failed == 0 and result.attempted > 0
 
 
 def test_an_update_moves_the_weights_towards_the_better_episodes(checkpoint: Path) -> None:

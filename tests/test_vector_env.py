@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
-
 import gymnasium as gym
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
@@ -40,11 +38,6 @@ def test_a_missing_mode_is_gymnasiums_default() -> None:
     envs.metadata.pop("autoreset_mode", None)
     assert vector_env.autoreset_mode(envs) == AutoresetMode.NEXT_STEP
     envs.close()
-
-
-def test_docstring_examples_run() -> None:
-    result = doctest.testmod(vector_env)
-    assert result.attempted > 0 and result.failed == 0
 
 
 def test_the_policy_feed_exposes_the_sub_envs_like_the_vector_env_it_wraps() -> None:

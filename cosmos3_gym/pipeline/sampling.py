@@ -49,8 +49,8 @@ class SamplerConfig:
 
     >>> SamplerConfig(num_inference_steps=4).call_kwargs(executed_actions=None)
     {'num_inference_steps': 4, 'guidance_scale': None, 'flow_shift': None}
-    >>> sorted(SamplerConfig(sampler="flow_sde").call_kwargs(executed_actions=2))[-3:]
-    ['noise_level', 'sampler', 'sde_steps']
+    >>> list(SamplerConfig(sampler="flow_sde").call_kwargs(executed_actions=2))[3:]
+    ['sampler', 'noise_level', 'sde_steps', 'executed_actions']
     """
 
     num_inference_steps: int | None = setting(
