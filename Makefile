@@ -8,7 +8,8 @@ PYTHON ?= python3
 demo:
 	$(PYTHON) scripts/dev.py demo
 
-# ruff and the test suite, LIBERO included (what CI runs); pytest arguments: make test ARGS="-k x"
+# ruff and the whole test suite, slow tests and LIBERO included (what CI runs); pytest arguments:
+# make test ARGS="-k x" (a plain pytest is the fast suite; make test ARGS="-m slow" the slow tests)
 test:
 	$(PYTHON) scripts/dev.py test $(ARGS)
 

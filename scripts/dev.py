@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -308,8 +309,11 @@ def test(venv: Environment, args: list[str]) -> int:
     code = venv.run("-m", "ruff", "check", ".", env=env)
     if code != 0:
         return code
-    say(f"==> python -m pytest -q {' '.join(args)}".rstrip())
-    return venv.run("-m", "pytest", "-q", *args, env=env)
+    # The whole suite, slow tests included (a plain pytest leaves them out: pyproject.toml's
+    # addopts). pytest keeps the last -m it is given, so a -m among args selects instead.
+    pytest = ["-q", "-m", "slow or not slow", *args]
+    say(f"==> python -m pytest {shlex.join(pytest)}")
+    return venv.run("-m", "pytest", *pytest, env=env)
 
 
 def stage_sources(target: Path) -> None:
