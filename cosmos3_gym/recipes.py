@@ -446,12 +446,14 @@ def recipe_table() -> str:
     for recipe in RECIPES.values():
         for result in recipe.published:
             if result.rate is None:
-                text = f"not sourced ({result.spread})"
+                text = f"not sourced ({result.spread}) [{result.source}]"
             else:
+                # The source straight after the rate: "[lo, hi] [source]" would read as a
+                # Markdown reference link.
                 lo, hi = result.interval()
-                text = (f"{100 * result.rate:.1f}% ({result.spread}); a 500-episode run: "
-                        f"[{100 * lo:.1f}%, {100 * hi:.1f}%]")
-            lines.append(f"- `{recipe.name}`, {result.benchmark}: {text} [{result.source}]")
+                text = (f"{100 * result.rate:.1f}% ({result.spread}) [{result.source}]; a "
+                        f"500-episode run: [{100 * lo:.1f}%, {100 * hi:.1f}%]")
+            lines.append(f"- `{recipe.name}`, {result.benchmark}: {text}")
     lines += ["", "Disagreements between sources:", ""]
     for recipe in RECIPES.values():
         lines += [f"- `{recipe.name}`: {text}." for text in recipe.disagreements]
