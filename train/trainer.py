@@ -31,22 +31,17 @@ The recipe, end to end:
    tokens carry the expert chunk (padding channels zero, as the sampler keeps them). The future
    latent frames are trained towards ``video_target``: ``"still"`` (the default, the shipped
    checkpoint's) repeats the conditioning frame's latent; ``"future"`` uses the latents of the
-   frames the chunk renders, the real future. Measured with the real future (2400 steps): the
-   policy learns to read its actions off the noisy future frames, which the sampler does not
-   have (there the future is its own guess); its one-step actions point the right way (cosine
-   0.73-0.81 to the expert's) and its 8-step ones do not (-0.02 to 0.50), and success fell to
-   5-25% (against 95%) in every variant tried. So the shipped checkpoint predicts a still
-   future. ``video_noise="independent"`` draws the future
-   video's σ apart from the actions' (the same distribution; a share ``pure_noise_video`` of the
-   samples at σ = 1, the video pure noise), so the action head learns to act beside a future in
-   any state, the sampler's joint one included (it denoises both at one timestep, which this
-   covers: the sampler is unchanged). ``video_motion_weight`` weights the video loss up on the
-   latent cells whose pixels the chunk changes (:func:`~cosmos3_gym.train.demos.motion_cells`).
-   Measured with it (``pure_noise_video`` 0.3, video loss weight 1, 2400 steps): 2 layers lose
-   the policy (60-80% demo success); 4 layers keep it (100% right, 10-15% shuffled) and their
-   predicted frames beat the observed frame copied by 2-4 dB and the env's frames 4 steps
-   earlier, not yet those 4 steps later (on long full-speed moves the predicted agent fades),
-   so the shipped checkpoint still predicts a still future.
+   frames the chunk renders, the real future. With the real future the policy learns to read
+   its actions off the noisy future frames, which the sampler does not have (there the future
+   is its own guess), and its closed-loop success collapses, so the shipped checkpoint predicts
+   a still future. ``video_noise="independent"`` draws the future video's σ apart from the
+   actions' (the same distribution; a share ``pure_noise_video`` of the samples at σ = 1, the
+   video pure noise), so the action head learns to act beside a future in any state, the
+   sampler's joint one included (it denoises both at one timestep, which this covers: the
+   sampler is unchanged). ``video_motion_weight`` weights the video loss up on the latent cells
+   whose pixels the chunk changes (:func:`~cosmos3_gym.train.demos.motion_cells`). The shipped
+   checkpoint uses neither; what each measured (success rates, how near the predicted frames
+   come to the env's) is in docs/benchmarks.md, "Training the tiny checkpoint".
 6. **Optimiser.** AdamW, linear warmup then cosine decay, a fixed number of steps, a fixed data
    order from the seed, ``torch.use_deterministic_algorithms(True)``.
 

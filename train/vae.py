@@ -6,11 +6,10 @@ temporal compression, causal in time). Training makes its latents decode to the 
 frames the generator predicts show what it expects:
 
 * **The encoder stays as initialised** (random, seeded), and the decoder learns to invert it: an
-  autoencoder whose code is fixed. Measured on this task: with the encoder trained too
-  (reconstructions as good: 25-26 dB), the tiny transformer could no longer read the scene off
-  the latents (2400 steps of the shipped recipe, actions only: action loss 0.33 against 0.07 on
-  the random encoder's latents, and 15% success), while the random encoder's latents are the
-  ones it learns the task from. A frozen encoder also means every clip is encoded once, before
+  autoencoder whose code is fixed. With the encoder trained too, the reconstructions were as
+  good but the tiny transformer could no longer read the scene off the latents, while the
+  random encoder's latents are the ones it learns the task from (docs/benchmarks.md, "Training
+  the tiny checkpoint"). A frozen encoder also means every clip is encoded once, before
   the decoder trains, and the generator trains on those same latents.
 * **Data.** Clips of ``H + 1`` frames from the demos (the observation a chunk was planned from
   and the frames the env renders while the expert's chunk runs), encoded as the pipeline encodes
@@ -25,7 +24,7 @@ frames the generator predicts show what it expects:
   batch is the still future the generator is trained to predict (frame 0's latent repeated,
   the observation repeated), so that prediction decodes as the scene held still: without it,
   frame 0's latent in a future slot (a code the encoder never gives there) decoded to a smear
-  (15 dB against the env; measured on the demo).
+  (measured on the demo: docs/benchmarks.md, "Training the tiny checkpoint").
 * **Optimiser.** AdamW, linear warmup then cosine decay, clips and windows drawn from one seeded
   generator, one intra-op thread, deterministic algorithms: bit-for-bit repeatable.
 

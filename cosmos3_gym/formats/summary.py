@@ -1,5 +1,5 @@
 """``cosmos3-gym inspect``: what a checkpoint folder is and how it would run, before any weight
-loads (headers only: a 30 GB export is described in a second)."""
+loads (headers only: an export of any size is described without reading its tensors)."""
 
 from __future__ import annotations
 

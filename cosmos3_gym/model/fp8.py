@@ -1,10 +1,10 @@
 """FP8 (e4m3) GEMMs of the GEN tower: per-output-channel weights, per-token activations.
 
-The H200's FP8 tensor cores run the GEN shapes at 1134-1301 TFLOP/s against bf16's 648-811
-(``docs/gpu_results/2026-11-30/fp8.json``). Four GEMM groups of every GEN layer go through them:
-the fused Q/K/V projection, the attention output, the fused gate/up (or up) projection and the
-down projection. Everything else (text tower, embeddings, time embedder, action heads, norms,
-attention itself) stays in the model's dtype.
+FP8 tensor cores run the GEN GEMMs faster than bf16 once a micro-batch holds enough tokens
+(measured on an H200: docs/benchmarks.md, "FP8 GEMM probe"). Four GEMM groups of every GEN
+layer go through them: the fused Q/K/V projection, the attention output, the fused gate/up (or
+up) projection and the down projection. Everything else (text tower, embeddings, time embedder,
+action heads, norms, attention itself) stays in the model's dtype.
 
 - Weights: quantised once, one scale per output row (``amax(|row|) / 448``). A fused group
   (Q/K/V, gate/up) keeps each row's own scale, so fusing changes nothing; one scale for the whole

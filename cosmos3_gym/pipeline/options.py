@@ -50,14 +50,14 @@ class InferenceOptions:
     compile_gen: bool = False
     # The GEN step's norms, RoPE, K/V writes and MLP activation as fused Triton kernels
     # (cosmos3_gym.model.kernels): within 1e-5 of eager in fp32, at most one bf16 rounding step
-    # in bf16. Needs fused projections and K/V buffers. None (default): on for CUDA, where the
-    # H200 measured the B=1 call 1.45x faster with them, off on the CPU (which runs them only in
-    # Triton's interpreter, for the tests).
+    # in bf16. Needs fused projections and K/V buffers. None (default): on for CUDA, where they
+    # make a call faster (docs/benchmarks.md, "Each option flipped"), off on the CPU (which runs
+    # them only in Triton's interpreter, for the tests).
     triton_kernels: bool | None = None
     # Every denoising step's GEN forward replayed from a CUDA graph captured once per shape
     # (cosmos3_gym.model.cuda_graphs): the same kernels with one launch, bit-identical. CUDA
-    # only; needs the text cache. None (default): on for CUDA (B=1 call 1.59x faster on the
-    # H200), off elsewhere.
+    # only; needs the text cache. None (default): on for CUDA (faster where a step is host-bound:
+    # docs/benchmarks.md, "Each option flipped"), off elsewhere.
     cuda_graphs: bool | None = None
     # Captured shapes (batch, prompt length, latent grid) kept; the least recently used is
     # dropped beyond this.
@@ -82,9 +82,9 @@ class InferenceOptions:
     # (as NVIDIA's FP8 Cosmos3 checkpoints run them); the steps between run in FP8.
     fp8_bf16_steps: int = 3
     # With fp8: a micro-batch of fewer GEN tokens than this (B x N; 2B x N with CFG) runs every
-    # step in the model's dtype. At LIBERO B=1 (266 tokens) the H200 measured row-scaled FP8
-    # GEMMs at 0.75-1.11x bf16, at DROID B=1 (1982) and LIBERO B=8 (2128) at 1.4-2.0x
-    # (docs/benchmarks.md, FP8 GEMM probe). 0: FP8 at every size.
+    # step in the model's dtype: row-scaled FP8 GEMMs gain nothing over bf16 at LIBERO B=1 (266
+    # tokens) and pay from DROID B=1 (1982) and LIBERO B=8 (2128) on (docs/benchmarks.md, "FP8
+    # GEMM probe"). 0: FP8 at every size.
     fp8_min_tokens: int = 1024
 
     def __post_init__(self) -> None:

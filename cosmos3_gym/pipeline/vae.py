@@ -12,7 +12,8 @@ the encoder is causal and processes frame 0 on its own, the two agree: bit-ident
 and within float32 rounding (~6e-8 on the tiny test VAE) in float32 (see the tests). We encode
 ``T = 1`` by default (17x less encoder work); ``num_frames`` selects the official repeat.
 With a ``WanFrameEncoder`` (``cosmos3_gym/model/wan_frame_encoder.py``, what the pipeline
-uses) the ``T = 1`` encode runs as the equivalent 2-D network, another ~5x less work on CPU.
+uses) the ``T = 1`` encode runs as the equivalent 2-D network, with fewer multiply-adds (what
+that saves on a CPU: docs/benchmarks.md, "CPU, shipped tiny checkpoint").
 """
 
 from __future__ import annotations
