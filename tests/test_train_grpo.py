@@ -415,7 +415,7 @@ def test_color_reach_takes_its_speed_from_env_kwargs_and_other_keys_are_refused(
         make_eval_env("color_reach", env_kwargs={"speed": 0.28})
     with pytest.raises(ValueError, match="positive number"):
         make_eval_env("color_reach", env_kwargs={"max_speed": -1})
-    with pytest.raises(ValueError, match="apply to --env gym:ID only"):
+    with pytest.raises(ValueError, match="apply to --env gym:ID and the benchmark presets only"):
         make_eval_env("metaworld", env_kwargs={"max_speed": 0.28})
 
 
