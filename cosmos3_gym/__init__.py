@@ -6,17 +6,11 @@ e.g. inside an ``AsyncVectorEnv`` worker) does not pull in torch and the model s
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cosmos3_gym.lazy import exports
 
 __version__ = "0.1.0"
-
-_LAZY = {
-    "Cosmos3ActionPipeline": "cosmos3_gym.pipeline",
-    "ActionOutput": "cosmos3_gym.pipeline",
-    "Cosmos3Transformer": "cosmos3_gym.model",
-    "VectorPolicy": "cosmos3_gym.policy",
-}
 
 if TYPE_CHECKING:
     from cosmos3_gym.model import Cosmos3Transformer
@@ -24,10 +18,12 @@ if TYPE_CHECKING:
     from cosmos3_gym.policy import VectorPolicy
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'cosmos3_gym' has no attribute {name!r}")
-
+# cosmos3_gym/lazy.py: the same rule as every package here.
+__getattr__, __dir__ = exports(__name__, {
+    "Cosmos3ActionPipeline": "cosmos3_gym.pipeline",
+    "ActionOutput": "cosmos3_gym.pipeline",
+    "Cosmos3Transformer": "cosmos3_gym.model",
+    "VectorPolicy": "cosmos3_gym.policy",
+})
 
 __all__ = ["ActionOutput", "Cosmos3ActionPipeline", "Cosmos3Transformer", "VectorPolicy"]

@@ -16,10 +16,11 @@ import re
 
 import torch
 
+from cosmos3_gym.settings import PRECISIONS
+
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DTYPE_CHOICES = ("auto", *DTYPES)
-PRECISIONS = ("auto", "fp32", "bf16", "fp8")
 _PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 

@@ -5,6 +5,7 @@ statistics, run identities, results, episode logs. A reader gets one error namin
 what was wrong instead of a bare ``JSONDecodeError``; a writer either replaces a file whole
 (:func:`write_json_atomic`) or appends whole lines (:func:`append_jsonl`), and a failed write
 (a full disk, a read-only folder) leaves neither a partial file nor a temporary one behind.
+A config's values are checked against the dataclass they fill (:func:`check_types`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import types
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -137,3 +140,52 @@ def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def check_types(cls: type, raw: dict[str, Any], source: str) -> None:
+    """Refuse values of a config file whose JSON type does not fit the dataclass field: a
+    ``"two"`` where a number belongs is named here, not met later as a shape mismatch."""
+    hints = typing.get_type_hints(cls)
+    for key, value in raw.items():
+        hint = hints.get(key)
+        if hint is None or _fits(value, hint):
+            continue
+        raise ValueError(f"{source}: {key} is {value!r} ({type(value).__name__}); expected "
+                         f"{_type_name(hint)}")
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (list, tuple):
+        args = typing.get_args(hint)
+        return isinstance(value, list) and (not args or all(_fits(v, args[0]) for v in value))
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+             type(None): "null"}
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint))
+    if origin in (list, tuple):
+        return "a list"
+    if origin is dict or hint is dict:
+        return "an object"
+    return names.get(hint, str(hint))

@@ -186,8 +186,18 @@ class ModelSettings:
                 raise ValueError(f"--synthetic {self.synthetic} builds a model with random "
                                  f"weights; {', '.join(given)} would not be used. Give one or "
                                  "the other")
-        if self.checkpoint is None:
+        if self.checkpoint is None and self.synthetic is None:
             self.checkpoint = "tiny"
+
+
+def stored_model_source(stored: dict[str, Any]) -> dict[str, Any]:
+    """Settings or an identity written before a ``--synthetic`` run kept its checkpoint unset:
+    those wrote ``checkpoint: "tiny"`` beside ``synthetic``, a pair only that rewrite made (a
+    user who types both is refused), read here as the unset checkpoint it was, so the run
+    reruns (``--config``) and resumes."""
+    if stored.get("synthetic") is not None and stored.get("checkpoint") == "tiny":
+        return {**stored, "checkpoint": None}
+    return stored
 
 
 @dataclass
@@ -204,12 +214,16 @@ def device_setting() -> Any:
         "torchrun, else the CPU), cpu, cuda or cuda:N", group="runtime")
 
 
+# The model precisions a run may ask for (cosmos3_gym/devices.py resolves them on the machine).
+PRECISIONS = ("auto", "fp32", "bf16", "fp8")
+
+
 def precision_setting() -> Any:
     """``--precision``, as every command that runs the model declares it."""
     return setting(
         "auto", "the model's precision: auto (bf16 on CUDA, fp32 on the CPU), fp32, bf16, or fp8 "
         "(the generation tower's GEMMs in FP8 e4m3, the rest as auto; not the same actions: see "
-        "docs/benchmarks.md)", group="runtime", choices=("auto", "fp32", "bf16", "fp8"))
+        "docs/benchmarks.md)", group="runtime", choices=PRECISIONS)
 
 
 def threads_setting() -> Any:
@@ -226,6 +240,12 @@ class RuntimeSettings(ProgressSettings):
 
     device: str = device_setting()
     precision: str = precision_setting()
+
+    def check_runtime(self) -> None:
+        """The precision is one this project knows (the device is checked where it is resolved,
+        on the machine: :meth:`resolve_runtime`)."""
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}; found {self.precision!r}")
 
     def resolve_runtime(self) -> tuple[Any, Any, bool]:
         """``(torch device, dtype, fp8)`` on this machine; a device that is not there is an
@@ -314,6 +334,14 @@ class EnvSettings:
 
         base = ("suite", "tasks", "image_size", "max_episode_steps", "step_budget")
         return {name: getattr(self, name) for name in (*base, *GYM_OPTIONS)}
+
+    def make_env(self, **changes: Any) -> Any:
+        """The env family these settings name (:func:`~cosmos3_gym.envs.make_eval_env`), with
+        ``changes`` over :meth:`env_options`: every command builds its env here, so none drops
+        a setting."""
+        from cosmos3_gym.envs.families import make_eval_env
+
+        return make_eval_env(self.env, **{**self.env_options(), **changes})
 
 
 def fields_of(*classes: type) -> list[dataclasses.Field]:

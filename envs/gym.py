@@ -21,7 +21,10 @@ import functools
 import importlib
 import inspect
 import json
+import os
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -41,16 +44,37 @@ IMAGE_MODES = ("auto", "obs", "render")
 
 
 def import_env_modules(modules: Sequence[str]) -> None:
-    """Import the packages that register a benchmark's ids (``gym_pusht``, ``gym_aloha``,
-    ``mani_skill.envs``); one clear error for a package that is not installed."""
+    """Import the modules that register a benchmark's ids (``gym_pusht``, ``gym_aloha``,
+    ``mani_skill.envs``, or one's own ``my_envs.py``). As ``python -m`` does, the current
+    directory is searched too (a console script's path starts at its own bin folder); async
+    workers inherit the path. One error says which: a module found nowhere (naming where it was
+    looked for), or a module whose own import failed (naming what it lacked)."""
     for name in modules:
+        here = os.getcwd()
+        if here not in sys.path and "" not in sys.path and _found_in(name, here):
+            sys.path.insert(0, here)
         try:
             importlib.import_module(name)
         except ImportError as err:
+            missing = getattr(err, "name", None)
+            if isinstance(err, ModuleNotFoundError) and missing is not None and (
+                    name == missing or name.startswith(f"{missing}.")):
+                searched = [p or here for p in sys.path][:6]
+                more = len(sys.path) - len(searched)
+                raise ValueError(
+                    f"--import {name}: no module {missing!r} in the current directory ({here}) "
+                    f"or on the path (searched {searched}{f' and {more} more' if more else ''}); "
+                    "run from the folder that holds it, add its folder to PYTHONPATH, or install "
+                    "the benchmark's package (e.g. pip install gym-pusht)") from None
             raise ValueError(
-                f"--import {name}: cannot import it ({err}); install the benchmark's package "
-                "(e.g. pip install gym-pusht), or drop --import where the id needs none"
-            ) from err
+                f"--import {name}: importing it failed ({type(err).__name__}: {err}); it needs "
+                "a package that is not installed, or has an error of its own") from err
+
+
+def _found_in(name: str, folder: str) -> bool:
+    """Whether ``folder`` holds the top-level module or package of ``name``."""
+    top = Path(folder) / name.split(".")[0]
+    return top.with_suffix(".py").is_file() or (top / "__init__.py").is_file() or top.is_dir()
 
 
 def has_image(space: spaces.Space) -> bool:

@@ -69,8 +69,7 @@ def _settings_classes() -> dict[str, type]:
     from cosmos3_gym.bench.synthetic import SizeConfig
     from cosmos3_gym.eval.evaluate import EvalConfig
     from cosmos3_gym.eval.rollout import RolloutConfig
-    from cosmos3_gym.train.config import TrainConfig
-    from cosmos3_gym.train.grpo import GRPOConfig
+    from cosmos3_gym.train.config import GRPOConfig, TrainConfig
 
     return {"eval": EvalConfig, "rollout": RolloutConfig, "bench": BenchConfig,
             "size": SizeConfig, "train": TrainConfig, "rl grpo": GRPOConfig}
@@ -223,7 +222,9 @@ def read_config_file(path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"--config {file}: expected a mapping of settings; found "
                          f"{type(data).__name__}")
-    return dict(data.get("session", data))
+    from cosmos3_gym.settings import stored_model_source
+
+    return stored_model_source(dict(data.get("session", data)))
 
 
 # ---------------------------------------------------------------------- the parser
@@ -346,6 +347,46 @@ def cli_reference() -> str:
     return "\n".join(lines)
 
 
+def settings_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """``(field, flag, default, meaning)`` of every setting of ``cls``, nested ones dotted
+    (``sampling.flow_shift``); a field without a flag shows ``-``."""
+    hints = typing.get_type_hints(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        if _is_dataclass_type(hints[f.name]):
+            rows += settings_rows(hints[f.name], f"{prefix}{f.name}.")
+            continue
+        if "help" not in f.metadata:
+            continue
+        flag = (f"--{f.metadata.get('flag') or f.name.replace('_', '-')}"
+                if f.metadata.get("cli", True) else "-")
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        rows.append((prefix + f.name, flag, _shown(default), f.metadata["help"]))
+    return rows
+
+
+def settings_reference() -> str:
+    """The settings classes' reference page (``docs/settings.md``): each command's settings as
+    a table of field, flag, default and meaning, generated from the same fields as the options.
+    """
+    lines = ["# Settings reference", "",
+             "Generated from the settings classes (`python scripts/cli_reference.py`; a test "
+             "checks it is current). Each command runs one settings dataclass; its fields are the "
+             "command's options (docs/cli.md) and the keywords of the class in Python "
+             "(`EvalConfig(env=\"libero\", suite=\"libero_10\", trials=50)`). A run folder's "
+             "`config.json` holds them under `session`, and `--config FILE` takes them back.", ""]
+    for command, cls in _settings_classes().items():
+        lines += [f"## `{cls.__name__}`", "",
+                  f"`{cls.__module__}.{cls.__name__}`: `cosmos3-gym {command}`.", "",
+                  "| field | flag | default | meaning |", "|---|---|---|---|"]
+        for name, flag, default, text in settings_rows(cls):
+            cell = text.replace("|", "\\|")
+            lines.append(f"| `{name}` | `{flag}` | `{default}` | {cell} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------- running
 
 
@@ -388,11 +429,17 @@ def main(argv: list[str] | None = None) -> int:
     Ctrl-C ends with one line saying what was saved and how to go on, exit status 130; other
     exceptions keep their traceback, since they are bugs to report.
     """
-    from cosmos3_gym.runner import FolderInUse, TooManyFaults
-
-    parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        parser = build_parser()
+        check_flags(parser, argv)
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:  # while the parser is built: nothing ran
+        sys.exit("cosmos3-gym: interrupted before anything ran")
     command = args.command if args.command != "rl" else f"rl {args.algorithm}"
+    from cosmos3_gym.runner.folder import FolderInUse
+    from cosmos3_gym.runner.loop import TooManyFaults
+
     try:
         return _run(args, command)
     except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError,
@@ -403,6 +450,33 @@ def main(argv: list[str] | None = None) -> int:
                        "what was saved: fix the cause and rerun the same command to go on\n")
     except KeyboardInterrupt:
         parser.exit(130, f"cosmos3-gym {command}: interrupted; {_interrupted(command, args)}\n")
+
+
+def check_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """Refuse an option the command does not have, before anything else is said about the
+    command line: the command's own usage, and the closest option it has
+    (``--trails``: did you mean ``--trials``?). argparse alone names it after any missing
+    required option, with the top-level usage and no suggestion."""
+    import difflib
+
+    commands = parsers(parser)
+    name = next((" ".join(argv[:n]) for n in (2, 1) if " ".join(argv[:n]) in commands), None)
+    if name is None:
+        return  # argparse says what the commands are
+    sub = commands[name]
+    known = [s for action in sub._actions for s in action.option_strings if s.startswith("--")]
+    for token in argv[len(name.split()):]:
+        if token == "--":
+            return
+        flag = token.split("=", 1)[0]
+        if not flag.startswith("--") or flag in known:
+            continue
+        if sum(k.startswith(flag) for k in known) == 1:
+            continue  # argparse takes a unique abbreviation
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+        hint = (f"; did you mean {close[0]}?" if close else
+                f"; see cosmos3-gym {name} --help")
+        sub.error(f"unrecognized argument {flag}{hint}")
 
 
 def _failure(err: BaseException) -> str:
@@ -485,9 +559,10 @@ def _run(args: argparse.Namespace, command: str) -> int:
         from cosmos3_gym.train.trainer import run_train_command
 
         return run_train_command(config, progress=progress)
+    eval_env = config.preflight()  # every check that needs no model, before torch loads
     from cosmos3_gym.train.grpo import run_grpo
 
-    run_grpo(config, progress=config.progress)
+    run_grpo(config, progress=config.progress, eval_env=eval_env)
     return 0
 
 

@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from cosmos3_gym.devices import PRECISIONS
-from cosmos3_gym.envs.families import EVAL_ENVS, Episode, EvalEnv, canonical_suites, make_eval_env
+from cosmos3_gym.envs.families import EVAL_ENVS, Episode, EvalEnv, canonical_suites
 from cosmos3_gym.eval import protocol as protocols
 from cosmos3_gym.eval import results as results_io
 from cosmos3_gym.eval.distributed import (
@@ -70,6 +69,7 @@ from cosmos3_gym.settings import (
     RuntimeSettings,
     positive_int,
     setting,
+    stored_model_source,
 )
 
 # What an evaluation adds to the shared settings: these, the model's, the env's and the
@@ -157,8 +157,7 @@ class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be None or at least 1; found {value}")
         check_seed(self.seed)
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}; found {self.precision!r}")
+        self.check_runtime()
         if isinstance(self.sampling, dict):  # a config file's nested block
             self.sampling = SamplerConfig(**self.sampling)
         if isinstance(self.videos, bool):
@@ -190,7 +189,7 @@ def upgrade_identity(stored: dict[str, Any]) -> dict[str, Any]:
     """A folder's stored identity in today's terms: keys added since it was written read as
     the values that run had (its dtype float32 on the CPU, its precision from its dtype, the
     protocol's noise rule, the default sampler), so an older folder resumes."""
-    out = dict(stored)
+    out = stored_model_source(dict(stored))
     out.setdefault("dtype", "float32")
     if out.get("precision") is None:
         out["precision"] = {"float32": "fp32", "bfloat16": "bf16"}.get(out["dtype"])
@@ -290,7 +289,7 @@ class Evaluator:
         self.rank = rank or RankInfo.from_env()
         # An env handed in is not what config.env names: the folder records the env itself.
         self.injected_env = eval_env is not None
-        self.eval_env = eval_env or make_eval_env(config.env, **config.env_options())
+        self.eval_env = eval_env or config.make_env()
         if config.synthetic is not None:
             from cosmos3_gym.synthetic import synthetic_adapter
 
@@ -344,9 +343,10 @@ class Evaluator:
         checked = self.check_action_fit()
         units_checked = self.check_action_units()
         self.eval_env.check_success()  # an env without its declared signal: refused now
-        device, dtype = self._device()  # a device that is not there fails here, before writing
         folder = RunFolder(self.out_dir, kind="evaluation", rank=self.rank.rank,
                            world_size=self.rank.world_size)
+        folder.check_free()  # a busy folder: refused before torch loads
+        device, dtype = self._device()  # a device that is not there fails here, before writing
         with folder:
             owns_group = init_process_group(self.rank)
             try:
@@ -693,7 +693,8 @@ def run_eval_command(config: EvalConfig, out: str | Path) -> int:
     """``cosmos3-gym eval``: checks, the evaluation, then its summary table."""
     from cosmos3_gym.eval.results import format_table
 
-    config.resolve_runtime()  # a device that is not there: one error, before anything runs
+    # Every check that needs no model runs first (Evaluator.run): the device is resolved, and
+    # torch imported, only after them, before anything is written.
     evaluator = Evaluator(config, out)
     results = evaluator.run()
     if results is not None:

@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cosmos3_gym.devices import PRECISIONS
 from cosmos3_gym.jsonio import read_json_object
 from cosmos3_gym.pipeline.sampling import SamplerConfig
 from cosmos3_gym.runner import RunFolder, RunMismatch, load_rollouts
@@ -25,6 +24,7 @@ from cosmos3_gym.settings import (
     RuntimeSettings,
     positive_int,
     setting,
+    stored_model_source,
 )
 
 # Settings that do not change which rollouts a folder holds (where and how fast the model
@@ -63,8 +63,7 @@ class RolloutConfig(ModelSettings, RuntimeSettings, EnvSettings):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer of at least 1; found {value!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}; found {self.precision!r}")
+        self.check_runtime()
 
     def identity(self) -> dict[str, Any]:
         """The settings that decide the rollouts (the folder's ``rollout.json`` keeps them)."""
@@ -76,32 +75,30 @@ class RolloutConfig(ModelSettings, RuntimeSettings, EnvSettings):
 def check_rollout_folder(out: Path, command: dict[str, Any]) -> None:
     """Before anything loads: refuse a folder that holds another command's rollouts, or
     rollouts this command did not write (a rerun of the same command resumes or, complete,
-    runs nothing), or one another run holds."""
-    with RunFolder(out, kind="rollouts"):
-        state = read_state(out)
-        if not state.shards:
-            return
-        stored = read_json_object(out / PROGRESS, what="rollout progress file")
-        diff = identity_differences(stored.get("identity", {}).get("command") or {}, command)
-        if diff:
-            raise RunMismatch(f"{out} holds rollouts of another command; refusing to mix them. "
-                              f"Differences: {diff}. Use a new --out, or rerun with the stored "
-                              "settings")
+    runs nothing), or one another run holds. Nothing is written (the folder is not even
+    made): :func:`~cosmos3_gym.runner.collect_rollouts` takes its lock and checks again."""
+    RunFolder(out, kind="rollouts").check_free()
+    if not out.is_dir():
+        return
+    state = read_state(out)
+    if not state.shards:
+        return
+    stored = read_json_object(out / PROGRESS, what="rollout progress file")
+    diff = identity_differences(
+        stored_model_source(stored.get("identity", {}).get("command") or {}), command)
+    if diff:
+        raise RunMismatch(f"{out} holds rollouts of another command; refusing to mix them. "
+                          f"Differences: {diff}. Use a new --out, or rerun with the stored "
+                          "settings")
 
 
 def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
     """``cosmos3-gym rollout``: the env, the policy, then :func:`collect_rollouts`."""
-    from cosmos3_gym.envs import make_eval_env
-    from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions
-    from cosmos3_gym.policy import VectorPolicy, get_adapter
-    from cosmos3_gym.policy.adapters import action_map_of, adapter_for_contract, with_action_map
-    from cosmos3_gym.runner import collect_rollouts
-    from cosmos3_gym.synthetic import synthetic_adapter, synthetic_pipeline, view_size
+    from cosmos3_gym.synthetic import view_size
 
     cfg, out = config, Path(out)
     # The run's identity; checked against the folder before the env and the model load.
     command = cfg.identity()
-    device, dtype, fp8 = cfg.resolve_runtime()
     if cfg.synthetic is None:
         from cosmos3_gym.checkpoint import (
             check_action_stats,
@@ -118,10 +115,18 @@ def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
                                f"--checkpoint {cfg.checkpoint}'s action statistics")
     check_rollout_folder(out, command)
     image_size = view_size(cfg.env, cfg.synthetic, cfg.image_size)
-    eval_env = make_eval_env(cfg.env, **{**cfg.env_options(), "image_size": image_size})
+    eval_env = cfg.make_env(image_size=image_size)
     # The env's own checks (a gym:ID env is built and reset once here), before the model loads.
     space = eval_env.single_action_space()
     eval_env.check_success()
+    # Every check above needs no model: torch loads from here on.
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions
+    from cosmos3_gym.policy import VectorPolicy, get_adapter
+    from cosmos3_gym.policy.adapters import action_map_of, adapter_for_contract, with_action_map
+    from cosmos3_gym.runner import collect_rollouts
+    from cosmos3_gym.synthetic import synthetic_adapter, synthetic_pipeline
+
+    device, dtype, fp8 = cfg.resolve_runtime()
     options = InferenceOptions(fp8=fp8)
     if cfg.synthetic is not None:
         pipeline = synthetic_pipeline(cfg.synthetic, device=device, dtype=dtype, options=options,

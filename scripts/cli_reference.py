@@ -1,19 +1,22 @@
-"""Write docs/cli.md, the command line's reference, from the parsers (run after changing a
-setting; tests/test_cli.py checks the page is current)."""
+"""Write docs/cli.md, the command line's reference, from the parsers, and docs/settings.md, the
+settings classes' tables (run after changing a setting; tests/test_cli.py checks both pages are
+current)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from cosmos3_gym.eval.cli import cli_reference
+from cosmos3_gym.eval.cli import cli_reference, settings_reference
 
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+PAGES = {"cli.md": cli_reference, "settings.md": settings_reference}
 
 
 def main() -> int:
-    PAGE.write_text(cli_reference() + "\n", encoding="utf-8")
-    print(f"wrote {PAGE}")
+    for name, page in PAGES.items():
+        (DOCS / name).write_text(page() + "\n", encoding="utf-8")
+        print(f"wrote {DOCS / name}")
     return 0
 
 

@@ -10,7 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cosmos3_gym.eval.cli import build_parser, cli_reference, main, parsers
+from cosmos3_gym.eval.cli import (
+    build_parser,
+    cli_reference,
+    main,
+    parsers,
+    settings_reference,
+    settings_rows,
+)
 from cosmos3_gym.eval.results import read_episode_records
 from cosmos3_gym.settings import meaning
 
@@ -85,10 +92,23 @@ def test_every_option_says_what_it_does() -> None:
                 assert (action.help or "").strip(), (name, action.option_strings)
 
 
-def test_the_cli_reference_page_is_current() -> None:
-    page = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
-    assert page.read_text(encoding="utf-8") == cli_reference() + "\n", (
-        "docs/cli.md is stale: run `python scripts/cli_reference.py`")
+@pytest.mark.parametrize("name, page", [("cli.md", cli_reference),
+                                        ("settings.md", settings_reference)])
+def test_the_reference_pages_are_current(name: str, page) -> None:
+    path = Path(__file__).resolve().parent.parent / "docs" / name
+    assert path.read_text(encoding="utf-8") == page() + "\n", (
+        f"docs/{name} is stale: run `python scripts/cli_reference.py`")
+
+
+def test_the_settings_tables_name_every_option_with_its_default() -> None:
+    from cosmos3_gym.eval.evaluate import EvalConfig
+
+    rows = {row[0]: row for row in settings_rows(EvalConfig)}
+    assert rows["trials"][1:3] == ("--trials", "none")
+    assert rows["sampling.flow_shift"][1] == "--flow-shift"
+    assert rows["progress"][1:3] == ("--no-progress", "True")
+    flags = {s for a in parsers()["eval"]._actions for s in a.option_strings}
+    assert {row[1] for row in rows.values()} - {"-"} <= flags
 
 
 def _eval_args(checkpoint: Path, out: Path, *extra: str) -> list[str]:

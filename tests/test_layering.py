@@ -26,11 +26,13 @@ def modules(folder: str) -> dict[str, Path]:
     return found
 
 
-def imports(name: str, path: Path) -> set[str]:
-    """The absolute names ``path`` imports, at any depth (function-level imports count too)."""
+def imports(name: str, path: Path, tree: ast.AST | None = None) -> set[str]:
+    """The absolute names ``path`` (or ``tree``, a part of it) imports, at any depth
+    (function-level imports count too)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = tree if tree is not None else ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -92,3 +94,110 @@ def test_one_loop_drives_policies_through_vector_envs() -> None:
     callers = sorted(name for name, path in every.items() if calls(path, "select_action"))
     assert callers == ["cosmos3_gym.integrations.lerobot_plugin.modeling_cosmos3_gym",
                        "cosmos3_gym.integrations.torchrl", "cosmos3_gym.runner.loop"]
+
+
+def module_level_imports(name: str, path: Path) -> set[str]:
+    """The absolute names ``path`` imports when it is imported: top-level statements (in ``if``
+    and ``try`` blocks too), not inside functions, not under ``if TYPE_CHECKING:``."""
+    out: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If):
+                if "TYPE_CHECKING" not in ast.unparse(node.test):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                for block in (node.body, node.orelse, node.finalbody,
+                              *(h.body for h in node.handlers)):
+                    visit(block)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                out.update(imports(name, path, node))
+
+    visit(ast.parse(path.read_text(encoding="utf-8")).body)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules importing it runs: each module it imports at module level,
+    and the packages that import initialises first (``import a.b.c`` runs ``a`` and ``a.b``),
+    except its own parent packages, which are already running."""
+    found = {name: path for folder in PACKAGES for name, path in modules(folder).items()}
+    graph: dict[str, set[str]] = {}
+    for name, path in found.items():
+        own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        runs: set[str] = set()
+        for target in module_level_imports(name, path):
+            while target and target not in found:
+                target = target.rpartition(".")[0]
+            parts = target.split(".")
+            runs.update(p for p in (".".join(parts[:i]) for i in range(1, len(parts) + 1))
+                        if p in found and p not in own and p != name)
+        graph[name] = runs
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_itself_through_others_when_it_loads() -> None:
+    """The import graph at load time has no cycle: a package's ``__init__`` names its exports
+    lazily (cosmos3_gym/lazy.py), so importing one light module (the run-folder lock, the
+    settings) never runs the heavy ones, and no module meets another half-initialised."""
+    graph = import_graph()
+    assert len(graph) > 80 and "cosmos3_gym.runner.folder" in graph
+    assert cycles(graph) == []
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# The modules the command line imports before it has checked what it was given: none of them may
+# import torch, diffusers or transformers when it loads (tests/test_cli_answers_at_once.py runs
+# the commands themselves).
+LIGHT = ("cosmos3_gym.eval.cli", "cosmos3_gym.settings", "cosmos3_gym.runner.folder",
+         "cosmos3_gym.checkpoint", "cosmos3_gym.formats", "cosmos3_gym.train.config",
+         "cosmos3_gym.eval.evaluate", "cosmos3_gym.eval.rollout")
+HEAVY = ("torch", "diffusers", "transformers", "safetensors", "peft")
+
+
+def test_what_the_command_line_loads_first_imports_no_model_stack() -> None:
+    graph = import_graph()
+    found = {name: path for folder in PACKAGES for name, path in modules(folder).items()}
+    reached, todo = set(), list(LIGHT)
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo.extend(graph[name])
+    heavy = sorted(f"{name} imports {target}" for name in reached
+                   for target in module_level_imports(name, found[name])
+                   if target.split(".")[0] in HEAVY)
+    assert heavy == []

@@ -5,9 +5,24 @@ folder, deterministically on CPU; see :mod:`~cosmos3_gym.train.trainer` for the 
 (the flow-matching loss and the loop), ``success`` (the success rate of a checkpoint).
 """
 
-from cosmos3_gym.train.config import TrainConfig, transformer_overrides
-from cosmos3_gym.train.success import evaluate_success
-from cosmos3_gym.train.trainer import run_train_command, train
+from typing import TYPE_CHECKING
+
+from cosmos3_gym.lazy import exports
+
+if TYPE_CHECKING:
+    from cosmos3_gym.train.config import TrainConfig, transformer_overrides
+    from cosmos3_gym.train.success import evaluate_success
+    from cosmos3_gym.train.trainer import run_train_command, train
+
+# Loaded on first use (cosmos3_gym/lazy.py): importing one light submodule does not import
+# the heavy ones.
+__getattr__, __dir__ = exports(__name__, {
+    "TrainConfig": "config",
+    "transformer_overrides": "config",
+    "evaluate_success": "success",
+    "run_train_command": "trainer",
+    "train": "trainer",
+})
 
 __all__ = ["TrainConfig", "evaluate_success", "run_train_command", "train",
            "transformer_overrides"]

@@ -1,12 +1,21 @@
 """What a training run is: every knob with its default (the shipped ``tiny`` checkpoint's), and
-the transformer and policy-head configs it writes."""
+the transformer and policy-head configs it writes; and what a GRPO run is (:class:`GRPOConfig`,
+``cosmos3-gym rl grpo``). Standard library only, so the command line reads and checks these
+settings before torch loads."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from cosmos3_gym.settings import setting
+from cosmos3_gym.settings import (
+    EnvSettings,
+    ModelSettings,
+    RuntimeSettings,
+    positive_int,
+    setting,
+)
 
 VIEW_POINT = "ego_view"
 DOMAIN_NAME = "color_reach"
@@ -123,3 +132,196 @@ def policy_overrides(cfg: TrainConfig) -> dict[str, Any]:
         "fps": 20.0, "resolution_tier": 256, "view_point": VIEW_POINT,
         "num_inference_steps": cfg.num_inference_steps, "flow_shift": cfg.flow_shift,
     }
+
+
+# ---------------------------------------------------------------------- rl grpo
+
+
+def parse_train(text: str) -> str:
+    """``--train``: ``full``, ``lora`` or ``modules:NAME[,NAME...]``.
+
+    >>> parse_train("modules: action_proj_in , action_proj_out")
+    'modules:action_proj_in,action_proj_out'
+    """
+    text = text.strip()
+    if text in ("full", "lora"):
+        return text
+    head, _, names = text.partition(":")
+    modules = [n.strip() for n in names.split(",") if n.strip()]
+    if head.strip() != "modules" or not modules:
+        raise ValueError(f"expected full, lora or modules:NAME[,NAME...]; found {text!r}")
+    return "modules:" + ",".join(modules)
+
+
+# Settings that do not change what the run computes (where, how fast, how it reports, how long
+# this session may go on): a resumed run may change them.
+RUN_ONLY = ("device", "progress", "threads", "time_budget_s", "iterations", "num_envs",
+            "async_envs", "env_timeout", "overlap", "out")
+IDENTITY_FILE = "grpo.json"
+CURVE_FILE = "curve.json"
+STATE_PREFIX = "state-"
+EVALS = "evals"
+REWARDS = ("success", "return")
+
+
+def _positive_or_none(text: str) -> int | None:
+    return positive_int(text)
+
+
+@dataclass
+class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
+    """Every knob of a GRPO run, with its default and why (``cosmos3-gym rl grpo``'s options
+    are generated from these fields; docs/rl.md says how to size them)."""
+
+    out: str = setting(
+        "runs/grpo", "where the command writes its results; the run folder: curve.json and "
+        "curve.png, the held-out evaluations (evals/), the state it resumes from (state-*/), "
+        "and at the end the fine-tuned checkpoint/ (and adapter/ for --train lora)", group="rl")
+    num_envs: int = setting(
+        16, "env slots stepped together; the held-out evaluation's (an iteration's episodes take "
+        "groups x group-size slots, shared out over the ranks)", group="env",
+        parse=positive_int)
+    seed: int = setting(
+        0, "the run's root seed; the training episodes, their noise and the minibatch order "
+        "derive from it and the iteration", group="rl", parse=int)
+    iterations: int = setting(200, "GRPO iterations (collect, then update)", group="rl",
+                              parse=positive_int)
+    group_size: int = setting(
+        8, "episodes per group, from one start state; GRPO compares them with each other (docs/"
+        "rl.md: how to size groups)", group="rl", parse=positive_int)
+    groups: int = setting(2, "groups collected per iteration (at least one per rank)",
+                          group="rl", parse=positive_int)
+    reward: str = setting(
+        "success", "what an episode scores: success (1 or 0, the benchmark's own signal) or "
+        "return (the sum of the env's rewards)", group="rl", choices=REWARDS)
+    sampler: str = setting(
+        "flow_sde", "the sampler: flow_unipc (deterministic given its noise), or flow_sde / "
+        "flow_cps (Gaussian action steps whose log-probability every chunk records, for RL); "
+        "training episodes take flow_sde or flow_cps, held-out ones flow_unipc",
+        group="sampler", choices=("flow_sde", "flow_cps"))
+    noise_level: float = setting(
+        0.5, "the stochastic steps' noise level (flow_sde, flow_cps); RLinf's default",
+        group="sampler")
+    num_inference_steps: int | None = setting(
+        None, "denoising steps per chunk (default: the checkpoint's)", group="sampler",
+        flag="denoising-steps", parse=positive_int)
+    n_action_steps: int = setting(
+        4, "actions executed per chunk before replanning; their log-probability is the chunk's",
+        group="rl", parse=positive_int)
+    train: str = setting(
+        "full", "what trains: full (every weight), lora (LoRA adapters on the generation tower "
+        "and the action heads in full; needs peft) or modules:NAME,NAME (named modules in full)",
+        group="rl", parse=parse_train, metavar="WHAT")
+    lora_rank: int = setting(16, "LoRA's rank (--train lora)", group="rl", parse=positive_int)
+    lora_alpha: float | None = setting(
+        None, "LoRA's scale numerator alpha (the update is alpha/rank x BA); default: 2 x rank",
+        group="rl")
+    gradient_checkpointing: bool = setting(
+        False, "recompute each GEN layer in the backward instead of keeping its activations (a "
+        "fraction of the memory per chunk, about a third more time per update)", group="rl")
+    lr: float = setting(1e-4, "the optimiser's learning rate (AdamW); constant", group="rl")
+    clip: float = setting(0.2, "PPO's clip on the chunk probability ratio", group="rl")
+    kl_coef: float = setting(
+        0.0, "weight of a KL term to the base policy (the k3 estimate on each chunk; LoRA's "
+        "reference is the base with adapters off, full fine-tuning keeps a frozen copy); 0: "
+        "none, as SimpleVLA-RL and piRL train", group="rl")
+    epochs: int = setting(2, "passes over each iteration's chunks", group="rl",
+                          parse=positive_int)
+    minibatch: int = setting(64, "chunks per update step", group="rl", parse=positive_int)
+    microbatch: int | None = setting(
+        None, "chunks per forward and backward: a minibatch in several microbatches makes the "
+        "same update in less memory (default: the whole minibatch)", group="rl",
+        parse=_positive_or_none)
+    eval_trials: int = setting(
+        20, "held-out episodes per task, with the deterministic sampler (the family's own "
+        "evaluation episodes under --eval-seed)", group="rl", parse=positive_int)
+    eval_seed: int = setting(1_000_000, "the held-out evaluation's root seed (not --seed)",
+                             group="rl", parse=int)
+    eval_every: int = setting(10, "iterations between held-out measurements", group="rl",
+                              parse=positive_int)
+    save_every: int = setting(
+        10, "iterations between saved states (the run resumes from the newest; every "
+        "measurement saves one too)", group="rl", parse=positive_int)
+    time_budget_s: float = setting(
+        1200.0, "stop early (after a measurement) once this session has run this many seconds; "
+        "0: no limit", group="rl")
+    threads: int | None = setting(
+        1, "torch intra-op CPU threads; 1 keeps the result independent of how busy a shared "
+        "machine is", group="runtime", parse=positive_int)
+
+    def __post_init__(self) -> None:
+        from cosmos3_gym.envs.families import canonical_suites
+        from cosmos3_gym.seeding import check_seed
+
+        self.check_model_source()
+        self.check_runtime()
+        self.suite = canonical_suites(self.suite)
+        self.train = parse_train(self.train)
+        for name in ("iterations", "group_size", "groups", "epochs", "minibatch", "eval_trials",
+                     "eval_every", "save_every", "n_action_steps", "num_envs", "lora_rank"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1; found {value!r}")
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (GRPO compares a group); found "
+                             f"{self.group_size}")
+        if self.microbatch is not None and not 1 <= self.microbatch <= self.minibatch:
+            raise ValueError(f"microbatch must be between 1 and minibatch ({self.minibatch}); "
+                             f"found {self.microbatch}")
+        if self.reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}; found {self.reward!r}")
+        if self.sampler not in ("flow_sde", "flow_cps"):
+            raise ValueError(f"GRPO needs a stochastic sampler (flow_sde or flow_cps) for the "
+                             f"chunks' log-probabilities; found {self.sampler!r}")
+        if self.precision == "fp8":
+            raise ValueError("--precision fp8 is for inference (FP8 weights are copies autograd "
+                             "does not reach); train in bf16 (auto on CUDA) or fp32")
+        for name in ("lr", "clip", "noise_level"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0; found {getattr(self, name)}")
+        if self.kl_coef < 0 or self.time_budget_s < 0:
+            raise ValueError(f"kl_coef and time_budget_s must be >= 0; found {self.kl_coef}, "
+                             f"{self.time_budget_s}")
+        check_seed(self.seed)
+        check_seed(self.eval_seed)
+        if self.eval_seed == self.seed:
+            raise ValueError(f"eval_seed ({self.eval_seed}) must differ from seed: held-out "
+                             "episodes would repeat the training episodes' seeds")
+        if self.overlap and self.num_envs < 2:
+            raise ValueError(f"overlap needs num_envs >= 2; found {self.num_envs}")
+        from cosmos3_gym.synthetic import view_size
+
+        self.image_size = view_size(self.env, self.synthetic, self.image_size)
+
+    def preflight(self) -> Any:
+        """Every check that needs no model, before torch loads: the starting checkpoint's
+        files, the env family (built; its success signal where the reward is success), one
+        group per rank at least, the run folder free. Returns the env family."""
+        from cosmos3_gym.eval.distributed import RankInfo
+        from cosmos3_gym.runner.folder import RunFolder
+
+        if self.synthetic is None:
+            from cosmos3_gym.checkpoint import check_files, resolve_checkpoint
+
+            try:
+                check_files(resolve_checkpoint(self.checkpoint), vae=self.vae,
+                            tokenizer=self.tokenizer)
+            except FileNotFoundError as err:
+                raise FileNotFoundError(
+                    f"--checkpoint {self.checkpoint}: {err}; give a checkpoint folder (one "
+                    "written by `cosmos3-gym train --out DIR`, or a released Cosmos3 policy) or "
+                    "a shipped name (tiny)") from None
+        eval_env = self.make_env()
+        if self.reward == "success":
+            eval_env.check_success()  # no signal to score: refused now, not after the load
+        rank = RankInfo.from_env()
+        if self.groups < rank.world_size:
+            raise ValueError(f"--groups {self.groups}: each of the {rank.world_size} ranks needs "
+                             "at least one group per iteration")
+        RunFolder(self.out, rank=rank.rank, world_size=rank.world_size).check_free()
+        return eval_env
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that decide what the run computes (``grpo.json`` keeps them)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in RUN_ONLY}

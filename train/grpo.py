@@ -42,159 +42,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from cosmos3_gym.settings import (
-    EnvSettings,
-    ModelSettings,
-    RuntimeSettings,
-    positive_int,
-    setting,
+from cosmos3_gym.settings import EnvSettings, stored_model_source
+from cosmos3_gym.train.config import (  # noqa: F401  (GRPOConfig's home; re-exported here)
+    CURVE_FILE,
+    EVALS,
+    IDENTITY_FILE,
+    REWARDS,
+    RUN_ONLY,
+    STATE_PREFIX,
+    GRPOConfig,
 )
-from cosmos3_gym.train.trainable import parse_train
-
-# Settings that do not change what the run computes (where, how fast, how it reports, how long
-# this session may go on): a resumed run may change them.
-RUN_ONLY = ("device", "progress", "threads", "time_budget_s", "iterations", "num_envs",
-            "async_envs", "env_timeout", "overlap", "out")
-IDENTITY_FILE = "grpo.json"
-CURVE_FILE = "curve.json"
-STATE_PREFIX = "state-"
-EVALS = "evals"
-REWARDS = ("success", "return")
-
-
-def _positive_or_none(text: str) -> int | None:
-    return positive_int(text)
-
-
-@dataclass
-class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
-    """Every knob of a GRPO run, with its default and why (``cosmos3-gym rl grpo``'s options
-    are generated from these fields; docs/rl.md says how to size them)."""
-
-    out: str = setting(
-        "runs/grpo", "where the command writes its results; the run folder: curve.json and "
-        "curve.png, the held-out evaluations (evals/), the state it resumes from (state-*/), "
-        "and at the end the fine-tuned checkpoint/ (and adapter/ for --train lora)", group="rl")
-    num_envs: int = setting(
-        16, "env slots stepped together; the held-out evaluation's (an iteration's episodes take "
-        "groups x group-size slots, shared out over the ranks)", group="env",
-        parse=positive_int)
-    seed: int = setting(
-        0, "the run's root seed; the training episodes, their noise and the minibatch order "
-        "derive from it and the iteration", group="rl", parse=int)
-    iterations: int = setting(200, "GRPO iterations (collect, then update)", group="rl",
-                              parse=positive_int)
-    group_size: int = setting(
-        8, "episodes per group, from one start state; GRPO compares them with each other (docs/"
-        "rl.md: how to size groups)", group="rl", parse=positive_int)
-    groups: int = setting(2, "groups collected per iteration (at least one per rank)",
-                          group="rl", parse=positive_int)
-    reward: str = setting(
-        "success", "what an episode scores: success (1 or 0, the benchmark's own signal) or "
-        "return (the sum of the env's rewards)", group="rl", choices=REWARDS)
-    sampler: str = setting(
-        "flow_sde", "the sampler: flow_unipc (deterministic given its noise), or flow_sde / "
-        "flow_cps (Gaussian action steps whose log-probability every chunk records, for RL); "
-        "training episodes take flow_sde or flow_cps, held-out ones flow_unipc",
-        group="sampler", choices=("flow_sde", "flow_cps"))
-    noise_level: float = setting(
-        0.5, "the stochastic steps' noise level (flow_sde, flow_cps); RLinf's default",
-        group="sampler")
-    num_inference_steps: int | None = setting(
-        None, "denoising steps per chunk (default: the checkpoint's)", group="sampler",
-        flag="denoising-steps", parse=positive_int)
-    n_action_steps: int = setting(
-        4, "actions executed per chunk before replanning; their log-probability is the chunk's",
-        group="rl", parse=positive_int)
-    train: str = setting(
-        "full", "what trains: full (every weight), lora (LoRA adapters on the generation tower "
-        "and the action heads in full; needs peft) or modules:NAME,NAME (named modules in full)",
-        group="rl", parse=parse_train, metavar="WHAT")
-    lora_rank: int = setting(16, "LoRA's rank (--train lora)", group="rl", parse=positive_int)
-    lora_alpha: float | None = setting(
-        None, "LoRA's scale numerator alpha (the update is alpha/rank x BA); default: 2 x rank",
-        group="rl")
-    gradient_checkpointing: bool = setting(
-        False, "recompute each GEN layer in the backward instead of keeping its activations (a "
-        "fraction of the memory per chunk, about a third more time per update)", group="rl")
-    lr: float = setting(1e-4, "the optimiser's learning rate (AdamW); constant", group="rl")
-    clip: float = setting(0.2, "PPO's clip on the chunk probability ratio", group="rl")
-    kl_coef: float = setting(
-        0.0, "weight of a KL term to the base policy (the k3 estimate on each chunk; LoRA's "
-        "reference is the base with adapters off, full fine-tuning keeps a frozen copy); 0: "
-        "none, as SimpleVLA-RL and piRL train", group="rl")
-    epochs: int = setting(2, "passes over each iteration's chunks", group="rl",
-                          parse=positive_int)
-    minibatch: int = setting(64, "chunks per update step", group="rl", parse=positive_int)
-    microbatch: int | None = setting(
-        None, "chunks per forward and backward: a minibatch in several microbatches makes the "
-        "same update in less memory (default: the whole minibatch)", group="rl",
-        parse=_positive_or_none)
-    eval_trials: int = setting(
-        20, "held-out episodes per task, with the deterministic sampler (the family's own "
-        "evaluation episodes under --eval-seed)", group="rl", parse=positive_int)
-    eval_seed: int = setting(1_000_000, "the held-out evaluation's root seed (not --seed)",
-                             group="rl", parse=int)
-    eval_every: int = setting(10, "iterations between held-out measurements", group="rl",
-                              parse=positive_int)
-    save_every: int = setting(
-        10, "iterations between saved states (the run resumes from the newest; every "
-        "measurement saves one too)", group="rl", parse=positive_int)
-    time_budget_s: float = setting(
-        1200.0, "stop early (after a measurement) once this session has run this many seconds; "
-        "0: no limit", group="rl")
-    threads: int | None = setting(
-        1, "torch intra-op CPU threads; 1 keeps the result independent of how busy a shared "
-        "machine is", group="runtime", parse=positive_int)
-
-    def __post_init__(self) -> None:
-        from cosmos3_gym.envs.families import canonical_suites
-        from cosmos3_gym.seeding import check_seed
-
-        self.check_model_source()
-        self.suite = canonical_suites(self.suite)
-        self.train = parse_train(self.train)
-        for name in ("iterations", "group_size", "groups", "epochs", "minibatch", "eval_trials",
-                     "eval_every", "save_every", "n_action_steps", "num_envs", "lora_rank"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1; found {value!r}")
-        if self.group_size < 2:
-            raise ValueError(f"group_size must be >= 2 (GRPO compares a group); found "
-                             f"{self.group_size}")
-        if self.microbatch is not None and not 1 <= self.microbatch <= self.minibatch:
-            raise ValueError(f"microbatch must be between 1 and minibatch ({self.minibatch}); "
-                             f"found {self.microbatch}")
-        if self.reward not in REWARDS:
-            raise ValueError(f"reward must be one of {REWARDS}; found {self.reward!r}")
-        if self.sampler not in ("flow_sde", "flow_cps"):
-            raise ValueError(f"GRPO needs a stochastic sampler (flow_sde or flow_cps) for the "
-                             f"chunks' log-probabilities; found {self.sampler!r}")
-        if self.precision == "fp8":
-            raise ValueError("--precision fp8 is for inference (FP8 weights are copies autograd "
-                             "does not reach); train in bf16 (auto on CUDA) or fp32")
-        for name in ("lr", "clip", "noise_level"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0; found {getattr(self, name)}")
-        if self.kl_coef < 0 or self.time_budget_s < 0:
-            raise ValueError(f"kl_coef and time_budget_s must be >= 0; found {self.kl_coef}, "
-                             f"{self.time_budget_s}")
-        check_seed(self.seed)
-        check_seed(self.eval_seed)
-        if self.eval_seed == self.seed:
-            raise ValueError(f"eval_seed ({self.eval_seed}) must differ from seed: held-out "
-                             "episodes would repeat the training episodes' seeds")
-        if self.overlap and self.num_envs < 2:
-            raise ValueError(f"overlap needs num_envs >= 2; found {self.num_envs}")
-        from cosmos3_gym.synthetic import view_size
-
-        self.image_size = view_size(self.env, self.synthetic, self.image_size)
-
-    def identity(self) -> dict[str, Any]:
-        """The settings that decide what the run computes (``grpo.json`` keeps them)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in RUN_ONLY}
-
 
 # ---------------------------------------------------------------------- advantages
 
@@ -562,22 +419,22 @@ def held_out(learner: Learner, cfg: GRPOConfig, eval_env: Any, out: Path, iterat
 # ---------------------------------------------------------------------- the run
 
 
-def run_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any] | None:
+def run_grpo(cfg: GRPOConfig, progress: bool = True, eval_env: Any = None
+             ) -> dict[str, Any] | None:
     """Run (or resume) ``cfg`` into ``cfg.out``; rank 0 returns the run's summary (the curve,
-    before and after) and prints the command that evaluates the result."""
+    before and after) and prints the command that evaluates the result. ``eval_env``: the env
+    family :meth:`~cosmos3_gym.train.config.GRPOConfig.preflight` returned (it runs here if
+    not given)."""
     from cosmos3_gym.eval.distributed import RankInfo, destroy_process_group, init_process_group
     from cosmos3_gym.runner import RunFolder
 
+    if eval_env is None:
+        eval_env = cfg.preflight()
     rank = RankInfo.from_env()
     device, dtype, _ = cfg.resolve_runtime()
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    check_checkpoint(cfg)
-    eval_env = _eval_env(cfg)
     budget = episode_steps(eval_env)
-    if cfg.groups < rank.world_size:
-        raise ValueError(f"--groups {cfg.groups}: each of the {rank.world_size} ranks needs at "
-                         "least one group per iteration")
     out = Path(cfg.out)
     folder = RunFolder(out, rank=rank.rank, world_size=rank.world_size)
     with folder:
@@ -608,7 +465,7 @@ def _run(cfg: GRPOConfig, progress: bool, rank: Any, device: Any, dtype: Any, ev
     recorded = bool(states) or (evals.is_dir() and any(evals.iterdir()))
     identity = {**cfg.identity(), "dtype": dtype_name(dtype)}
     folder.bind(IDENTITY_FILE, identity, bound=recorded, extra={"session": asdict(cfg)},
-                what="a different GRPO run")
+                what="a different GRPO run", upgrade=stored_model_source)
     pipe, adapter = _pipeline(cfg, device, dtype, eval_env)
     learner = Learner(pipe, cfg)
     dp.broadcast_parameters(learner.masters.params)
@@ -823,30 +680,6 @@ def eval_command(cfg: GRPOConfig, checkpoint: Path) -> str:
 
 
 # ---------------------------------------------------------------------- set-up
-
-
-def check_checkpoint(cfg: GRPOConfig) -> None:
-    """Refuse a starting checkpoint that is not there, saying how to make one."""
-    if cfg.synthetic is not None:
-        return
-    from cosmos3_gym.checkpoint import check_files, resolve_checkpoint
-
-    try:
-        check_files(resolve_checkpoint(cfg.checkpoint))
-    except FileNotFoundError as err:
-        raise FileNotFoundError(
-            f"--checkpoint {cfg.checkpoint}: {err}; give a checkpoint folder (one written by "
-            f"`cosmos3-gym train --out DIR`, or a released Cosmos3 policy) or a shipped name "
-            "(tiny)") from None
-
-
-def _eval_env(cfg: GRPOConfig) -> Any:
-    from cosmos3_gym.envs import make_eval_env
-
-    return make_eval_env(cfg.env, suite=cfg.suite, tasks=cfg.tasks, image_size=cfg.image_size,
-                         max_episode_steps=cfg.max_episode_steps, step_budget=cfg.step_budget,
-                         prompt=cfg.prompt, import_modules=cfg.import_modules,
-                         env_kwargs=cfg.env_kwargs, success_key=cfg.success_key)
 
 
 def episode_steps(eval_env: Any) -> int:

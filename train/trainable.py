@@ -29,27 +29,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from cosmos3_gym.train.config import parse_train
+
 # The GEN layers' projections LoRA adapts (the text tower's to_q/to_k/to_v/to_out and mlp are not).
 LORA_TARGETS = (r"layers\.\d+\.(self_attn\.(add_q_proj|add_k_proj|add_v_proj|to_add_out)"
                 r"|mlp_moe_gen\.(gate_proj|up_proj|down_proj))")
 # Trained in full beside the adapters: the action heads (DomainAwareLinear tables).
 LORA_FULL_MODULES = ("action_proj_in", "action_proj_out")
-
-
-def parse_train(text: str) -> str:
-    """``--train``: ``full``, ``lora`` or ``modules:NAME[,NAME...]``.
-
-    >>> parse_train("modules: action_proj_in , action_proj_out")
-    'modules:action_proj_in,action_proj_out'
-    """
-    text = text.strip()
-    if text in ("full", "lora"):
-        return text
-    head, _, names = text.partition(":")
-    modules = [n.strip() for n in names.split(",") if n.strip()]
-    if head.strip() != "modules" or not modules:
-        raise ValueError(f"expected full, lora or modules:NAME[,NAME...]; found {text!r}")
-    return "modules:" + ",".join(modules)
 
 
 @dataclass

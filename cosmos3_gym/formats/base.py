@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cosmos3_gym.checkpoint import PolicyConfig
+from cosmos3_gym.jsonio import read_json_object
 from cosmos3_gym.model.config import Cosmos3Config
 
 # Suffixes of pickled weight files: never loaded (unpickling can run code).
@@ -45,12 +46,76 @@ def inside(root: Path, path: Path, what: str) -> Path:
     return path
 
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The weight files of ``folder``: the index's shards if there is one, else every file.
+
+    Every shard an index names must lie inside ``folder`` (an entry such as ``../x`` or an
+    absolute path is refused: a checkpoint reads nothing outside itself), and every file must be
+    a complete safetensors file (its header read here, so a truncated download is named now).
+    """
+    indexes = sorted(folder.glob("*.safetensors.index.json"))
+    if len(indexes) > 1:
+        raise ValueError(f"{folder} holds several safetensors indexes: {[p.name for p in indexes]}")
+    if indexes:
+        index = read_json_object(indexes[0], what="safetensors index")
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str)
+                                                        for v in weight_map.values()):
+            raise ValueError(f"{indexes[0]}: expected a 'weight_map' of tensor name -> shard "
+                             "file name")
+        root = folder.resolve()
+        outside = sorted({name for name in weight_map.values()
+                          if not (root / name).resolve().is_relative_to(root)})
+        if outside:
+            raise ValueError(f"{indexes[0]} names shards outside {folder}: {outside}; an index "
+                             "may only name files inside its own folder")
+        files = sorted({folder / name for name in weight_map.values()})
+        missing = [p.name for p in files if not p.exists()]
+        if missing:
+            raise FileNotFoundError(
+                f"{indexes[0].name} lists shards missing from {folder}: {missing}"
+            )
+        return [check_safetensors(p) for p in files]
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return [check_safetensors(p) for p in files]
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickled:
+        raise ValueError(
+            f"{folder} offers only pickled weights {pickled}; cosmos3-gym loads safetensors only "
+            "(pickle can run code). Convert them with safetensors.torch.save_file first."
+        )
+    raise FileNotFoundError(f"no *.safetensors weights in {folder}")
+
+
+def check_safetensors(path: Path) -> Path:
+    """``path`` if it is a complete safetensors file: its header parses and the file is as long
+    as the header says; else a ``ValueError`` naming it (a cut download, a wrong file)."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            if size < 8 or header_len <= 0 or 8 + header_len > size:
+                raise ValueError("shorter than its header says")
+            header = json.loads(f.read(header_len))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
+                  default=0)
+    except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not a complete safetensors file ({err}); expected the "
+                         "whole file (download or copy it again)") from None
+    if 8 + header_len + end > size:
+        raise ValueError(f"{path} is truncated: its header describes {8 + header_len + end} "
+                         f"bytes, the file has {size}; download or copy it again")
+    return path
+
+
 def read_header(path: Path) -> dict[str, dict[str, Any]]:
     """The tensor table of a safetensors file (name -> ``{"dtype", "shape"}``), read from its
     header alone; the file is checked complete first
-    (:func:`~cosmos3_gym.model.weights.check_safetensors`)."""
-    from cosmos3_gym.model.weights import check_safetensors
-
+    (:func:`check_safetensors`)."""
     check_safetensors(path)
     with open(path, "rb") as f:
         length = int.from_bytes(f.read(8), "little")

@@ -271,9 +271,9 @@ def read(root: Path, *, vae: str | Path | None = None) -> CheckpointFolder:
     """A cosmos-framework export, checked: the index's shards present and complete, every
     tensor mapped or knowingly skipped, the generator's config derived, a VAE given."""
     from cosmos3_gym.formats import SHIPPED
+    from cosmos3_gym.formats.base import safetensors_files
     from cosmos3_gym.formats.diffusers import VAE, vae_folder
     from cosmos3_gym.model.config import Cosmos3Config
-    from cosmos3_gym.model.weights import safetensors_files
 
     path = inside(root, root / CONFIG, "config")
     raw = read_json_object(path, what="cosmos-framework config.json")

@@ -28,7 +28,7 @@ def is_diffusers_folder(root: Path) -> bool:
 
 def component_weights(folder: Path, root: Path) -> WeightFiles:
     """A diffusers component folder's safetensors, names as they are."""
-    from cosmos3_gym.model.weights import safetensors_files
+    from cosmos3_gym.formats.base import safetensors_files
 
     files = tuple(inside(root, p, "weights") for p in safetensors_files(folder))
     return WeightFiles(files, rename=lambda key: key,

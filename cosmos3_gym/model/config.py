@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cosmos3_gym.jsonio import check_types
+
 logger = logging.getLogger(__name__)
 
 # The keys whose values set the published models apart (Nano, Super, Edge): a config.json
@@ -95,8 +97,6 @@ class Cosmos3Config:
         """The config of a parsed ``config.json``; values of the wrong JSON type are refused
         (naming ``source``), unused keys logged (``strict``: refused, for formats whose
         configs hold only the constructor's arguments)."""
-        from cosmos3_gym.checkpoint import check_types
-
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in raw.items() if k in known}
         check_types(cls, kwargs, source)

@@ -1,9 +1,9 @@
 """Loading weights: safetensors only, strict keys, straight to the device.
 
-This module reads tensors: a folder's safetensors (``diffusion_pytorch_model.safetensors`` or
-shards with a ``*.safetensors.index.json``), checked complete before anything is built, and a
-component's tensors wherever a checkpoint format keeps them
-(:class:`~cosmos3_gym.formats.WeightFiles`: the files and how their names map to ours).
+This module reads tensors: a component's tensors wherever a checkpoint format keeps them
+(:class:`~cosmos3_gym.formats.WeightFiles`: the files and how their names map to ours), whose
+files :mod:`cosmos3_gym.formats` found and checked complete (headers only, no torch) before
+anything is built.
 """
 
 from __future__ import annotations
@@ -15,80 +15,15 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import safe_open
 
-from cosmos3_gym.jsonio import read_json_object
 from cosmos3_gym.model.config import Cosmos3Config
 
 if TYPE_CHECKING:
-    from cosmos3_gym.formats import WeightFiles
+    from cosmos3_gym.formats.base import WeightFiles
     from cosmos3_gym.model.transformer import Cosmos3Transformer
 
-_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # Kept in fp32 whatever the load dtype: the timestep MLP sees sinusoids of t*0.001, where bf16
 # would lose the small differences between neighbouring timesteps.
 KEEP_IN_FP32 = ("time_embedder.",)
-
-
-def safetensors_files(folder: Path) -> list[Path]:
-    """The weight files of ``folder``: the index's shards if there is one, else every file.
-
-    Every shard an index names must lie inside ``folder`` (an entry such as ``../x`` or an
-    absolute path is refused: a checkpoint reads nothing outside itself), and every file must be
-    a complete safetensors file (its header read here, so a truncated download is named now).
-    """
-    indexes = sorted(folder.glob("*.safetensors.index.json"))
-    if len(indexes) > 1:
-        raise ValueError(f"{folder} holds several safetensors indexes: {[p.name for p in indexes]}")
-    if indexes:
-        index = read_json_object(indexes[0], what="safetensors index")
-        weight_map = index.get("weight_map")
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str)
-                                                        for v in weight_map.values()):
-            raise ValueError(f"{indexes[0]}: expected a 'weight_map' of tensor name -> shard "
-                             "file name")
-        root = folder.resolve()
-        outside = sorted({name for name in weight_map.values()
-                          if not (root / name).resolve().is_relative_to(root)})
-        if outside:
-            raise ValueError(f"{indexes[0]} names shards outside {folder}: {outside}; an index "
-                             "may only name files inside its own folder")
-        files = sorted({folder / name for name in weight_map.values()})
-        missing = [p.name for p in files if not p.exists()]
-        if missing:
-            raise FileNotFoundError(
-                f"{indexes[0].name} lists shards missing from {folder}: {missing}"
-            )
-        return [check_safetensors(p) for p in files]
-    files = sorted(folder.glob("*.safetensors"))
-    if files:
-        return [check_safetensors(p) for p in files]
-    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in _PICKLE_SUFFIXES)
-    if pickled:
-        raise ValueError(
-            f"{folder} offers only pickled weights {pickled}; cosmos3-gym loads safetensors only "
-            "(pickle can run code). Convert them with safetensors.torch.save_file first."
-        )
-    raise FileNotFoundError(f"no *.safetensors weights in {folder}")
-
-
-def check_safetensors(path: Path) -> Path:
-    """``path`` if it is a complete safetensors file: its header parses and the file is as long
-    as the header says; else a ``ValueError`` naming it (a cut download, a wrong file)."""
-    size = path.stat().st_size
-    try:
-        with open(path, "rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
-            if size < 8 or header_len <= 0 or 8 + header_len > size:
-                raise ValueError("shorter than its header says")
-            header = json.loads(f.read(header_len))
-        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
-                  default=0)
-    except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not a complete safetensors file ({err}); expected the "
-                         "whole file (download or copy it again)") from None
-    if 8 + header_len + end > size:
-        raise ValueError(f"{path} is truncated: its header describes {8 + header_len + end} "
-                         f"bytes, the file has {size}; download or copy it again")
-    return path
 
 
 def load_state_dict(
@@ -99,7 +34,7 @@ def load_state_dict(
     skip: tuple[str, ...] = (),
 ) -> dict[str, torch.Tensor]:
     """Read every tensor of a safetensors folder onto ``device`` (cast to ``dtype`` if given)."""
-    from cosmos3_gym.formats import WeightFiles
+    from cosmos3_gym.formats.base import WeightFiles, safetensors_files
 
     folder = Path(folder)
     weights = WeightFiles(tuple(safetensors_files(folder)), lambda key: key, str(folder))
@@ -176,7 +111,7 @@ def load_transformer(
     config_path = folder / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"no config.json in {folder} (expected a diffusers transformer/)")
-    from cosmos3_gym.formats import WeightFiles
+    from cosmos3_gym.formats.base import WeightFiles, safetensors_files
 
     config = Cosmos3Config.from_json_file(config_path)
     weights = WeightFiles(tuple(safetensors_files(folder)), lambda key: key, str(folder))

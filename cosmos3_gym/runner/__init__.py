@@ -9,37 +9,76 @@
 - :mod:`~cosmos3_gym.runner.rollouts`: rollouts on disk (the shard format, resume, loading).
 """
 
-from cosmos3_gym.runner.envs import EnvFault, GuardedEnvs
-from cosmos3_gym.runner.folder import FolderInUse, RunFolder, RunMismatch
-from cosmos3_gym.runner.loop import (
-    EndedEpisodes,
-    EpisodeResult,
-    EpisodeRunner,
-    PlannedChunks,
-    RowAssembler,
-    RunnerOptions,
-    RunObserver,
-    StepRow,
-    TooManyFaults,
-    hash_observation,
-)
-from cosmos3_gym.runner.onpolicy import collect_on_policy, stochastic_record
-from cosmos3_gym.runner.rollouts import (
-    collect_rollouts,
-    iter_rollout_shards,
-    load_rollouts,
-)
-from cosmos3_gym.runner.schedule import (
-    EpisodeList,
-    EpisodeSpec,
-    GroupEpisodes,
-    RotationTag,
-    Schedule,
-    TaskRotation,
-    episode_seed_rule,
-    episode_specs,
-    group_seed_rule,
-)
+from typing import TYPE_CHECKING
+
+from cosmos3_gym.lazy import exports
+
+if TYPE_CHECKING:
+    from cosmos3_gym.runner.envs import EnvFault, GuardedEnvs
+    from cosmos3_gym.runner.folder import FolderInUse, RunFolder, RunMismatch
+    from cosmos3_gym.runner.loop import (
+        EndedEpisodes,
+        EpisodeResult,
+        EpisodeRunner,
+        PlannedChunks,
+        RowAssembler,
+        RunnerOptions,
+        RunObserver,
+        StepRow,
+        TooManyFaults,
+        hash_observation,
+    )
+    from cosmos3_gym.runner.onpolicy import collect_on_policy, stochastic_record
+    from cosmos3_gym.runner.rollouts import (
+        collect_rollouts,
+        iter_rollout_shards,
+        load_rollouts,
+    )
+    from cosmos3_gym.runner.schedule import (
+        EpisodeList,
+        EpisodeSpec,
+        GroupEpisodes,
+        RotationTag,
+        Schedule,
+        TaskRotation,
+        episode_seed_rule,
+        episode_specs,
+        group_seed_rule,
+    )
+
+# Loaded on first use (cosmos3_gym/lazy.py): importing one light submodule does not import
+# the heavy ones.
+__getattr__, __dir__ = exports(__name__, {
+    "EnvFault": "envs",
+    "GuardedEnvs": "envs",
+    "FolderInUse": "folder",
+    "RunFolder": "folder",
+    "RunMismatch": "folder",
+    "EndedEpisodes": "loop",
+    "EpisodeResult": "loop",
+    "EpisodeRunner": "loop",
+    "PlannedChunks": "loop",
+    "RowAssembler": "loop",
+    "RunnerOptions": "loop",
+    "RunObserver": "loop",
+    "StepRow": "loop",
+    "TooManyFaults": "loop",
+    "hash_observation": "loop",
+    "collect_on_policy": "onpolicy",
+    "stochastic_record": "onpolicy",
+    "collect_rollouts": "rollouts",
+    "iter_rollout_shards": "rollouts",
+    "load_rollouts": "rollouts",
+    "EpisodeList": "schedule",
+    "EpisodeSpec": "schedule",
+    "GroupEpisodes": "schedule",
+    "RotationTag": "schedule",
+    "Schedule": "schedule",
+    "TaskRotation": "schedule",
+    "episode_seed_rule": "schedule",
+    "episode_specs": "schedule",
+    "group_seed_rule": "schedule",
+})
 
 __all__ = [
     "EndedEpisodes",

@@ -122,14 +122,45 @@ class RunFolder:
                  trace: TracebackType | None) -> None:
         self.close()
 
-    def open(self) -> None:
-        """Create the folder if needed and take its lock; :class:`FolderInUse` if another
-        process holds it, ``PermissionError`` (naming the folder) if it cannot be written."""
+    def check_free(self) -> None:
+        """What :meth:`open` would refuse, without writing anything: a path through a file, a
+        folder another process holds (:class:`FolderInUse`), a folder of another kind of run.
+        A command calls it before the model loads, so a busy folder is refused at once; the
+        lock itself is taken by :meth:`open` later (which checks again)."""
+        self._check_path()
+        if not self.path.is_dir():
+            return
+        try:
+            fd = os.open(self.lock_path, os.O_RDONLY)
+        except FileNotFoundError:
+            fd = None
+        except OSError:
+            fd = None  # unreadable: :meth:`open` says why, with the folder's name
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise FolderInUse(self._in_use()) from None
+            finally:
+                os.close(fd)  # closing releases a lock this call took
+        self._check_kind()
+
+    def _check_path(self) -> None:
         for part in (self.path, *self.path.parents):
             if part.exists() and not part.is_dir():
                 raise NotADirectoryError(
                     f"{self.path}: {part} is a file; expected a folder (a new one, or one this "
                     "command wrote)")
+
+    def _in_use(self) -> str:
+        return (f"{self.path} is in use by another run ({self._holder()}); wait for it to end, "
+                "or give this command another folder")
+
+    def open(self) -> None:
+        """Create the folder if needed and take its lock; :class:`FolderInUse` if another
+        process holds it, ``PermissionError`` (naming the folder) if it cannot be written."""
+        self._check_path()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -142,9 +173,7 @@ class RunFolder:
         except OSError as err:
             os.close(fd)
             if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise FolderInUse(
-                    f"{self.path} is in use by another run ({self._holder()}); wait for it to "
-                    "end, or give this command another folder") from None
+                raise FolderInUse(self._in_use()) from None
             raise PermissionError(f"cannot lock {self.lock_path} ({err.strerror}); the run "
                                   "folder must be on a file system with flock") from None
         self._fd = fd

@@ -272,7 +272,17 @@ def bind_rollout(folder: RunFolder, identity: dict[str, Any], state: _PartState,
     """Bind the folder to ``identity`` (refusing another run's once it holds a shard)."""
     extra = {"parts": state.parts, **({} if session is None else {"session": session})}
     folder.bind(PROGRESS, identity, bound=bool(state.shards), extra=extra,
-                what="rollouts of another command")
+                what="rollouts of another command", upgrade=_upgrade)
+
+
+def _upgrade(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored identity in today's terms (the command's settings as a ``--synthetic`` run
+    writes them now: :func:`~cosmos3_gym.settings.stored_model_source`)."""
+    from cosmos3_gym.settings import stored_model_source
+
+    if isinstance(stored.get("command"), dict):
+        return {**stored, "command": stored_model_source(stored["command"])}
+    return stored
 
 
 def _collect_part(policy: VectorPolicy, eval_env: EvalEnv, num_steps: int, folder: RunFolder,
