@@ -55,7 +55,7 @@ def run(preset: str, *, device: str, train: str, groups: int, group_size: int, s
 
     start = time.perf_counter()
     device_, dtype, _ = cfg.resolve_runtime()
-    eval_env = grpo._eval_env(cfg)
+    eval_env = cfg.make_env()
     pipe, adapter = grpo._pipeline(cfg, device_, dtype, eval_env)
     learner = grpo.Learner(pipe, cfg)
     result["build_s"] = round(time.perf_counter() - start, 1)
