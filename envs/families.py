@@ -175,6 +175,10 @@ class EvalEnv:
     env_kwargs_keys: tuple[str, ...] = ()
     # The action map (--action-map) a run applies unless told otherwise (None: unchanged).
     action_map: str | None = None
+    # How the simulator was resolved on this machine (ManiSkill3: its sim backend and vector
+    # env), recorded in a run's identity so a resumed run cannot switch it (None: nothing to
+    # resolve).
+    simulation: dict[str, str] | None = None
 
     @property
     def success_rule(self) -> SuccessRule:

@@ -48,7 +48,9 @@ class Preset:
     name: str
     title: str
     variants: tuple[Variant, ...]
-    family: str = "gym"  # "gym": GymEval; "metaworld": the built-in MetaWorldEval
+    # "gym": GymEval; "metaworld": the built-in MetaWorldEval; "maniskill": ManiSkillEval
+    # (its sim_backend resolved, GPU simulation on ManiSkill3's own vector env).
+    family: str = "gym"
     default: tuple[str, ...] = ()
     sets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     open_ids: bool = False
@@ -188,20 +190,22 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                     "tasks, other robots and controllers; variants have different state sizes, "
                     "so one run holds variants of one observation space"),
     Preset(
-        "maniskill", "ManiSkill3 tasks (SAPIEN; CPU simulation, one env per sub-env)",
+        "maniskill", "ManiSkill3 tasks (SAPIEN; GPU simulation in one vector env where CUDA "
+                     "is, else one CPU env per sub-env)",
         _variants({
             "pick_cube": ("PickCube-v1", "pick up the red cube and move it to the green goal"),
             "push_cube": ("PushCube-v1", "push the cube to the red and white target"),
             "stack_cube": ("StackCube-v1", "stack the red cube on the green cube"),
         }),
-        default=("pick_cube",), open_ids=True, import_modules=("mani_skill.envs",),
-        env_kwargs={"obs_mode": "rgb", "sim_backend": "physx_cpu"},
+        family="maniskill", default=("pick_cube",), open_ids=True,
+        import_modules=("mani_skill.envs",),
+        env_kwargs={"obs_mode": "rgb", "sim_backend": "auto"},
         env_wrappers=("mani_skill.utils.wrappers.gymnasium:CPUGymWrapper",),
         image_key=("sensor_data/base_camera/rgb",), success="auto",
         success_why="ManiSkill3's info['success'] (which ends the episode)",
         versions={"mani-skill": "3.0.1"},
-        not_covered="GPU simulation from the command line (ManiSkillVectorEnv: Python only, "
-                    "docs/your_own_env.md); tasks that download assets"),
+        not_covered="several tasks in one GPU run (one task per ManiSkill3 vector env); "
+                    "tasks that download assets"),
     Preset(
         "metaworld", "Meta-World (the built-in family: corner2 camera, 50 layouts per task)",
         tuple(Variant(t, "metaworld", METAWORLD_TASK_DESCRIPTIONS[t]) for t in METAWORLD_TASKS),
@@ -237,6 +241,7 @@ def preset_eval_env(text: str, *, suite: str | None = None, tasks: list[str] | N
     """The env family ``--env NAME[:SELECTOR]`` names, with the command line's ``options``
     (:data:`~cosmos3_gym.envs.families.GYM_OPTIONS`) over the preset's own."""
     from .families import GymEval, MetaWorldEval
+    from .maniskill import ManiSkillEval
 
     found = split_preset_name(text)
     if found is None:
@@ -271,7 +276,8 @@ def preset_eval_env(text: str, *, suite: str | None = None, tasks: list[str] | N
         value = options.pop(name, None)
         return default if value is None else (None if value == "none" else value)
 
-    return GymEval(
+    family = ManiSkillEval if preset.family == "maniskill" else GymEval
+    return family(
         variants, import_modules=(*preset.import_modules, *options.pop("import_modules", ())),
         env_kwargs={**preset.env_kwargs, **(options.pop("env_kwargs", None) or {})},
         env_wrappers=preset.env_wrappers, max_episode_steps=max_episode_steps,

@@ -196,6 +196,8 @@ def upgrade_identity(stored: dict[str, Any]) -> dict[str, Any]:
     out.setdefault("noise", "fixed" if out.get("protocol") == "official" else "per_chunk")
     for key, value in (("sampler", "flow_unipc"), ("noise_level", 0.5), ("sde_steps", "random")):
         out.setdefault(key, value)
+    if str(out.get("env", "")).startswith("maniskill"):  # before GPU simulation was chosen
+        out.setdefault("simulation", {"sim_backend": "physx_cpu", "vector_env": "sub_envs"})
     return out
 
 
@@ -391,6 +393,8 @@ class Evaluator:
         precision and dtype as this run resolved them (``None`` for a pipeline without one,
         such as a test stand-in)."""
         identity = {**self.config.identity(), **precision}
+        if self.eval_env.simulation is not None:
+            identity["simulation"] = self.eval_env.simulation
         if self.injected_env:
             identity["eval_env"] = self.eval_env.identity()
 
@@ -562,9 +566,11 @@ class Evaluator:
             parts = [read_json_object(p, what="throughput file")
                      for p in sorted(self.out_dir.glob("throughput*.json"))]
             throughput = results_io.merge_throughput(parts)
+        simulation = self.eval_env.simulation
         results = results_io.summarize(
             records,
-            config=self.config.identity(),
+            config={**self.config.identity(),
+                    **({"simulation": simulation} if simulation is not None else {})},
             task_names=self.eval_env.tasks,
             expected_episodes=len(self.all_episodes),
             incidents=results_io.read_incidents(self.out_dir),

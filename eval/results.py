@@ -249,6 +249,11 @@ def format_table(results: dict[str, Any]) -> str:
         steps = ", ".join(f"{suite} {n}" for suite, n in budget["max_episode_steps"].items())
         settle = f" after {budget['settle_steps']} settle steps" if budget["settle_steps"] else ""
         lines.append(f"step budget{name}: {steps} policy steps per episode{settle}")
+    simulation = (results.get("config") or {}).get("simulation")
+    if simulation:
+        lines.append(f"simulation: {simulation['sim_backend']} on "
+                     + ("ManiSkill3's own vector env" if simulation["vector_env"] == "maniskill"
+                        else "one env per sub-env"))
     protocol = results.get("protocol")
     if protocol:
         from cosmos3_gym.eval.protocol import describe

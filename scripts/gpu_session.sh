@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The prepared device check, for a session lent the GPU machine (one H200). Run it there as ONE
 # command with `carry: [".whl"]` and a timeout of 560 s; its results are under $OUT (8 files:
-# log.txt, pytest_gpu.log (the GPU's name first), bench_gpu_nano_libero.json, eval_loop_nano.json,
-# bench_gpu_nano_droid.json, bench_gpu_nano_fp8.json, lerobot_folder_nano.json, summary.txt),
+# log.txt, pytest_gpu.log (the GPU's name first, then the ManiSkill stage's tail),
+# bench_gpu_nano_libero.json, eval_loop_nano.json, bench_gpu_nano_droid.json,
+# bench_gpu_nano_fp8.json, lerobot_folder_nano.json, summary.txt),
 # each rewritten as its stage
 # goes, so a stage cut short still returns what it measured. It ends with a one-screen summary
 # (summary.txt).
@@ -10,15 +11,15 @@
 # Stages, each under its own timeout (seconds):
 #   install  30  the project beside the machine's torch (diffusers and gymnasium travel as
 #                wheels: see below)
-#   checks   65  the GPU tests (LeRobot-format folders against LeRobot's actions among them): bf16 parity with diffusers, CPU/GPU agreement, batch invariance,
+#   checks   65  the GPU tests but ManiSkill's (LeRobot-format folders against LeRobot's actions among them): bf16 parity with diffusers, CPU/GPU agreement, batch invariance,
 #                compiled Triton kernels (the FP8 quantising ones too) and CUDA-graph replay
 #                against eager, the CUDA default (fast path) against eager, the prompt cache, a
 #                real out-of-memory split, FP8 graphs against eager FP8
-#   libero   70  size --synthetic: LIBERO 256x512 at B=1, 8, 10 and 30 steps (a row's calls
+#   libero   60  size --synthetic: LIBERO 256x512 at B=1, 8, 10 and 30 steps (a row's calls
 #                repeat one request: the prompt cache hits, as in an episode) and every option
 #                flipped at B=1 and 8 (10 steps), the prompt cache and fp8 among them
-#   eval    184  cosmos3-gym eval --synthetic on ColorReach at LIBERO's input, as a user runs
-#                it (default options: the fast path) at B=8 and 32 (35 + B s each; one episode
+#   eval    174  cosmos3-gym eval --synthetic on ColorReach at LIBERO's input, as a user runs
+#                it (default options: the fast path) at B=8 and 32 (30 + B s each; one episode
 #                per env slot, at least 8): episodes/hour and what the loop adds around the
 #                pipeline (bar at B=32: <= 5%); then the same evaluation with --overlap (two
 #                slot groups take turns; 17 + B s each): its episodes/hour beside the plain
@@ -32,7 +33,7 @@
 #                steps, guidance 3, a state row, 32 actions: nano-policy-droid (guided every
 #                step: 8 forwards of B rows) and edge-policy-droid (guided on step 0 only,
 #                [2, 1, 1, 1]), bf16 and FP8 (steps 1-2 in FP8)
-#   fp8     110  size --synthetic: LIBERO 256x512 B=32, 30 steps, bf16 beside FP8 (bar: FP8
+#   fp8     100  size --synthetic: LIBERO 256x512 B=32, 30 steps, bf16 beside FP8 (bar: FP8
 #                1.35x faster), then the FP8 accuracy gates on the same model shape
 #                (bench/fp8_gate.py: per-layer SQNR, actions vs fp32 against bf16's), all in
 #                bench_gpu_nano_fp8.json
@@ -41,8 +42,14 @@
 #                from_pretrained on the GPU and run at B=1 and 8 (LeRobot's default sampler:
 #                4 steps, guidance 3, diffusers' UniPC on the device): write, load and call
 #                times, peak memory, bf16 actions against fp32's (bench/lerobot_folder.py)
+#   maniskill 30 cosmos3-gym eval --env maniskill:pick_cube with sim_backend physx_cuda: 16 envs
+#                in ManiSkill3's own vector env, --synthetic tiny, a few chunks (its test in
+#                tests/test_gpu.py): camera frames reach the pipeline as CUDA tensors, every
+#                record complete. Appended to pytest_gpu.log; where mani_skill is not installed
+#                or SAPIEN finds no Vulkan driver for the GPU it says so there (the test skips
+#                or fails naming it) instead of hanging: the stage has its own timeout
 #   summary      the one-screen summary
-# 2 x 15 + 65 + 70 + 184 + 60 + 75 + 35 + 40 = 559 s at most. `bash scripts/gpu_session.sh eval summary` runs
+# 2 x 15 + 65 + 60 + 174 + 60 + 65 + 35 + 40 + 30 = 559 s at most. `bash scripts/gpu_session.sh eval summary` runs
 # some stages only.
 #
 # Not in the default run (the stages above fill one command's budget): a second command,
@@ -78,7 +85,7 @@ STEPS="${STEPS:-30}"
 FORMAT_LAYERS="${FORMAT_LAYERS:-4}"
 RUNS="${RUNS:-/tmp/cosmos3-gym-gpu-runs}"  # eval folders, outside $OUT (its file count is capped)
 mkdir -p "$OUT"
-stages="${*:-install checks libero eval droid fp8 formats summary}"  # grpo: on its own (above)
+stages="${*:-install checks libero eval droid fp8 formats maniskill summary}"  # grpo: on its own (above)
 has() { [[ " $stages " == *" $1 "* ]]; }
 # A stage's timeout, scaled by TIMEOUT_SCALE (default 1: the device budget; the CPU-size tests
 # of tests/test_gpu_session.py give a slow shared CPU more room).
@@ -106,14 +113,14 @@ if has checks; then
   log checks
   # test_gpu.py is marked gpu; the kernel and graph tests run compiled wherever CUDA is.
   echo "$GPU_LINE" > "$OUT/pytest_gpu.log"
-  timeout "$(t 65)" "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_gpu.py \
+  timeout "$(t 65)" "$PYTHON" -m pytest -q -p no:cacheprovider -m "not maniskill" tests/test_gpu.py \
     tests/test_model_kernels.py tests/test_model_cuda_graphs.py tests/test_model_fp8.py 2>&1 \
     | tail -40 \
     >> "$OUT/pytest_gpu.log"
 fi
 if has libero; then
   log "libero bench ($PRESET, B=$LIBERO_BATCHES, flips at 1 and $COMPARE_BATCH)"
-  timeout "$(t 70)" "${CLI[@]}" size --synthetic "$PRESET" --device "$DEVICE" --cases libero_256x512 \
+  timeout "$(t 60)" "${CLI[@]}" size --synthetic "$PRESET" --device "$DEVICE" --cases libero_256x512 \
     --batch-sizes "$LIBERO_BATCHES" --step-counts "10,$STEPS" --compare-batch "$COMPARE_BATCH" \
     --warmup 1 --repeats 3 --no-reference --out "$OUT/bench_gpu_${PRESET}_libero.json" \
     >> "$OUT/log.txt" 2>&1
@@ -124,7 +131,7 @@ if has eval; then
   for b in $EVAL_BATCHES; do
     trials=$(( (b + 3) / 4 )); (( trials < 2 )) && trials=2
     for mode in plain overlap; do
-      name="eval_b$b"; flag=(); limit=$(( 35 + b ))
+      name="eval_b$b"; flag=(); limit=$(( 30 + b ))
       if [[ $mode == overlap ]]; then name="eval_b${b}_overlap"; flag=(--overlap); limit=$(( 17 + b )); fi
       log "eval --synthetic $PRESET --num-envs $b --trials $trials ${flag[*]}"
       rm -rf "${RUNS:?}/$name"
@@ -174,7 +181,7 @@ if has fp8; then
   # One file under OUT: the bench JSON with the gates' result merged in as "fp8_gates".
   log "fp8 bench ($PRESET, LIBERO B=$FP8_BATCH, fp8 beside bf16)"
   fp8_json="$OUT/bench_gpu_${PRESET}_fp8.json"
-  timeout "$(t 75)" "${CLI[@]}" size --synthetic "$PRESET" --device "$DEVICE" \
+  timeout "$(t 65)" "${CLI[@]}" size --synthetic "$PRESET" --device "$DEVICE" \
     --cases libero_256x512 --batch-sizes "$FP8_BATCH" --step-counts "$STEPS" \
     --compare-batch "$FP8_BATCH" --flips fp8 --no-reference --warmup 1 --repeats 2 \
     --out "$fp8_json" >> "$OUT/log.txt" 2>&1
@@ -199,6 +206,15 @@ if has formats; then
   timeout "$(t 40)" "$PYTHON" -m cosmos3_gym.bench.lerobot_folder --preset "$PRESET" \
     --layers "$FORMAT_LAYERS" --device "$DEVICE" --folder "$RUNS/lerobot_folder" --repeats 3 \
     --out "$OUT/lerobot_folder_$PRESET.json" >> "$OUT/log.txt" 2>&1
+fi
+if has maniskill; then
+  log "maniskill on the GPU (physx_cuda, 16 envs, --synthetic tiny)"
+  # SAPIEN renders through Vulkan: NVIDIA's ICD where the driver installed one. Without it the
+  # test fails naming the renderer, and the timeout bounds a driver that hangs instead.
+  { echo "== maniskill ($(ls /usr/share/vulkan/icd.d /etc/vulkan/icd.d 2>/dev/null | tr '\n' ' '))"
+    timeout "$(t 30)" "$PYTHON" -m pytest -q -p no:cacheprovider -m maniskill -rs tests/test_gpu.py 2>&1 \
+      | tail -15
+    echo "maniskill stage: exit ${PIPESTATUS[0]} (124: timed out)"; } >> "$OUT/pytest_gpu.log"
 fi
 if has grpo; then
   log "grpo iteration ($PRESET, LoRA, gradient checkpointing, ${GRPO_GROUPS:-2}x${GRPO_GROUP_SIZE:-8} episodes)"

@@ -189,8 +189,16 @@ def summary(out: Path, preset: str = "nano") -> str:
     if tests.exists():
         text = [line for line in tests.read_text().splitlines() if line.strip()]
         lines += [line for line in text[:1] if line.startswith("gpu: ")]
-        tail = [line for line in text if not line.startswith("gpu: ")]
+        # The maniskill stage appends its own part, from a "== maniskill" line on.
+        cut = next((i for i, line in enumerate(text) if line.startswith("== maniskill")),
+                   len(text))
+        tail = [line for line in text[:cut] if not line.startswith("gpu: ")]
         lines.append("gpu tests: " + (tail[-1] if tail else "no output"))
+        if cut < len(text):
+            result = [line for line in text[cut + 1:] if not line.startswith("maniskill stage")]
+            ended = [line for line in text[cut:] if line.startswith("maniskill stage")]
+            lines.append("maniskill on the gpu: " + (result[-1] if result else "no output")
+                         + (f" ({ended[-1]})" if ended else ""))
     lines += _bench_lines(f"LIBERO bench ({preset})",
                           _load(out / f"bench_gpu_{preset}_libero.json"))
     lines += _eval_lines(_load(out / f"eval_loop_{preset}.json"))

@@ -471,3 +471,42 @@ def test_lerobot_folders_on_the_gpu_give_lerobots_actions(case) -> None:
         out = pipe(ref["canvas"], tasks, seed=seeds, progress=False, **extra)
         scale = float(np.abs(ref["actions_folder"]).max())
         assert np.abs(out.actions - ref["actions_folder"]).max() <= tolerance * max(scale, 1.0)
+
+
+@pytest.mark.maniskill
+def test_maniskill_simulates_on_the_gpu_from_the_command_line(tmp_path, monkeypatch) -> None:
+    """``--env maniskill:pick_cube`` with physx_cuda: 16 envs in ManiSkill3's own vector env,
+    their camera frames reaching the pipeline as CUDA tensors, every episode recorded with its
+    scheduled seed, its length and ManiSkill's success. Its own stage of scripts/gpu_session.sh
+    (``maniskill``), which reports where SAPIEN cannot start on the device."""
+    import json
+
+    from cosmos3_gym.envs.maniskill import resolve_sim_backend
+    from cosmos3_gym.envs.presets import preset_eval_env
+    from cosmos3_gym.eval.cli import main
+
+    assert resolve_sim_backend("auto") == "physx_cuda"  # the default where CUDA is
+    seen: list[tuple[str, bool]] = []
+    call = Cosmos3ActionPipeline.__call__
+
+    def spy(self, images, *args, **kwargs):
+        seen.append((type(images).__name__, bool(getattr(images, "is_cuda", False))))
+        return call(self, images, *args, **kwargs)
+
+    monkeypatch.setattr(Cosmos3ActionPipeline, "__call__", spy)
+    out = tmp_path / "maniskill"
+    assert main(["eval", "--env", "maniskill:pick_cube", "--env-kwargs",
+                 '{"sim_backend": "physx_cuda"}', "--synthetic", "tiny", "--trials", "16",
+                 "--num-envs", "16", "--max-episode-steps", "40", "--denoising-steps", "2",
+                 "--no-progress", "--out", str(out)]) == 0
+    assert seen and all(kind == "Tensor" and cuda for kind, cuda in seen), seen[:3]
+    identity = json.loads((out / "config.json").read_text())["identity"]
+    assert identity["simulation"] == {"sim_backend": "physx_cuda", "vector_env": "maniskill"}
+    records = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    scheduled = sorted(e.seed for e in preset_eval_env("maniskill:pick_cube").episodes(16, 0))
+    assert sorted(r["seed"] for r in records) == scheduled
+    assert sorted(r["env_slot"] for r in records) == list(range(16))  # one episode per slot
+    assert all(isinstance(r["success"], bool) and 1 <= r["steps"] <= 40 and r["chunks"] >= 1
+               for r in records)
+    assert any(r["chunks"] >= 2 for r in records)  # a few chunks, not one
+    assert json.loads((out / "results.json").read_text())["complete"]

@@ -22,7 +22,7 @@ from weakref import WeakKeyDictionary
 import numpy as np
 from gymnasium.vector import VectorEnv
 
-from cosmos3_gym.policy.observations import Observation, take_envs
+from cosmos3_gym.policy.observations import Observation, is_tensor, take_envs
 from cosmos3_gym.policy.planner import ChunkRecord
 from cosmos3_gym.policy.queues import ActionSource
 from cosmos3_gym.policy.vector_policy import VectorPolicy
@@ -254,7 +254,10 @@ def hash_observation(digest: Any, obs: Any, env: int, path: str = "obs") -> None
         for k, value in enumerate(obs):
             hash_observation(digest, value, env, f"{path}/{k}")
     else:
-        array = np.ascontiguousarray(np.asarray(obs)[env])
+        row = obs[env]
+        if is_tensor(row):  # a GPU simulator's observation: this env's row comes to the host
+            row = row.detach().cpu().numpy()
+        array = np.ascontiguousarray(np.asarray(row))
         digest.update(f"{path}:{array.dtype.str}:{array.shape}".encode())
         digest.update(array.tobytes())
 
