@@ -129,6 +129,25 @@ def test_the_hold_steps_as_maniskill_does_then_keeps_a_finished_env_still() -> N
 
 
 @pytest.mark.slow
+def test_a_rollout_on_maniskills_vector_env_saves_its_nested_torch_observations(tmp_path):
+    """``rollout`` shares the runner: ManiSkill3's nested tensor observations are saved by key
+    path (``obs.sensor_data/base_camera/rgb``), on the host, one row per step."""
+    from cosmos3_gym.eval.cli import main
+    from cosmos3_gym.runner.rollouts import load_rollouts
+
+    out = tmp_path / "rollout"
+    assert main(["rollout", "--env", "maniskill:pick_cube", "--env-kwargs",
+                 '{"sim_backend": "physx_cpu", "vector_env": "maniskill"}', "--synthetic",
+                 "tiny", "--num-envs", "1", "--env-steps", "6", "--max-episode-steps", "4",
+                 "--no-progress", "--out", str(out)]) == 0
+    data = load_rollouts(out)
+    rgb = data["obs.sensor_data/base_camera/rgb"]
+    assert rgb.dtype == np.uint8 and rgb.shape == (6, 1, 128, 128, 3)
+    assert data["last_obs.agent/qpos"].shape[0] == 1 and data["rewards"].shape == (6, 1)
+    assert data["truncations"][:, 0].tolist() == [False, False, False, True, False, False]
+
+
+@pytest.mark.slow
 def test_a_resumed_run_cannot_switch_the_sim_backend(tmp_path, monkeypatch, capsys) -> None:
     """The same command on a machine where CUDA appears resolves ``sim_backend: auto`` to the
     GPU: the folder of the CPU run refuses it, naming the simulation."""

@@ -12,6 +12,7 @@ Design (slots, actions, faults, overlap): docs/design.md, "The episode runner".
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -173,12 +174,17 @@ def group_layout(num_envs: int, overlap: bool) -> list[range]:
 
 
 def concat_obs(parts: list[Observation]) -> Observation:
-    """Vector observations of consecutive env groups joined along the env axis."""
+    """Vector observations of consecutive env groups joined along the env axis (one group's
+    as it is; torch tensors, a GPU simulator's, stay tensors on their device)."""
+    if len(parts) == 1:
+        return parts[0]
     first = parts[0]
     if isinstance(first, Mapping):
         return {k: concat_obs([p[k] for p in parts]) for k in first}
     if isinstance(first, tuple):
         return tuple(concat_obs([p[i] for p in parts]) for i in range(len(first)))
+    if is_tensor(first):
+        return sys.modules["torch"].cat(list(parts), dim=0)
     return np.concatenate([np.asarray(p) for p in parts], axis=0)
 
 

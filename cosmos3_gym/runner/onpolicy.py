@@ -13,13 +13,14 @@ the seeds, noise and, with a stochastic sampler, the stochastic-step record and 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, VectorEnv
 
 from cosmos3_gym.envs.families import EvalEnv
+from cosmos3_gym.policy.observations import to_numpy
 from cosmos3_gym.policy.vector_policy import VectorPolicy
 from cosmos3_gym.runner.loop import (
     EpisodeResult,
@@ -108,6 +109,25 @@ class _InMemory(EpisodeTable):
 
     def chunks_planned(self, chunks: PlannedChunks) -> None:
         self.chunks.append(chunks)
+
+
+def flatten_obs(obs: Any, prefix: str) -> dict[str, np.ndarray]:
+    """A (vector) observation as host arrays by name: ``PREFIX.KEY`` per key, a nested key by
+    its path (``obs.sensor_data/base_camera/rgb``, ManiSkill3's camera); torch tensors (a GPU
+    simulator's) come to the host. What rollout shards and on-policy batches hold."""
+    if not isinstance(obs, Mapping):
+        return {prefix: np.asarray(to_numpy(obs))}
+    out: dict[str, np.ndarray] = {}
+
+    def walk(node: Mapping[str, Any], path: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, Mapping):
+                walk(value, f"{path}{key}/")
+            else:
+                out[f"{prefix}.{path}{key}"] = np.asarray(to_numpy(value))
+
+    walk(obs, "")
+    return out
 
 
 def chunk_arrays(planned: Sequence[PlannedChunks]) -> dict[str, np.ndarray]:
@@ -207,13 +227,11 @@ def collect_on_policy(
         bar.close()
     out: dict[str, Any] = {}
     rows, last_obs = keep.rows, runner.last_obs
-    if isinstance(rows[0].obs, dict):
-        for key in rows[0].obs:
-            out[f"obs.{key}"] = torch.from_numpy(np.stack([np.asarray(r.obs[key]) for r in rows]))
-            out[f"last_obs.{key}"] = torch.from_numpy(np.asarray(last_obs[key]).copy())
-    else:
-        out["obs"] = torch.from_numpy(np.stack([np.asarray(r.obs) for r in rows]))
-        out["last_obs"] = torch.from_numpy(np.asarray(last_obs).copy())
+    flat = [flatten_obs(r.obs, "obs") for r in rows]
+    for name in flat[0]:
+        out[name] = torch.from_numpy(np.stack([f[name] for f in flat]))
+    for name, value in flatten_obs(last_obs, "last_obs").items():
+        out[name] = torch.from_numpy(value.copy())
     for key in ("actions", "raw_actions", "rewards", "terminations", "truncations",
                 "chunk_ids", "episode_ids"):
         out[key] = torch.from_numpy(np.stack([getattr(r, key) for r in rows]))

@@ -33,7 +33,7 @@ from cosmos3_gym.runner.loop import (
     StepRow,
     group_layout,
 )
-from cosmos3_gym.runner.onpolicy import chunk_arrays, sde_metadata
+from cosmos3_gym.runner.onpolicy import chunk_arrays, flatten_obs, sde_metadata
 from cosmos3_gym.runner.schedule import EpisodeSpec, RotationTag, TaskRotation
 
 SCHEMA_VERSION = 3
@@ -44,12 +44,6 @@ META = "meta.json"
 
 def shard_name(k: int) -> str:
     return f"shard-{k:05d}.npz"
-
-
-def flatten_obs(obs: Any, prefix: str) -> dict[str, np.ndarray]:
-    if isinstance(obs, dict):
-        return {f"{prefix}.{k}": np.asarray(v) for k, v in obs.items()}
-    return {prefix: np.asarray(obs)}
 
 
 @dataclass
@@ -127,10 +121,9 @@ class ShardWriter(RunObserver):
             return
         end = rows[-1].step + 1  # part-local step after the shard
         data: dict[str, np.ndarray] = {}
-        for key in rows[0].obs if isinstance(rows[0].obs, dict) else [None]:
-            name = "obs" if key is None else f"obs.{key}"
-            data[name] = np.stack([np.asarray(r.obs if key is None else r.obs[key])
-                                   for r in rows])
+        flat = [flatten_obs(r.obs, "obs") for r in rows]
+        for name in flat[0]:
+            data[name] = np.stack([f[name] for f in flat])
         data["prompts"] = np.asarray([r.prompts for r in rows], dtype=str)
         for name in ("actions", "raw_actions", "rewards", "terminations", "truncations",
                      "valid", "chunk_ids", "episode_ids"):
