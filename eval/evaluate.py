@@ -227,7 +227,7 @@ class _Recorder(RunObserver):
             cfg.video_trials is None or episode.trial < cfg.video_trials)
         kept = _Recorded(episode, records_video, [], [])
         if records_video:
-            kept.frames.append(ev.adapter.images(obs)[0])
+            kept.frames.append(_frame(ev.adapter.images(obs)))
         self.in_flight[slot] = kept
 
     def chunks_planned(self, chunks: PlannedChunks) -> None:
@@ -245,7 +245,7 @@ class _Recorder(RunObserver):
         for local, slot in enumerate(row.slots.tolist()):
             kept = self.in_flight.get(slot)
             if row.valid[local] and kept is not None and kept.records_video:
-                kept.frames.append(images(_take(row.next_obs, local))[0])
+                kept.frames.append(_frame(images(_take(row.next_obs, local))))
 
     def episode_ended(self, result: EpisodeResult) -> None:
         kept = self.in_flight.pop(result.slot)
@@ -266,6 +266,14 @@ class _Recorder(RunObserver):
             if kept is not None:  # its re-run starts from its first frame again
                 kept.frames, kept.imagined = [], []
         append_jsonl(ev.incident_log, {**incident, "rank": ev.rank.rank})
+
+
+def _frame(images: Any) -> np.ndarray:
+    """A video's frame: the first image of a batch of one, on the host (a GPU simulator's
+    frames are CUDA tensors)."""
+    from cosmos3_gym.policy.observations import to_numpy
+
+    return np.asarray(to_numpy(images[0]))
 
 
 def _take(obs: Any, env: int) -> Any:

@@ -75,7 +75,9 @@ def test_the_command_line_on_maniskills_vector_env_runs_the_sub_envs_episodes(tm
         kwargs = json.dumps({"sim_backend": "physx_cpu", "vector_env": vector_env})
         assert main(["eval", "--env", "maniskill:pick_cube", "--env-kwargs", kwargs,
                      "--synthetic", "tiny", "--trials", "2", "--num-envs", "1",
-                     "--max-episode-steps", "3", "--no-progress", "--out", str(out)]) == 0
+                     "--max-episode-steps", "3", "--videos", "--video-trials", "1",
+                     "--no-progress", "--out", str(out)]) == 0
+        assert len(list((out / "videos").glob("*.gif"))) == 1  # frames from the tensors
         identity = json.loads((out / "config.json").read_text())["identity"]
         assert identity["simulation"] == {"sim_backend": "physx_cpu", "vector_env": vector_env}
         runs[vector_env] = _episodes(out)
