@@ -293,8 +293,8 @@ class ChunkedActionWrapper(ForwardingVectorWrapper):
                 obs, reward, _, _, infos = self.env.step(chunk[:, h])
                 rewards += np.where(active, reward, 0.0)
                 steps += active
-                terminated |= active & _info_flag(infos, _TERMINATED_KEY, num_envs)
-                truncated |= active & _info_flag(infos, _TRUNCATED_KEY, num_envs)
+                terminated |= active & info_flags(infos, _TERMINATED_KEY, num_envs)
+                truncated |= active & info_flags(infos, _TRUNCATED_KEY, num_envs)
         finally:
             if sitting_out.any():
                 self.unwrapped.set_attr("chunk_hold", False)
@@ -363,12 +363,28 @@ def _refuse_blind_statistics(env: VectorEnv) -> None:
         env = env.env
 
 
-def _info_flag(infos: dict[str, Any], key: str, num_envs: int) -> np.ndarray:
+def info_presence(infos: dict[str, Any], key: str, num_envs: int) -> np.ndarray:
+    """bool ``[B]``: which envs' infos hold ``key`` (Gymnasium's ``_key`` mask where there is
+    one).
+
+    >>> info_presence({"is_success": np.array([True, False]),
+    ...                "_is_success": np.array([True, False])}, "is_success", 2).tolist()
+    [True, False]
+    """
+    if key not in infos:
+        return np.zeros(num_envs, bool)
+    present = infos.get(f"_{key}")
+    return np.ones(num_envs, bool) if present is None else np.asarray(present, bool).copy()
+
+
+def info_flags(infos: dict[str, Any], key: str, num_envs: int) -> np.ndarray:
+    """bool ``[B]``: a per-env info flag, False where an env did not report it."""
     values = infos.get(key)
     if values is None:
-        return np.zeros(num_envs, dtype=np.bool_)
-    present = infos.get(f"_{key}", np.ones(num_envs, dtype=np.bool_))
-    return np.asarray(values, dtype=np.bool_) & present
+        return np.zeros(num_envs, bool)
+    present = infos.get(f"_{key}")
+    flags = np.asarray(values).astype(bool)
+    return flags & np.asarray(present, bool) if present is not None else flags
 
 
 def _env_info(infos: dict[str, Any], index: int) -> dict[str, Any]:

@@ -100,16 +100,23 @@ def timed(command: list[str]) -> float:
 
 
 @pytest.mark.libero
-def test_a_checkpoint_without_the_statistics_libero_needs_is_refused_without_torch(
+def test_statistics_missing_or_present_and_a_busy_folder_are_answered_without_torch(
         tmp_path: Path) -> None:
     checkpoint = write_tiny_checkpoint(tmp_path / "nostats", policy_overrides={"stats": None})
     gym_id = ["eval", "--env", "gym:CartPole-v1", "--out", str(tmp_path / "cartpole")]
-    (row, cartpole), = [answered([
-        ["eval", "--env", "libero", "--suite", "libero_4", "--protocol", "official",
-         "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out")], gym_id])]
+    # A LeRobot policy folder with its statistics (read and checked first) and a busy folder.
+    busy = tmp_path / "busy"
+    lerobot = ["eval", "--env", "libero", "--suite", "libero_10", "--checkpoint",
+               str(ROOT / "tests" / "fixtures" / "lerobot_cosmos3" / "libero"),
+               "--out", str(busy)]
+    with RunFolder(busy, kind="evaluation"):
+        row, cartpole, held = answered([
+            ["eval", "--env", "libero", "--suite", "libero_4", "--protocol", "official",
+             "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out")], gym_id, lerobot])
     assert row["code"] == 2 and "has no action statistics" in row["last"], row
     assert not row["heavy"], row
     assert "names no task" in cartpole["last"] and not cartpole["heavy"], cartpole
+    assert f"{busy} is in use by another run" in held["last"] and not held["heavy"], held
     assert not (tmp_path / "out").exists()
 
 

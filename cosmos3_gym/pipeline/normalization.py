@@ -50,10 +50,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
-import torch
+
+from cosmos3_gym.tensors import is_tensor
+
+if TYPE_CHECKING:
+    import torch
 
 NormalizationMode = Literal["quantile", "quantile_rot", "meanstd", "minmax", "quantile10"]
 MODES: tuple[str, ...] = ("quantile", "quantile_rot", "meanstd", "minmax", "quantile10")
@@ -66,7 +70,9 @@ MODE_KEYS: dict[str, tuple[str, str]] = {
 _MIN_RANGE = 1e-6
 _MIN_STD = 1e-8
 
-ArrayT = TypeVar("ArrayT", np.ndarray, torch.Tensor)
+# numpy arrays or torch tensors; torch is not imported here (a tensor brings it), so reading
+# statistics before a model loads costs no torch.
+ArrayT = TypeVar("ArrayT", np.ndarray, "torch.Tensor")
 
 
 @dataclass(frozen=True)
@@ -234,14 +240,14 @@ def _low_and_range(stats: ActionStats, mode: str) -> tuple[np.ndarray, np.ndarra
 
 
 def _check_actions(actions: Any, stats: ActionStats, name: str) -> None:
-    if not isinstance(actions, (np.ndarray, torch.Tensor)):
+    if not (isinstance(actions, np.ndarray) or is_tensor(actions)):
         raise ValueError(f"{name}: expected an ndarray or tensor, got {type(actions).__name__}")
     if actions.ndim < 1 or actions.shape[-1] != stats.raw_action_dim:
         raise ValueError(
             f"{name}: expected last dim raw_action_dim={stats.raw_action_dim}, got shape "
             f"{tuple(actions.shape)}"
         )
-    floating = actions.dtype.is_floating_point if isinstance(actions, torch.Tensor) else (
+    floating = actions.dtype.is_floating_point if is_tensor(actions) else (
         np.issubdtype(actions.dtype, np.floating)
     )
     if not floating:
@@ -249,7 +255,9 @@ def _check_actions(actions: Any, stats: ActionStats, name: str) -> None:
 
 
 def _as_like(vector: np.ndarray, like: ArrayT) -> ArrayT:
-    if isinstance(like, torch.Tensor):
+    if is_tensor(like):
+        import torch
+
         return torch.as_tensor(vector, device=like.device).to(like.dtype)
     return vector.astype(like.dtype, copy=False)
 

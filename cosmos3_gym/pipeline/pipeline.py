@@ -23,8 +23,8 @@ from cosmos3_gym.pipeline.output import ActionOutput
 from cosmos3_gym.pipeline.preprocess import plan_canvas
 from cosmos3_gym.pipeline.prompt import load_tokenizer
 from cosmos3_gym.pipeline.prompt_cache import PromptCache
+from cosmos3_gym.pipeline.sampling import DETERMINISTIC_SAMPLER
 from cosmos3_gym.pipeline.sde import (
-    DEFAULT_SAMPLER,
     StochasticRecord,
     stochastic_sampling,
     weights_digest,
@@ -314,7 +314,7 @@ class Cosmos3ActionPipeline:
         video_noise: torch.Tensor | np.ndarray | None = None,
         progress: bool = True,
         return_video: bool | Sequence[bool] = False,
-        sampler: str = DEFAULT_SAMPLER,
+        sampler: str = DETERMINISTIC_SAMPLER,
         noise_level: float = 0.5,
         sde_steps: str | Sequence[int] = "random",
         executed_actions: int | None = None,
@@ -377,10 +377,10 @@ class Cosmos3ActionPipeline:
             if self.policy.scheduler_config is not None:
                 unscorable.append("a diffusers scheduler (this checkpoint's scheduler_config; the "
                                   "stochastic steps are defined on the official FlowUniPC)")
-            if sampler != DEFAULT_SAMPLER and unscorable:
+            if sampler != DETERMINISTIC_SAMPLER and unscorable:
                 raise ValueError(
                     f"sampler {sampler!r} does not take {' and '.join(unscorable)} yet; use the "
-                    f"deterministic {DEFAULT_SAMPLER!r}"
+                    f"deterministic {DETERMINISTIC_SAMPLER!r}"
                 )
             params = SamplingParams(
                 num_inference_steps=_positive_int(

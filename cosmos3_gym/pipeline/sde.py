@@ -19,10 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from cosmos3_gym.pipeline.sampling import DETERMINISTIC_SAMPLER, SAMPLERS
 from cosmos3_gym.pipeline.scheduler import FlowUniPCScheduler
 
-SAMPLERS = ("flow_unipc", "flow_sde", "flow_cps")
-DEFAULT_SAMPLER = "flow_unipc"
 _STEP_TAG, _NOISE_TAG = 11, 12  # keep the step choice and the noise draws of a seed apart
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -107,7 +106,7 @@ def stochastic_sampling(
     executed_actions: int | None,
 ) -> StochasticSampling | None:
     """A pipeline call's sampler arguments as :class:`StochasticSampling` (None: FlowUniPC)."""
-    if sampler == DEFAULT_SAMPLER:
+    if sampler == DETERMINISTIC_SAMPLER:
         return None
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler: expected one of {list(SAMPLERS)}; found {sampler!r}")

@@ -15,14 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from cosmos3_gym.tensors import is_tensor
+
 Observation = Any  # a Gymnasium vector observation: an array [B, ...] or a (nested) dict of them
-
-
-def is_tensor(value: Any) -> bool:
-    """Whether ``value`` is a torch tensor (without importing torch: if torch is not imported,
-    nothing can be a tensor)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def is_array(value: Any) -> bool:

@@ -23,6 +23,7 @@ from weakref import WeakKeyDictionary
 import numpy as np
 from gymnasium.vector import VectorEnv
 
+from cosmos3_gym.envs.chunking import info_flags, info_presence
 from cosmos3_gym.policy.observations import Observation, is_tensor, take_envs
 from cosmos3_gym.policy.planner import ChunkRecord
 from cosmos3_gym.policy.queues import ActionSource
@@ -266,30 +267,6 @@ def hash_observation(digest: Any, obs: Any, env: int, path: str = "obs") -> None
         array = np.ascontiguousarray(np.asarray(row))
         digest.update(f"{path}:{array.dtype.str}:{array.shape}".encode())
         digest.update(array.tobytes())
-
-
-def info_presence(infos: dict[str, Any], key: str, num_envs: int) -> np.ndarray:
-    """bool ``[B]``: which envs' infos hold ``key`` (Gymnasium's ``_key`` mask where there is
-    one).
-
-    >>> info_presence({"is_success": np.array([True, False]),
-    ...                "_is_success": np.array([True, False])}, "is_success", 2).tolist()
-    [True, False]
-    """
-    if key not in infos:
-        return np.zeros(num_envs, bool)
-    present = infos.get(f"_{key}")
-    return np.ones(num_envs, bool) if present is None else np.asarray(present, bool).copy()
-
-
-def info_flags(infos: dict[str, Any], key: str, num_envs: int) -> np.ndarray:
-    """bool ``[B]``: a per-env info flag, False where an env did not report it."""
-    values = infos.get(key)
-    if values is None:
-        return np.zeros(num_envs, bool)
-    present = infos.get(f"_{key}")
-    flags = np.asarray(values).astype(bool)
-    return flags & np.asarray(present, bool) if present is not None else flags
 
 
 @dataclass
