@@ -258,3 +258,16 @@ def test_policy_config_keeps_lerobots_fields_through_a_save(tmp_path) -> None:
     policy = read_checkpoint(FIXTURES / "state").policy
     saved = PolicyConfig.from_json_file(policy.save(tmp_path / "p.json"))
     assert saved == policy
+
+
+def test_the_vae_keys_read_from_diffusers_source_are_its_constructor_s() -> None:
+    """A LeRobot folder's VAE config is checked against AutoencoderKLWan's keywords, read from
+    diffusers' source (no torch before the model loads): the same set the class takes."""
+    import inspect
+
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
+
+    from cosmos3_gym.formats.lerobot import vae_constructor_keys
+
+    taken = set(inspect.signature(AutoencoderKLWan.__init__).parameters) - {"self"}
+    assert vae_constructor_keys() == taken and "z_dim" in taken

@@ -271,9 +271,7 @@ def read(root: Path, *, tokenizer: str | Path | None = None) -> CheckpointFolder
 
 
 def _check_vae_keys(config: dict[str, Any], where: str) -> None:
-    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
-
-    known = set(inspect.signature(AutoencoderKLWan.__init__).parameters) - {"self"}
+    known = vae_constructor_keys()
     unknown = sorted(k for k in config if k not in known and not k.startswith("_"))
     if unknown:
         raise ValueError(f"{where}: keys diffusers' AutoencoderKLWan does not take: {unknown}")
@@ -446,3 +444,28 @@ def write_folder(directory: str | Path, *, transformer: Any, vae: Any, tokenizer
         (directory / name).write_text(json.dumps(spec, indent=2))
     shutil.copytree(tokenizer_dir, directory / "tokenizer", dirs_exist_ok=True)
     return directory
+
+
+def vae_constructor_keys() -> set[str]:
+    """The keywords diffusers' ``AutoencoderKLWan.__init__`` takes, read from its source file
+    rather than by importing it (diffusers imports torch; a folder is checked before the model
+    stack loads). Where the source cannot be read, the class is imported and inspected."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("diffusers")
+    if spec is not None and spec.origin is not None:
+        source = (Path(spec.origin).parent / "models" / "autoencoders"
+                  / "autoencoder_kl_wan.py")
+        if source.is_file():
+            for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ClassDef) and node.name == "AutoencoderKLWan":
+                    for item in node.body:
+                        if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                            args = item.args
+                            names = [a.arg for a in (*args.posonlyargs, *args.args,
+                                                     *args.kwonlyargs)]
+                            return set(names) - {"self"}
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
+
+    return set(inspect.signature(AutoencoderKLWan.__init__).parameters) - {"self"}
