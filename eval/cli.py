@@ -138,9 +138,8 @@ def add_settings(parser: argparse.ArgumentParser, cls: type, *, required: Sequen
         if not meta.get("cli", True) or "help" not in meta:
             continue
         group = groups[meta["group"]]
-        name = meta.get("flag") or f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        name = _flag_name(f)
+        default = _default_of(f)
         dest = prefix + f.name
         read = _reader(hint, meta.get("parse"))
         help_text = meta["help"].replace("%", "%%")  # argparse formats help with %
@@ -164,6 +163,18 @@ def add_settings(parser: argparse.ArgumentParser, cls: type, *, required: Sequen
         if meta.get("const") is not None:
             kwargs.update(nargs="?", const=meta["const"])
         group.add_argument(f"--{name}", **kwargs)
+
+
+def _flag_name(f: dataclasses.Field) -> str:
+    """The option a field is given by, without its dashes (``flow-shift``)."""
+    return f.metadata.get("flag") or f.name.replace("_", "-")
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    """A field's default value (its factory's value; ``None`` for a required field)."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
 
 
 def _shown(value: Any) -> str:
@@ -358,11 +369,8 @@ def settings_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]
             continue
         if "help" not in f.metadata:
             continue
-        flag = (f"--{f.metadata.get('flag') or f.name.replace('_', '-')}"
-                if f.metadata.get("cli", True) else "-")
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        rows.append((prefix + f.name, flag, _shown(default), f.metadata["help"]))
+        flag = f"--{_flag_name(f)}" if f.metadata.get("cli", True) else "-"
+        rows.append((prefix + f.name, flag, _shown(_default_of(f)), f.metadata["help"]))
     return rows
 
 

@@ -26,6 +26,7 @@ normalisation modes; the policy's default adapter composes the views as LeRobot 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from pathlib import Path
@@ -446,10 +447,12 @@ def write_folder(directory: str | Path, *, transformer: Any, vae: Any, tokenizer
     return directory
 
 
-def vae_constructor_keys() -> set[str]:
+@functools.cache
+def vae_constructor_keys() -> frozenset[str]:
     """The keywords diffusers' ``AutoencoderKLWan.__init__`` takes, read from its source file
     rather than by importing it (diffusers imports torch; a folder is checked before the model
-    stack loads). Where the source cannot be read, the class is imported and inspected."""
+    stack loads), once per process (a run reads its folder several times). Where the source
+    cannot be read, the class is imported and inspected."""
     import ast
     import importlib.util
 
@@ -465,7 +468,7 @@ def vae_constructor_keys() -> set[str]:
                             args = item.args
                             names = [a.arg for a in (*args.posonlyargs, *args.args,
                                                      *args.kwonlyargs)]
-                            return set(names) - {"self"}
+                            return frozenset(names) - {"self"}
     from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
-    return set(inspect.signature(AutoencoderKLWan.__init__).parameters) - {"self"}
+    return frozenset(inspect.signature(AutoencoderKLWan.__init__).parameters) - {"self"}

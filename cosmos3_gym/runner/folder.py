@@ -132,10 +132,8 @@ class RunFolder:
             return
         try:
             fd = os.open(self.lock_path, os.O_RDONLY)
-        except FileNotFoundError:
-            fd = None
         except OSError:
-            fd = None  # unreadable: :meth:`open` says why, with the folder's name
+            fd = None  # no lock file yet, or unreadable (:meth:`open` says why, naming it)
         if fd is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
