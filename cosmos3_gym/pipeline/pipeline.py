@@ -35,6 +35,7 @@ from cosmos3_gym.pipeline.sde import (
     weights_digest,
 )
 from cosmos3_gym.pipeline.stages import (
+    CommittedRows,
     DecodeStage,
     DenoiseStage,
     EncodeStage,
@@ -151,6 +152,9 @@ class Cosmos3ActionPipeline:
     @property
     def action_horizon(self) -> int:
         return self.policy.action_horizon
+
+    # Takes committed_actions: real-time chunking's clean leading rows (the policy's --rtc).
+    takes_committed_actions = True
 
     @property
     def history_length(self) -> int:
@@ -334,6 +338,7 @@ class Cosmos3ActionPipeline:
         guidance_interval: tuple[float, float] | None = None,
         flow_shift: float | None = None,
         state: np.ndarray | torch.Tensor | None = None,
+        committed_actions: Sequence[np.ndarray | None] | None = None,
         action_noise: torch.Tensor | np.ndarray | None = None,
         video_noise: torch.Tensor | np.ndarray | None = None,
         progress: bool = True,
@@ -362,6 +367,11 @@ class Cosmos3ActionPipeline:
                 robot state rows in the action representation and units (``D =
                 raw_action_dim``), normalised here like the actions and fed as clean leading
                 action rows; the returned chunks are the H predicted rows only.
+            committed_actions: real-time chunking: per item, ``[C, D]`` float raw actions (``D =
+                raw_action_dim``, ``0 <= C < H``; ``None`` for none) that the env executes
+                while this chunk is computed. They are the chunk's first C rows, conditioning
+                as the state rows are (clean, after them), so the chunk goes on from what is
+                executing; the returned chunk holds them exactly as given.
             action_noise: ``[B, H, 64]`` float noise that replaces the seeded draw of the
                 action tokens (RL replay, parity tests).
             video_noise: ``[B, 48, T, h, w]`` float noise that replaces the seeded draw of the
@@ -388,12 +398,14 @@ class Cosmos3ActionPipeline:
             action_noise = self._action_noise(action_noise, count)
             video_noise = _noise_tensor("video_noise", video_noise, count, ("C", "T", "h", "w"))
             state_rows = self._state_rows(state, count)
+            committed = self._committed_rows(committed_actions, count)
             interval = self.policy.guidance_interval if guidance_interval is None else (
                 layout.check_guidance_interval(guidance_interval))
             # The log-probability recomputation (sde.chunk_log_prob) guides every step and
             # knows no state rows, so a stochastic chunk with either could not be scored.
             unscorable = [what for what, used in (
                 (f"state rows (history_length {self.history_length})", state_rows is not None),
+                ("committed action rows (real-time chunking)", committed is not None),
                 (f"a guidance interval {interval}", interval is not None and float(
                     self.policy.guidance_scale if guidance_scale is None else guidance_scale
                 ) != 1.0),
@@ -432,6 +444,8 @@ class Cosmos3ActionPipeline:
                     mb.video_noise = video_noise[mb.indices]
                 if state_rows is not None:
                     mb.state = state_rows[mb.indices]
+                if committed is not None:
+                    mb.committed = committed.rows(mb.indices)
 
         cache = self.prompt.cache
         hits, misses = (cache.hits, cache.misses) if cache is not None else (0, 0)
@@ -515,6 +529,44 @@ class Cosmos3ActionPipeline:
         if self.policy.invert_gripper:
             padded[..., raw - 1] = 1.0 - padded[..., raw - 1]
         return padded
+
+    def _committed_rows(self, committed: Any, count: int) -> CommittedRows | None:
+        """Real-time chunking's rows (``committed_actions``) checked and laid out over the H
+        action rows: normalised like the actions (as :meth:`_state_rows` does the state), the
+        gripper turned to ``1 - g`` where the head inverts it; None where no item has any."""
+        if committed is None:
+            return None
+        horizon, raw, width = self.policy.action_horizon, self.policy.raw_action_dim, \
+            self.noise.action_dim
+        items = list(committed)
+        if len(items) != count:
+            raise ValueError(f"committed_actions: expected one entry per item ({count}); found "
+                             f"{len(items)}")
+        values = np.zeros((count, horizon, raw), np.float32)
+        mask = np.zeros((count, horizon), bool)
+        for k, rows in enumerate(items):
+            if rows is None:
+                continue
+            array = np.asarray(rows)
+            if (array.dtype.kind != "f" or array.ndim != 2 or array.shape[1] != raw
+                    or not array.shape[0] < horizon or not np.isfinite(array).all()):
+                raise ValueError(
+                    f"committed_actions[{k}]: expected finite float [C, {raw}] with C < "
+                    f"H={horizon} (the actions executed while the chunk is computed); found "
+                    f"{array.dtype} {list(array.shape)}")
+            values[k, :len(array)] = array
+            mask[k, :len(array)] = True
+        if not mask.any():
+            return None
+        normalized = values
+        if self.decode.stats is not None:
+            normalized = normalize_actions(values, self.decode.stats, self.policy.normalization)
+        padded = torch.zeros(count, horizon, width)
+        padded[..., :raw] = torch.from_numpy(np.asarray(normalized, dtype=np.float32))
+        if self.policy.invert_gripper:
+            padded[..., raw - 1] = 1.0 - padded[..., raw - 1]
+        padded[~torch.from_numpy(mask)] = 0.0
+        return CommittedRows(padded, torch.from_numpy(mask), values)
 
     def _run(
         self, batches: list[MicroBatch], params: SamplingParams, timer: StageTimer

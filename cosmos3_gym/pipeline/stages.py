@@ -84,6 +84,21 @@ class SamplingParams:
 
 
 @dataclass
+class CommittedRows:
+    """Real-time chunking's clean action rows: per item, the first ``C_i`` of its H action rows
+    are actions the env executes while the chunk is computed (``C_i`` may be 0). They are
+    conditioning, as the state rows are (clean, no time embedding, re-imposed every step), and
+    the chunk returns them exactly as given (``raw``)."""
+
+    values: torch.Tensor  # [b, H, 64] float32, normalised like the actions (zero off the mask)
+    mask: torch.Tensor  # [b, H] bool: True on each item's first C_i rows
+    raw: np.ndarray  # [b, H, D] float32, the rows as given (zero off the mask)
+
+    def rows(self, rows: Any) -> CommittedRows:
+        return CommittedRows(self.values[rows], self.mask[rows], self.raw[rows])
+
+
+@dataclass
 class MicroBatch:
     """One micro-batch as it moves through the stages (fields filled stage by stage)."""
 
@@ -97,6 +112,8 @@ class MicroBatch:
     # The clean leading action rows of a state-conditioned head: [b, S, 64] float32, normalised
     # like the actions, zero beyond raw_action_dim; None when the head takes no state.
     state: torch.Tensor | None = None
+    # Real-time chunking's committed rows (clean, after any state rows); None: none.
+    committed: CommittedRows | None = None
     # Per item, when the call asks for video: decode its predicted future clip (the VAE
     # decoder runs for these rows only); empty when no video is asked for.
     video_rows: list[bool] = field(default_factory=list)
@@ -128,6 +145,7 @@ class MicroBatch:
                 action_noise=None if self.action_noise is None else self.action_noise[rows],
                 video_noise=None if self.video_noise is None else self.video_noise[rows],
                 state=None if self.state is None else self.state[rows],
+                committed=None if self.committed is None else self.committed.rows(rows),
                 video_rows=self.video_rows[rows],
             ))
         return parts
@@ -313,6 +331,9 @@ class NoiseStage(Stage):
                     f"with history_length {rows}; found {found}"
                 )
             actions[:, :rows] = batch.state.float()
+        if batch.committed is not None:  # replaces the draw's rows as the state does
+            clean = batch.committed.mask[..., None]
+            actions[:, rows:] = torch.where(clean, batch.committed.values, actions[:, rows:])
         vision = vision.to(self.device)
         vision[:, :, :1] = batch.cond_latent  # latent frame 0 is the clean observation
         batch.vision = vision
@@ -405,6 +426,10 @@ class DenoiseStage(Stage):
         vision, actions = batch.vision, batch.actions
         cond = batch.cond_latent.to(device)
         state = actions[:, :s].clone()  # [b, S, 64] the clean state rows, re-imposed every step
+        committed = None  # [b, H, 1] mask and [b, H, 64] values: RTC's rows, re-imposed too
+        if batch.committed is not None:
+            committed = (batch.committed.mask[..., None].to(device),
+                         batch.committed.values.to(device))
         scheduler = params.scheduler(device)
         if params.stochastic is not None:  # the action tokens' Gaussian steps (pipeline/sde.py)
             scheduler = StochasticActionSampler(
@@ -454,6 +479,8 @@ class DenoiseStage(Stage):
             vision, actions = scheduler.step((v_vision, v_action), i, (vision, actions))
             vision[:, :, :1] = cond
             actions[:, :s] = state
+            if committed is not None:
+                actions[:, s:] = torch.where(committed[0], committed[1], actions[:, s:])
             actions[..., raw:] = 0.0
         batch.vision, batch.actions = vision, actions
         if params.stochastic is not None:
@@ -480,6 +507,8 @@ class DenoiseStage(Stage):
         vision_noisy = (torch.arange(t, device=device) > 0)[None].expand(rows, t)
         action_noisy = torch.ones(rows, s + p.action_horizon, dtype=torch.bool, device=device)
         action_noisy[:, :s] = False  # the state rows are clean conditioning
+        if batch.committed is not None:  # and so are real-time chunking's committed rows
+            action_noisy[:, s:] &= ~batch.committed.mask.to(device).repeat(rows // b, 1)
         domain_ids = torch.full((rows,), p.domain_id, dtype=torch.long, device=device)
 
         def layout_for(preallocate_kv: bool) -> GenLayout:
@@ -551,6 +580,9 @@ class DecodeStage(Stage):
             actions[..., -1] = 1.0 - actions[..., -1]
         if self.stats is not None:  # else the normalised actions themselves
             actions = denormalize_actions(actions, self.stats, p.normalization)
+        if batch.committed is not None:  # exactly as given, not through a normalisation trip
+            mask = batch.committed.mask.cpu().numpy()
+            actions = np.where(mask[..., None], batch.committed.raw, actions)
         batch.result = {
             "actions": np.asarray(actions, dtype=np.float32),
             "normalized_actions": normalized.astype(np.float32),
