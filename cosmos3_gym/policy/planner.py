@@ -33,6 +33,7 @@ from cosmos3_gym.seeding import check_seed
 if TYPE_CHECKING:
     from cosmos3_gym.pipeline.output import ActionOutput
     from cosmos3_gym.pipeline.sde import StochasticRecord
+    from cosmos3_gym.policy.realtime import ChunkTiming
 
 
 
@@ -60,6 +61,12 @@ def pipeline_action_head(pipeline: Any) -> tuple[int, str | None] | None:
         return None
     domain = getattr(getattr(pipeline, "policy", None), "domain_name", None)
     return int(width), domain if isinstance(domain, str) else None
+
+
+def takes_committed_actions(pipeline: Any) -> bool:
+    """Whether ``pipeline`` takes real-time chunking's rows (``committed_actions``, as
+    :class:`~cosmos3_gym.pipeline.Cosmos3ActionPipeline` does)."""
+    return getattr(pipeline, "takes_committed_actions", False) is True
 
 
 def pipeline_state_rows(pipeline: Any) -> int:
@@ -177,6 +184,11 @@ class ChunkRecord:
         clipped: float32 ``[N, H]``, how far each env action lay outside the env's bounds
             before the adapter clipped it into them (0: inside), where the adapter clips and
             says so (``clip_excess``: the box map), else None.
+        committed: per row, the raw actions real-time chunking gave the call as the chunk's
+            leading rows (``[C, D]``, which ``raw_actions[k, :C]`` equal exactly), or None
+            for a row without; None when no row had any. Replaying a row needs them too.
+        timing: under real-time execution, when each row was asked for and what its delay did
+            (:class:`~cosmos3_gym.policy.realtime.ChunkTiming`), else None.
 
     Replaying row ``k`` (same observation, prompt and sampler settings) takes both noises:
     ``action_noise=record.action_noise[k:k+1]`` and ``seed=[record.seeds[k]]`` for the video
@@ -199,6 +211,8 @@ class ChunkRecord:
     sde: StochasticRecord | None = None
     state: np.ndarray | None = None
     clipped: np.ndarray | None = None
+    committed: list[np.ndarray | None] | None = None
+    timing: ChunkTiming | None = None
 
     def __len__(self) -> int:
         return int(self.env_indices.shape[0])
@@ -239,6 +253,7 @@ class ChunkPlanner:
         horizon: int | None = None,
         action_dim: int | None = None,
         video: Sequence[bool] | None = None,
+        committed: Sequence[np.ndarray | None] | None = None,
     ) -> ChunkRecord:
         """One pipeline call for ``envs`` (indices into the vector observation ``obs``).
 
@@ -249,9 +264,11 @@ class ChunkPlanner:
         ``seeds`` and ``action_noise``). ``horizon`` and ``action_dim``, where given, are what
         earlier chunks had (H and D_env); a chunk of another shape is refused. ``video`` (one bool
         per planned env) asks the pipeline to decode those rows' predicted future clips into
-        ``ChunkRecord.video``; the decoder runs for them alone and no action changes. Checks
-        everything the pipeline and the adapter return, raises ``ValueError`` naming what it
-        found, and changes nothing.
+        ``ChunkRecord.video``; the decoder runs for them alone and no action changes.
+        ``committed`` (one entry per planned env: raw actions ``[C, D]`` or None) are real-time
+        chunking's leading rows (the pipeline's ``committed_actions``). Checks everything the
+        pipeline and the adapter return, raises ``ValueError`` naming what it found, and changes
+        nothing.
         """
         envs = np.asarray(envs, dtype=np.int64)
         n = int(envs.size)
@@ -274,6 +291,13 @@ class ChunkPlanner:
         rows = pipeline_state_rows(self.pipeline)
         state = self.state(part, n, rows) if rows else None
         state_kwargs = {} if state is None else {"state": state}
+        if committed is not None and len(committed) != n:
+            raise ValueError(f"committed: expected one entry per planned env ({n}); found "
+                             f"{len(committed)}")
+        if committed is not None and all(c is None for c in committed):
+            committed = None
+        if committed is not None:  # asked only where some row has them: RTC's rows
+            state_kwargs["committed_actions"] = list(committed)
         episodes = np.asarray(episodes, dtype=np.int64)
         chunks = np.asarray(chunks, dtype=np.int64)
         explicit = seeds is not None
@@ -316,6 +340,7 @@ class ChunkPlanner:
             sde=self._checked_sde(out, n),
             state=state,
             clipped=self._clipped(raw),
+            committed=None if committed is None else list(committed),
         )
 
     def state(self, obs: Observation, n: int, rows: int) -> np.ndarray:

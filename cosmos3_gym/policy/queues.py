@@ -61,6 +61,23 @@ class ActionQueues:
             self._actions[env] = record.actions[row, :steps].copy()
             self._sources[env] = ActionSource(record, row, 0)
 
+    def install(self, record: ChunkRecord, row: int, start: int, stop: int) -> None:
+        """Replace ``record``'s row ``row``'s env's queue by that chunk's actions ``start`` to
+        ``stop`` (real-time execution installs a chunk from its first action not in the past)."""
+        env = int(record.env_indices[row])
+        self._actions[env] = record.actions[row, start:stop].copy()
+        self._sources[env] = ActionSource(record, row, start)
+
+    def upcoming_raw(self, env: int, count: int) -> np.ndarray:
+        """The pipeline's actions behind the next ``count`` actions of ``env``'s queue: float32
+        ``[count, D]`` (real-time chunking commits them to the next chunk)."""
+        if not 0 < count <= len(self._actions[env]):
+            raise ValueError(f"env {env}'s queue holds {len(self._actions[env])} actions; "
+                             f"asked for the next {count}")
+        source = self._sources[env]
+        assert source is not None, "a non-empty queue always has a source"
+        return source.record.raw_actions[source.row, source.step:source.step + count].copy()
+
     def peek(self, env: int) -> np.ndarray:
         """The next action of ``env``, left in its queue."""
         return self._actions[env][0]

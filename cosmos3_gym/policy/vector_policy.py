@@ -10,6 +10,7 @@ Design (the queues under each autoreset mode, the seeds): docs/design.md, "The p
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -37,8 +38,10 @@ from cosmos3_gym.policy.planner import (
     ChunkRecord,
     SeedRule,
     pipeline_action_head,
+    takes_committed_actions,
 )
 from cosmos3_gym.policy.queues import ActionQueues, ActionSource
+from cosmos3_gym.policy.realtime import ChunkTiming, EnvClocks, RealTime
 from cosmos3_gym.seeding import check_noise, check_seed
 from cosmos3_gym.vector_env import ForwardingVectorWrapper, autoreset_mode, task_attribute
 
@@ -64,6 +67,10 @@ class VectorPolicyConfig:
     # such chunks are queued and returned as they are, for a caller that ends the episode
     # itself (the episode runner records it as a failed episode, never sends it to an env).
     nonfinite_actions: str = "raise"
+    # Real-time execution on a virtual clock (cosmos3_gym/policy/realtime.py): each env keeps
+    # executing while its next chunk is computed. None: the env waits for every chunk (the
+    # synchronous protocol every harness runs).
+    realtime: RealTime | None = None
 
     def __post_init__(self) -> None:
         n = self.n_action_steps
@@ -73,6 +80,9 @@ class VectorPolicyConfig:
         if not isinstance(self.sampling, SamplerConfig):
             raise TypeError(f"sampling must be a SamplerConfig; found "
                             f"{type(self.sampling).__name__}")
+        if self.realtime is not None and not isinstance(self.realtime, RealTime):
+            raise TypeError(f"realtime must be a RealTime or None; found "
+                            f"{type(self.realtime).__name__}")
         if self.nonfinite_actions not in ("raise", "return"):
             raise ValueError(f"nonfinite_actions must be 'raise' or 'return'; found "
                              f"{self.nonfinite_actions!r}")
@@ -104,6 +114,9 @@ class VectorPolicy:
     - A head conditioned on the robot state (the pipeline's ``history_length`` > 0) gets each
       planned env's state from the adapter's ``state(obs)`` hook; ``ChunkRecord.state``
       records it.
+    - ``realtime`` (:class:`~cosmos3_gym.policy.realtime.RealTime`): each env keeps executing
+      its queue while its next chunk is computed, on a virtual clock of its own; a step with
+      nothing to execute holds (a stall: ``last_action_sources`` is None there).
     - ``last_chunk_record``: the :class:`ChunkRecord` of the most recent call's pipeline call
       (``None`` if that call planned nothing): noise, seeds, raw actions, prompts, for RL;
       ``last_action_sources``: per env, the :class:`ActionSource` (chunk record, row, step) of
@@ -150,6 +163,7 @@ class VectorPolicy:
         progress: bool = False,
         seed_rule: SeedRule | None = None,
         nonfinite_actions: str = "raise",
+        realtime: RealTime | None = None,
         **sampler_settings: Any,
     ) -> None:
         if not callable(pipeline):
@@ -174,7 +188,12 @@ class VectorPolicy:
             sampling=replace(sampling or SamplerConfig(), **sampler_settings),
             progress=progress,
             nonfinite_actions=nonfinite_actions,
+            realtime=realtime,
         )
+        if realtime is not None and realtime.rtc and not takes_committed_actions(pipeline):
+            raise ValueError(f"realtime.rtc: the pipeline {type(pipeline).__name__} takes no "
+                             "committed action rows (committed_actions, as "
+                             "Cosmos3ActionPipeline takes them)")
         if seed_rule is not None and not isinstance(seed_rule, SeedRule):
             raise TypeError(f"seed_rule must be a SeedRule; found {type(seed_rule).__name__}")
         # None: the rule follows config.seed and the sampling's noise rule (see `planner`).
@@ -263,6 +282,14 @@ class VectorPolicy:
             return np.zeros(0, np.int64)
         return self._queues.lengths()
 
+    def replans_next(self) -> np.ndarray:
+        """bool ``[B]``: the envs the next :meth:`select_action` plans a chunk for (an empty
+        queue; under ``realtime``, the queue at the replanning point with nothing in flight,
+        once this step's arrivals are in)."""
+        if self._num_envs is None:
+            return np.zeros(0, bool)
+        return self._wants_chunk(arrived=False) & ~self._stale
+
     def __call__(
         self, obs: Observation, prompts: str | Sequence[str] | None = None, *,
         action_noise: np.ndarray | None = None, seeds: Sequence[int] | None = None,
@@ -314,31 +341,90 @@ class VectorPolicy:
             if video.shape != (num_envs,):
                 raise ValueError(f"video: expected one bool per env ({num_envs}); found shape "
                                  f"{list(video.shape)}")
+        clocks = self._clocks if self._num_envs is not None else None
+        if clocks is not None:  # this step's arrivals join their queues first
+            for env in np.flatnonzero(~self._stale).tolist():
+                clocks.arrive(env, self._queues, self.n_action_steps)
         if self._num_envs is None:
-            empty, stale = np.ones(num_envs, bool), np.zeros(num_envs, bool)
+            wants, stale = np.ones(num_envs, bool), np.zeros(num_envs, bool)
         else:
-            empty, stale = self._queues.lengths() == 0, self._stale
-        replan = np.flatnonzero(empty & ~stale)
+            wants, stale = self._wants_chunk(arrived=True), self._stale
+        replan = np.flatnonzero(wants & ~stale)
+        wall = 0.0
         if replan.size:
             rows = None if video is None else video[replan]
-            record = self._plan(obs, tasks, replan, None, None, video=rows)
+            committed = None if clocks is None else [
+                clocks.committed(int(e), self._queues, int(self._episode[e]),
+                                 int(self._chunk[e]), self._horizon) for e in replan]
+            start = time.perf_counter()
+            record = self._plan(obs, tasks, replan, None, None, video=rows, committed=committed)
+            wall = time.perf_counter() - start
         else:
             # Nothing to plan, but a malformed observation should fail now, not at the next
             # replan: one env's slice through the adapter is a cheap check of the format.
             self.planner.images(take_envs(obs, np.arange(1)), 1)
             record = None
         self._commit(record, num_envs)
-        if record is not None:
+        clocks = self._clocks
+        if record is not None and clocks is None:
             self._queues.fill(record, self.n_action_steps)
+        elif record is not None:
+            record = self._dispatch(record, wall)
         if self._action_dim is None:
             raise RuntimeError("no chunk has been planned yet, so the action size is unknown")
         out = np.zeros((num_envs, self._action_dim), dtype=np.float32)
         sources: list[ActionSource | None] = [None] * num_envs
         for env in range(num_envs):
-            if not self._stale[env]:
+            if self._stale[env]:
+                continue
+            if clocks is None:
                 out[env], sources[env] = self._queues.pop(env)
+                continue
+            if self._queues.lengths()[env]:
+                out[env], sources[env] = self._queues.pop(env)
+                clocks.last_action[env] = out[env].copy()
+            else:  # a stall: the chunk in flight has not arrived
+                out[env] = clocks.hold(env)
+            clocks.step[env] += 1
         self.last_action_sources = sources
         return out
+
+    def _wants_chunk(self, arrived: bool) -> np.ndarray:
+        """bool ``[B]``: which envs ask for a chunk at this step (stale ones aside): an empty
+        queue, or under ``realtime`` a queue at the replanning point with nothing in flight
+        (``arrived``: this step's arrivals are already installed)."""
+        queues = self._queues.lengths()
+        clocks = self._clocks
+        if clocks is None:
+            return queues == 0
+        wants = np.zeros(queues.shape, bool)
+        n = self.n_action_steps or 0
+        for env in range(queues.size):
+            length, flying = (int(queues[env]), clocks.flights[env] is not None) if arrived \
+                else clocks.queue_after_arrival(env, int(queues[env]), n)
+            chunk = int(self._chunk[env])
+            wants[env] = not flying and (chunk == 0 or length <= clocks.replan_point(
+                env, int(self._episode[env]), chunk))
+        return wants
+
+    def _dispatch(self, record: ChunkRecord, wall: float) -> ChunkRecord:
+        """Under ``realtime``: the record with each row's timing, each planned env's chunk on its
+        way (installed now, or in flight until its delay has passed)."""
+        clocks = self._clocks
+        queues = self._queues.lengths()
+        rows = [clocks.timing(env, record, row, wall, int(queues[env]))
+                for row, env in enumerate(record.env_indices.tolist())]
+        step, delay, dropped, stalls, superseded = (np.array(c, np.int64)
+                                                    for c in zip(*rows, strict=True))
+        committed = record.committed or [None] * len(record)
+        record = replace(record, timing=ChunkTiming(
+            request_step=step, latency_s=np.full(len(record), wall), delay=delay,
+            committed=np.array([0 if c is None else len(c) for c in committed], np.int64),
+            dropped=dropped, stalls=stalls, superseded=superseded))
+        self.last_chunk_record = record
+        for row, env in enumerate(record.env_indices.tolist()):
+            clocks.send(env, record, row, self._queues, self.n_action_steps)
+        return record
 
     def reset(
         self, mask: np.ndarray | Sequence[bool] | None = None, *, seed: int | None = None,
@@ -445,6 +531,8 @@ class VectorPolicy:
         self._chunk = np.zeros(num_envs, np.int64)
         self._stale = np.zeros(num_envs, bool)
         self._queues = ActionQueues(num_envs)
+        realtime = self.config.realtime
+        self._clocks = None if realtime is None else EnvClocks(num_envs, realtime)
 
     def _begin_episodes(self, mask: np.ndarray) -> None:
         # An episode in which the env never planned does not count, so resetting twice (e.g. the
@@ -455,11 +543,15 @@ class VectorPolicy:
             self._chunk[env] = 0
             self._stale[env] = False
             self._queues.clear(env)
+            if self._clocks is not None:
+                self._clocks.begin(env)
 
     def _end_episodes(self, mask: np.ndarray) -> None:
         for env in np.flatnonzero(mask):
             self._stale[env] = True
             self._queues.clear(env)
+            if self._clocks is not None:
+                self._clocks.end(env)
 
     # ------------------------------------------------------------------ checks
 
@@ -538,7 +630,7 @@ class VectorPolicy:
     def _plan(
         self, obs: Observation, tasks: list[str], envs: np.ndarray,
         action_noise: np.ndarray | None, seeds: Sequence[int] | None,
-        video: np.ndarray | None = None,
+        video: np.ndarray | None = None, committed: list[np.ndarray | None] | None = None,
     ) -> ChunkRecord:
         """One planner call for ``envs``, at their episode and chunk counters; checks everything
         and changes no state."""
@@ -548,7 +640,7 @@ class VectorPolicy:
         record = self.planner.plan(
             obs, envs, [tasks[e] for e in envs], episodes, chunks, action_noise=action_noise,
             seeds=seeds, horizon=self._horizon, action_dim=self._action_dim,
-            video=None if video is None else video.tolist(),
+            video=None if video is None else video.tolist(), committed=committed,
         )
         self._check_horizon(record.horizon)
         if self.config.nonfinite_actions == "raise" and not np.isfinite(record.raw_actions).all():
