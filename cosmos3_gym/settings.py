@@ -30,6 +30,7 @@ GROUPS = {
     "runtime": "runtime: where it runs and how the run reports",
     "env": "env: the benchmark and its env slots",
     "sampler": "sampler: how each chunk is denoised",
+    "latency": "latency: real-time execution, the env going on while the policy computes",
     "evaluation": "evaluation",
     "rollout": "rollout",
     "bench": "benchmark",
@@ -88,6 +89,40 @@ def seed_value(text: str) -> int:
     except ValueError:
         raise ValueError(f"expected an integer seed in [0, 2**64); found {text!r}") from None
     return check_seed(value)
+
+
+def nonnegative_int(text: str) -> int:
+    """An integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected an integer >= 0; found {text!r}") from None
+    if value < 0:
+        raise ValueError(f"expected an integer >= 0; found {value}")
+    return value
+
+
+def positive_number(text: str) -> float:
+    """A number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number > 0; found {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"expected a finite number > 0; found {text!r}")
+    return value
+
+
+def latency_values(text: str) -> str:
+    """``--latency``: one latency or a comma list, in its canonical spelling
+    (:func:`~cosmos3_gym.policy.realtime.parse_latencies`).
+
+    >>> latency_values("0, 0.15s,3steps")
+    '0,150ms,3steps'
+    """
+    from cosmos3_gym.policy.realtime import parse_latencies
+
+    return ",".join(lat.text for lat in parse_latencies(text))
 
 
 def csv(text: str) -> list[str]:
@@ -149,10 +184,24 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _reads(reader: Callable[[str], Any], text: str) -> bool:
+    try:
+        reader(text)
+    except ValueError:
+        return False
+    return True
+
+
 # The rule each reader stands for, checked on a value given from Python or a config file (the
 # command line's text went through the reader already): reader -> (holds, what is expected).
 RULES: dict[Callable[[str], Any], tuple[Callable[[Any], bool], str]] = {
     positive_int: (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    nonnegative_int: (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    positive_number: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                      and 0 < v < float("inf"), "a finite number > 0"),
+    latency_values: (lambda v: isinstance(v, str) and _reads(latency_values, v),
+                     "0, a duration (150ms, 0.3s), a step count (3steps), measured or "
+                     "replay:DIR, or several comma-separated"),
     int: (_is_int, "an integer"),
     float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
     csv: (lambda v: isinstance(v, (list, tuple)) and bool(v)
@@ -274,6 +323,13 @@ def stored_model_source(stored: dict[str, Any]) -> dict[str, Any]:
     if stored.get("synthetic") is not None and stored.get("checkpoint") == "tiny":
         return {**stored, "checkpoint": None}
     return stored
+
+
+def stored_latency(stored: dict[str, Any]) -> dict[str, Any]:
+    """Settings or an identity written before the latency settings: they ran synchronously
+    (latency 0), and read so, so the run resumes."""
+    defaults = {"latency": "0", "replan_at": None, "rtc": False, "control_hz": None}
+    return {**defaults, **stored}
 
 
 @dataclass
@@ -413,3 +469,45 @@ class EnvSettings:
 
         return make_eval_env(self.env, **{**self.env_options(), **changes})
 
+
+
+@dataclass
+class LatencySettings:
+    """Real-time execution: how long the policy takes, in env steps, while the env goes on
+    (:mod:`cosmos3_gym.policy.realtime`; docs/evaluation.md, "Latency")."""
+
+    latency: str = setting(
+        "0", "the inference latency the envs see: 0 (each env waits for its chunk: the "
+        "synchronous protocol), a duration (150ms, 0.3s: steps at the env's control rate, "
+        "rounded up), a step count (3steps), measured (each batched call's own wall time) or "
+        "replay:DIR (the delays an evaluation in DIR recorded); a comma list runs each value as "
+        "an arm of one run folder, the first the control (eval)", group="latency",
+        parse=latency_values, metavar="LATENCY")
+    replan_at: int | None = setting(
+        None, "ask for the next chunk when this many actions are left in an env's queue "
+        "(default: the delay expected, so the queue runs out as the chunk arrives)",
+        group="latency", parse=nonnegative_int, metavar="K")
+    rtc: bool = setting(
+        False, "real-time chunking: the actions an env executes while its next chunk is computed "
+        "go into that call as clean leading action rows, so the chunk starts from them",
+        group="latency")
+    control_hz: float | None = setting(
+        None, "the env's control rate in steps per second, for a latency given in time or "
+        "measured (default: the env family's own: LIBERO 20, Meta-World 80, ColorReach 10, the "
+        "presets'; a gym: id declares none)", group="latency", parse=positive_number,
+        metavar="HZ")
+
+    def latencies(self) -> list[Any]:
+        """The :class:`~cosmos3_gym.policy.realtime.Latency` values of ``latency``."""
+        from cosmos3_gym.policy.realtime import parse_latencies
+
+        return parse_latencies(self.latency)
+
+    def check_latency(self) -> None:
+        """The rules that tie the latency settings together (no env, no model needed)."""
+        if all(lat.kind == "none" for lat in self.latencies()):
+            given = [flag for flag, on in (("--rtc", self.rtc),
+                                           ("--replan-at", self.replan_at is not None)) if on]
+            if given:
+                raise ValueError(f"{' and '.join(given)} shape real-time execution; with "
+                                 "--latency 0 the env waits for every chunk. Give a --latency")

@@ -179,6 +179,13 @@ class EvalEnv:
     # env), recorded in a run's identity so a resumed run cannot switch it (None: nothing to
     # resolve).
     simulation: dict[str, str] | None = None
+    # Env steps per second: what turns a latency given in time into steps under real-time
+    # execution (--latency 150ms); None: not declared (--control-hz gives it).
+    control_hz: float | None = None
+    # What a stall sends (real-time execution, nothing left to execute): "repeat" the last
+    # action (position targets), "still" (zero: velocity or delta actions) or "still-gripper"
+    # (zero, the gripper, the last dimension, as last commanded).
+    hold: str = "repeat"
 
     @property
     def success_rule(self) -> SuccessRule:
@@ -308,6 +315,8 @@ class ColorReachEval(EvalEnv):
     suite = "color_reach"
     adapter = "generic"
     domain = "color_reach"
+    control_hz = 10.0  # its render_fps; actions are velocities
+    hold = "still"
     # A faster agent (0.28 instead of 0.08 arena units per step) makes the tiny policy overshoot:
     # GRPO's reference benchmark (docs/rl.md).
     env_kwargs_keys = ("max_speed",)
@@ -384,6 +393,8 @@ class LiberoEval(EvalEnv):
     domain = "libero"
     bench_suite = "libero_spatial"
     real_action_units = True
+    control_hz = 20.0  # robosuite's control_freq in LIBERO's envs; end-effector deltas + gripper
+    hold = "still-gripper"
     init_state_rule = f"trial % {LIBERO_INIT_STATES_PER_TASK}"
 
     def __init__(
@@ -484,6 +495,8 @@ class MetaWorldEval(EvalEnv):
     suite = "metaworld"
     adapter = "metaworld"
     domain = "metaworld"
+    control_hz = 80.0  # frame_skip 5 x 2.5 ms; position deltas + gripper effort
+    hold = "still-gripper"
 
     def __init__(self, tasks: list[str] | None = None, *, image_size: int = 224,
                  max_episode_steps: int | None = None) -> None:
@@ -672,6 +685,8 @@ class GymEval(EvalEnv):
         env_wrappers: Sequence[str] = (),
         suite: str | None = None,
         label: str | None = None,
+        control_hz: float | None = None,
+        hold: str = "repeat",
     ) -> None:
         import gymnasium
 
@@ -733,6 +748,8 @@ class GymEval(EvalEnv):
         self.flip = flip  # checked by the adapter (cosmos3_gym.policy.adapters.FLIPS)
         self.action_map = action_map
         self.env_wrappers = tuple(env_wrappers)
+        self.control_hz = control_hz  # a preset's; a gym: id declares none
+        self.hold = hold
         distinct = {(v.env_id, repr(sorted(v.env_kwargs.items())), v.max_episode_steps)
                     for v in self._variants}
         self._several_envs = len(distinct) > 1

@@ -65,6 +65,10 @@ class Preset:
     action_map: str | None = None
     success: str = "auto"
     success_why: str = "the env's own flag"
+    # Env steps per second, and what a stall sends under real-time execution
+    # (:class:`~cosmos3_gym.envs.EvalEnv`'s control_hz and hold).
+    control_hz: float | None = None
+    hold: str = "repeat"
     # The extra that installs it, and the versions CI runs it with (a test checks them).
     extra: str = "gym"
     versions: Mapping[str, str] = field(default_factory=dict)
@@ -122,6 +126,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         import_modules=("gym_pusht",), env_kwargs={"obs_type": "pixels_agent_pos"},
         image_key=("pixels",), state_key=None, action_map="box", success="auto",
         success_why="gym-pusht's is_success (coverage above 95%, which also ends the episode)",
+        control_hz=10.0,
         versions={"gym-pusht": "0.1.8"},
         not_covered="the keypoint observation modes; LeRobot's 96x96 frames are the env's own"),
     Preset(
@@ -133,7 +138,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                               "pick up the cube with the right arm and hand it to the left arm"),
         }),
         import_modules=("gym_aloha",), image_key=("top",), success="auto",
-        success_why="gym-aloha's is_success (the task's full reward)",
+        success_why="gym-aloha's is_success (the task's full reward)", control_hz=50.0,
         versions={"gym-aloha": "0.1.5", "dm-control": "1.0.49", "mujoco": "3.16.0"},
         not_covered="the end-effector action mode; cameras other than top"),
     Preset(
@@ -148,6 +153,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         import_modules=("cosmos3_gym.envs.robotics",), image_key=("pixels",),
         render_size=(224, 224), success="auto",
         success_why="gymnasium-robotics' is_success (the goal within 5 cm), at the last step",
+        control_hz=25.0, hold="still-gripper",
         versions={"gymnasium-robotics": "1.4.2", "mujoco": "3.16.0"},
         not_covered="the Hand tasks, Maze, Kitchen; the goal vectors are not given to the "
                     "policy (it sees the render() frame)"),
@@ -166,6 +172,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         default=("reach", "push", "slide"), import_modules=("panda_gym",),
         image_key=("pixels",), render_size=(224, 224), success="auto",
         success_why="panda-gym's is_success (the goal within 5 cm), at the last step",
+        control_hz=25.0, hold="still",
         versions={"panda-gym": "3.0.7", "pybullet": "3.2.7"},
         not_covered="the joint-control variants; 3-D and 4-D tasks in one run (their action "
                     "spaces differ)"),
@@ -184,6 +191,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         state_key=None, success="auto",
         success_why="robosuite's _check_success(), which ends the episode; the horizon is a "
                     "truncation, never a success",
+        control_hz=20.0, hold="still-gripper",
         extra="own venv: .ci/robosuite",
         versions={"robosuite": "1.5.2", "mujoco": "3.3.7", "numpy": "1.26.4"},
         not_covered="the main venv (its MuJoCo 3.16 breaks robosuite's controllers); two-arm "
@@ -203,6 +211,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         env_wrappers=("mani_skill.utils.wrappers.gymnasium:CPUGymWrapper",),
         image_key=("sensor_data/base_camera/rgb",), success="auto",
         success_why="ManiSkill3's info['success'] (which ends the episode)",
+        control_hz=20.0, hold="still-gripper",
         versions={"mani-skill": "3.0.1"},
         not_covered="several tasks in one GPU run (one task per ManiSkill3 vector env); "
                     "tasks that download assets"),
@@ -288,7 +297,7 @@ def preset_eval_env(text: str, *, suite: str | None = None, tasks: list[str] | N
         state_key=chosen("state_key", preset.state_key),
         render_size=chosen("render_size", preset.render_size),
         flip=chosen("flip", preset.flip), action_map=preset.action_map,
-        suite=preset.name, label=text)
+        suite=preset.name, label=text, control_hz=preset.control_hz, hold=preset.hold)
 
 
 def _rule(preset: Preset) -> Any:

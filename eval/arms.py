@@ -8,14 +8,17 @@ pairs (:func:`~cosmos3_gym.stats.paired_difference`), not on two independent sam
 
 The folder holds ``config.json`` (the run's identity, with the arms and which is the control),
 one evaluation folder per arm under ``arms/NAME/`` (each a complete evaluation: its own
-identity, episode records and ``results.json``; it resumes as any evaluation does), and
+identity, episode records and ``results.json``; it resumes as any evaluation does),
 ``results.json``: every arm's success rate with its interval, and every other arm's paired
-difference to the control, overall and per task. The model is loaded once for all arms.
+difference to the control, overall and per task, and ``results.png`` / ``.svg``: each arm's
+rate and interval, in the arms' order (:func:`~cosmos3_gym.eval.report.plot_arms`). The model is
+loaded once for all arms.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,7 +90,19 @@ def run_arms(run: Run, arms: Sequence[Arm], *, control: str,
         combined = combine(per_arm, records, control=control,
                            changes={arm.name: _plain(arm.changes) for arm in arms})
         write_json_atomic(run.out / "results.json", combined)
+        _plot(combined, run.out)
         return combined
+
+
+def _plot(results: dict[str, Any], out: Path) -> None:
+    """``results.png`` / ``.svg`` beside the arms' results.json (none without matplotlib)."""
+    from cosmos3_gym.eval.report import plot_arms
+    from cosmos3_gym.plotting import PlottingUnavailable
+
+    try:
+        plot_arms(results, out / "results")
+    except PlottingUnavailable as err:
+        print(f"note: no results.png: {err}", file=sys.stderr)
 
 
 def _pending(run: Run, arm: Arm, settings: Any, env: Any) -> bool:
@@ -141,7 +156,8 @@ def combine(per_arm: dict[str, dict[str, Any]], records: dict[str, list[dict[str
         paired[name] = {**overall, "per_task": per_task}
     arms = {name: {"changes": changes.get(name, {}),
                    **{k: result.get(k) for k in ("success_rate", "successes", "episodes",
-                                                 "interval", "complete", "per_task")}}
+                                                 "interval", "complete", "per_task",
+                                                 "latency")}}
             for name, result in per_arm.items()}
     return {"schema": SCHEMA, "control": control, "arms": arms, "paired": paired,
             "complete": all(a.get("complete") for a in per_arm.values()),

@@ -29,6 +29,8 @@ from cosmos3_gym.eval.distributed import (
     destroy_process_group,
     init_process_group,
 )
+from cosmos3_gym.eval.latency import describe as describe_latency
+from cosmos3_gym.eval.latency import latency_arms
 from cosmos3_gym.eval.report import ResultsPlot
 from cosmos3_gym.eval.run import Run, check_action_units, resolve
 from cosmos3_gym.eval.videos import (
@@ -58,12 +60,15 @@ from cosmos3_gym.runner import (
 )
 from cosmos3_gym.settings import (
     EnvSettings,
+    LatencySettings,
     ModelSettings,
     RuntimeSettings,
     check_settings,
+    latency_values,
     positive_int,
     seed_value,
     setting,
+    stored_latency,
     stored_model_source,
 )
 from cosmos3_gym.source import ModelSource
@@ -80,7 +85,7 @@ VIDEO_KINDS = ("env", "imagined")
 
 
 @dataclass
-class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
+class EvalConfig(LatencySettings, ModelSettings, RuntimeSettings, EnvSettings):
     """Every knob of an evaluation, with its default and why (the ``cosmos3-gym eval``
     options are generated from these fields)."""
 
@@ -129,6 +134,7 @@ class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
         the defaults, once, when the run is resolved)."""
         check_settings(self)
         self.check_model_source()
+        self.check_latency()
         if not self.env_timeout > 0:
             raise ValueError(f"env_timeout must be a positive number of seconds; found "
                              f"{self.env_timeout!r}")
@@ -155,7 +161,8 @@ class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
         changes: dict[str, Any] = {
             **self.model_defaults(), "protocol": protocol, "suite": canonical_suites(self.suite),
             "trials": self.trials or protocols.default_trials(protocol),
-            "image_size": view_size(self.env, self.synthetic, self.image_size)}
+            "image_size": view_size(self.env, self.synthetic, self.image_size),
+            "latency": latency_values(self.latency)}
         if self.sampling.noise is None:  # the protocol's rule
             changes["sampling"] = self.sampling.with_changes(
                 noise="fixed" if protocol == "official" else "per_chunk")
@@ -181,7 +188,7 @@ def upgrade_identity(stored: dict[str, Any], current: dict[str, Any]) -> dict[st
     protocol's noise rule, the default sampler), so an older folder resumes. A folder written
     before the weights' fingerprint was recorded holds none: it is taken as this run's (the
     folder's checkpoint is named in it all the same)."""
-    out = stored_model_source(dict(stored))
+    out = stored_latency(stored_model_source(dict(stored)))
     if "weights" not in out and "weights" in current:
         out["weights"] = current["weights"]
     out.setdefault("dtype", "float32")
@@ -203,6 +210,8 @@ class _Recorded:
     records_video: bool
     frames: list[np.ndarray]
     imagined: list[ImaginedChunk]
+    # Under real-time execution, each chunk's timing (ChunkTiming.row, with its chunk index).
+    timing: list[dict[str, Any]]
 
 
 class _Recorder(RunObserver):
@@ -219,13 +228,17 @@ class _Recorder(RunObserver):
         episode = spec.tag
         records_video = cfg.videos is not None and (
             cfg.video_trials is None or episode.trial < cfg.video_trials)
-        kept = _Recorded(episode, records_video, [], [])
+        kept = _Recorded(episode, records_video, [], [], [])
         if records_video:
             kept.frames.append(_frame(ev.adapter.images(obs)))
         self.in_flight[slot] = kept
 
     def chunks_planned(self, chunks: PlannedChunks) -> None:
         record = chunks.record
+        if record.timing is not None:
+            for row, slot in enumerate(chunks.slots.tolist()):
+                self.in_flight[slot].timing.append(
+                    {"chunk": int(record.chunk_indices[row]), **record.timing.row(row)})
         if record.video is None:
             return
         for row, slot in enumerate(chunks.slots.tolist()):
@@ -258,7 +271,7 @@ class _Recorder(RunObserver):
             entry.update(task=episode.task, trial=episode.trial)
             kept = self.in_flight.get(entry["env_slot"])
             if kept is not None:  # its re-run starts from its first frame again
-                kept.frames, kept.imagined = [], []
+                kept.frames, kept.imagined, kept.timing = [], [], []
         append_jsonl(ev.incident_log, {**incident, "rank": ev.rank.rank})
 
 
@@ -404,6 +417,7 @@ class Evaluator:
             episode_budget=self.eval_env.episode_budget(),
             protocol=protocols.record(self.config, self.eval_env.init_state_rule, self.head),
             success_source=self.eval_env.success_rule.record(),
+            latency=results_io.latency_summary(records, describe_latency(self.resolved.realtime)),
         )
         write_json_atomic(self.out_dir / "results.json", results)
         self.plot.update(results, final=final)
@@ -418,7 +432,7 @@ class Evaluator:
                                  fresh=cfg.sampling.fresh_noise)
         return VectorPolicy(self.pipeline, adapter=self.adapter,
                             n_action_steps=cfg.n_action_steps, sampling=cfg.sampling,
-                            seed_rule=rule)
+                            seed_rule=rule, realtime=self.resolved.realtime)
 
     def spec(self, k: int) -> EpisodeSpec:
         """Episode ``k`` of the run (its canonical index) as the runner starts it."""
@@ -491,12 +505,15 @@ class Evaluator:
             "clipped_steps": result.clipped_steps,
             "max_clip": result.max_clip,
             "restarts": result.restarts,
+            "stalls": result.stalls,
             "env_slot": result.slot,
             "rank": self.rank.rank,
             "video": self._save_video(kept, bool(success)) if kept.records_video else None,
             # Predicted frames against the env's (eval/videos.py imagined_errors).
             "imagined": imagined_errors(kept.imagined, kept.frames) if kept.imagined else None,
         }
+        if self.resolved.realtime is not None:  # each chunk's delay, what a replay reads back
+            record["chunk_timing"] = kept.timing
         append_jsonl(self.episode_log, record)
         self.finished += 1
         if self.rank.is_main:
@@ -527,7 +544,11 @@ def run_eval_command(config: EvalConfig, out: str | Path) -> int:
 
     # Every check that needs no model runs first (resolve): the device is resolved, and torch
     # imported, only after them, before anything is written.
-    evaluator = Evaluator(resolve(config, out, kind="evaluation"))
+    run = resolve(config, out, kind="evaluation")
+    if latency_arms(run.settings) is not None:
+        run_sweep(run, summary=True)
+        return 0
+    evaluator = Evaluator(run)
     results = evaluator.run()
     if results is not None:
         if evaluator.already_complete:
@@ -555,7 +576,24 @@ def evaluate(
     from cosmos3_gym.eval.results import format_table
 
     run = resolve(config, out_dir, kind="evaluation", pipeline=pipeline, eval_env=eval_env)
+    if latency_arms(run.settings) is not None:
+        return run_sweep(run, summary=summary)
     results = Evaluator(run).run()
     if summary and results is not None:
         print(format_table(results))
+    return results
+
+
+def run_sweep(run: Run, *, summary: bool) -> dict[str, Any] | None:
+    """A latency sweep (``--latency 0,100ms,200ms``): one arm per value in ``run.out/arms/``
+    (:func:`~cosmos3_gym.eval.arms.run_arms`), compared on the same episodes with the control;
+    rank 0 returns (and with ``summary`` prints) the arms' table."""
+    from cosmos3_gym.eval.arms import format_arms_table, run_arms
+
+    found = latency_arms(run.settings)
+    assert found is not None
+    arms, control = found
+    results = run_arms(run, arms, control=control)
+    if summary and results is not None:
+        print(format_arms_table(results))
     return results

@@ -81,6 +81,9 @@ def deviations(config: Any) -> list[str]:
         found.append(f"image_size {config.image_size} (official: {OFFICIAL_IMAGE_SIZE})")
     if config.seed != OFFICIAL_SEED:
         found.append(f"seed {config.seed} (official: {OFFICIAL_SEED})")
+    if getattr(config, "latency", "0") != "0":
+        found.append(f"latency {config.latency} (official: synchronous, the env waits for every "
+                     "chunk)")
     return found
 
 

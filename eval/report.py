@@ -130,6 +130,50 @@ def plot_results(runs: Sequence[RunResults], stem: Path) -> list[Path]:
     return save_figure(fig, stem)
 
 
+def plot_arms(results: dict[str, Any], stem: Path) -> list[Path]:
+    """Draw the arms of one evaluation (:mod:`~cosmos3_gym.eval.arms`' results.json) as
+    ``stem.png`` / ``.svg``: each arm's success rate with its 95% Wilson interval, in the arms'
+    order (a latency sweep: success against latency), the control's rate as a dashed line, each
+    other arm's paired difference to it written beside its point."""
+    arms = results["arms"]
+    names = list(arms)
+    fig = new_figure(max(4.5, 1.1 * len(names) + 2.0), 3.6)
+    ax = fig.add_subplot()
+    control = results["control"]
+    for x, name in enumerate(names):
+        arm = arms[name]
+        rate = arm.get("success_rate")
+        if rate is None:
+            ax.text(x, 0.02, "no rate", ha="center", fontsize=8, color="#666666")
+            continue
+        lo, hi = arm["interval"]
+        colour = RUN_COLOURS[1] if name == control else RUN_COLOURS[0]
+        line = ax.errorbar(x, rate, yerr=[[rate - lo], [hi - rate]], fmt="o", color=colour,
+                           ecolor="#222222", elinewidth=1.2, capsize=4)
+        line[0].set_gid(f"arm-{x}")
+        paired = results["paired"].get(name)
+        note = f"{rate:.0%} ({arm['successes']}/{arm['episodes']})"
+        if paired is not None and paired.get("difference") is not None:
+            note += f"\n{100 * paired['difference']:+.0f} pts"
+        ax.text(x + 0.08, rate, note, va="center", fontsize=8)
+    if arms.get(control, {}).get("success_rate") is not None:
+        ax.axhline(arms[control]["success_rate"], color=RUN_COLOURS[1], linewidth=0.8,
+                   linestyle="--")
+    ax.set_xticks(range(len(names)), [f"{n}\n(control)" if n == control else n for n in names])
+    ax.set_xlim(-0.5, len(names) - 0.2)
+    ax.set_ylim(0.0, 1.05)
+    ax.set_yticks([0.0, 0.25, 0.5, 0.75, 1.0], ["0%", "25%", "50%", "75%", "100%"])
+    ax.set_ylabel("success rate, 95% Wilson interval")
+    ax.grid(axis="y", color="#dddddd", linewidth=0.6)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    changed = sorted({k for arm in arms.values() for k in (arm.get("changes") or {})})
+    ax.set_title(f"Success per arm ({', '.join(changed) or 'arms'}); differences paired with "
+                 f"{control}", fontsize=10, loc="left")
+    return save_figure(fig, stem)
+
+
 def _counts(entry: dict[str, Any]) -> str:
     """``successes/episodes``, or for the suites' average ``mean of K suites``."""
     if "suites" in entry:

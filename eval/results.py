@@ -118,6 +118,7 @@ def summarize(
     episode_budget: dict[str, Any] | None = None,
     protocol: dict[str, Any] | None = None,
     success_source: dict[str, Any] | None = None,
+    latency: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The results.json document.
 
@@ -136,7 +137,9 @@ def summarize(
     ``restarted_episodes``; ``incidents`` (list); ``throughput`` (or null); ``imagined``
     (:func:`imagined_summary`, or null without imagined videos);
     ``episode_budget`` (the env's step-budget convention: ``step_budget``, ``settle_steps``,
-    ``max_episode_steps`` per suite; or null); ``config``.
+    ``max_episode_steps`` per suite; or null); ``latency`` (:func:`latency_summary`: the
+    latency model in one line and what its delays did; null for a run before it was
+    recorded); ``config``.
     """
     by_task = {name: [r for r in records if r["task"] == name] for name in task_names}
     suites: dict[str, list[EpisodeRecord]] = {}
@@ -162,8 +165,51 @@ def summarize(
         "imagined": imagined_summary(records),
         "episode_budget": episode_budget,
         "protocol": protocol,
+        "latency": latency,
         "config": config,
     }
+
+
+def latency_summary(records: Sequence[EpisodeRecord], model: str) -> dict[str, Any]:
+    """results.json's ``latency``: the model in one line (``model``), and over the episodes'
+    chunks (their ``chunk_timing``, under real-time execution) the delays applied and the
+    calls' wall times, the actions dropped, the chunks RTC conditioned, and the stalls.
+
+    >>> rec = {"stalls": 2, "chunk_timing": [
+    ...     {"delay": 3, "latency_s": 0.2, "dropped": 0, "committed": 0},
+    ...     {"delay": 3, "latency_s": 0.4, "dropped": 3, "committed": 3}]}
+    >>> out = latency_summary([rec, {"stalls": 0, "chunk_timing": []}], "a model")
+    >>> out["stalls"], out["stalled_episodes"], out["delay_steps"], out["rtc_chunks"]
+    (2, 1, {'mean': 3.0, 'max': 3}, 1)
+    """
+    chunks = [c for r in records for c in r.get("chunk_timing") or []]
+    out: dict[str, Any] = {"model": model,
+                           "stalls": sum(int(r.get("stalls") or 0) for r in records),
+                           "stalled_episodes": sum(bool(r.get("stalls")) for r in records),
+                           "chunks": len(chunks)}
+    if chunks:
+        delays = [int(c["delay"]) for c in chunks]
+        walls = [float(c["latency_s"]) for c in chunks]
+        out.update(delay_steps={"mean": sum(delays) / len(delays), "max": max(delays)},
+                   latency_s={"mean": sum(walls) / len(walls), "max": max(walls)},
+                   dropped_actions=sum(int(c["dropped"]) for c in chunks),
+                   rtc_chunks=sum(int(c["committed"]) > 0 for c in chunks))
+    return out
+
+
+def format_latency(latency: dict[str, Any], episodes: int) -> list[str]:
+    """The summary's lines on the latency model and what its delays did."""
+    lines = [f"latency: {latency['model']}"]
+    if latency.get("chunks"):
+        d, wall = latency["delay_steps"], latency["latency_s"]
+        rtc = f"; {latency['rtc_chunks']} started from committed actions (RTC)" \
+            if latency["rtc_chunks"] else ""
+        lines.append(f"  {latency['chunks']} chunks: delay {d['mean']:.2f} steps on average "
+                     f"(max {d['max']}), calls {1000 * wall['mean']:.0f} ms on average; "
+                     f"{latency['dropped_actions']} actions dropped{rtc}; "
+                     f"{latency['stalls']} stalled steps in {latency['stalled_episodes']} of "
+                     f"{episodes} episodes")
+    return lines
 
 
 def imagined_summary(records: Sequence[EpisodeRecord]) -> dict[str, Any] | None:
@@ -259,6 +305,8 @@ def format_table(results: dict[str, Any]) -> str:
         from cosmos3_gym.eval.protocol import describe
 
         lines += describe(protocol)
+    if results.get("latency"):
+        lines += format_latency(results["latency"], results["episodes"])
     t = results.get("throughput")
     if t:
         lines.append(

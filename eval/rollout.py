@@ -20,12 +20,15 @@ from cosmos3_gym.runner.folder import identity_differences
 from cosmos3_gym.runner.rollouts import META, PROGRESS, read_state
 from cosmos3_gym.settings import (
     EnvSettings,
+    LatencySettings,
     ModelSettings,
     RuntimeSettings,
     check_settings,
+    latency_values,
     positive_int,
     seed_value,
     setting,
+    stored_latency,
     stored_model_source,
 )
 
@@ -35,7 +38,7 @@ RUN_ONLY = ("device", "progress", "overlap", "env_timeout", "async_envs")
 
 
 @dataclass
-class RolloutConfig(ModelSettings, RuntimeSettings, EnvSettings):
+class RolloutConfig(LatencySettings, ModelSettings, RuntimeSettings, EnvSettings):
     """Every knob of ``cosmos3-gym rollout`` (its options are generated from these fields)."""
 
     env_steps: int = setting(
@@ -59,6 +62,14 @@ class RolloutConfig(ModelSettings, RuntimeSettings, EnvSettings):
         """Each setting against its declared rule; nothing rewritten (:meth:`resolved`)."""
         check_settings(self)
         self.check_model_source()
+        self.check_latency()
+        values = self.latencies()
+        if len(values) > 1:
+            raise ValueError(f"--latency {self.latency}: a rollout runs one latency (a sweep's "
+                             "arms are evaluations: cosmos3-gym eval); give one value")
+        if values[0].kind == "replay":
+            raise ValueError(f"--latency {self.latency}: a replay reads an evaluation's episode "
+                             "records; a rollout takes 0, a duration, steps or measured")
         if not isinstance(self.sampling, SamplerConfig):
             raise ValueError(f"sampling must be a SamplerConfig; found "
                              f"{type(self.sampling).__name__}")
@@ -71,7 +82,8 @@ class RolloutConfig(ModelSettings, RuntimeSettings, EnvSettings):
 
         changes: dict[str, Any] = {
             **self.model_defaults(),
-            "image_size": view_size(self.env, self.synthetic, self.image_size)}
+            "image_size": view_size(self.env, self.synthetic, self.image_size),
+            "latency": latency_values(self.latency)}
         if self.sampling.noise is None:
             changes["sampling"] = self.sampling.with_changes(noise="per_chunk")
         return dataclasses.replace(self, **changes)
@@ -101,7 +113,8 @@ def check_rollout_folder(out: Path, command: dict[str, Any]) -> None:
         return
     stored = read_json_object(out / PROGRESS, what="rollout progress file")
     diff = identity_differences(
-        stored_model_source(stored.get("identity", {}).get("command") or {}), command)
+        stored_latency(stored_model_source(stored.get("identity", {}).get("command") or {})),
+        command)
     if diff:
         raise RunMismatch(f"{out} holds rollouts of another command; refusing to mix them. "
                           f"Differences: {diff}. Use a new --out, or rerun with the stored "
@@ -126,7 +139,7 @@ def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
 
     pipeline = run.load()
     policy = VectorPolicy(pipeline, adapter=run.adapter, n_action_steps=cfg.n_action_steps,
-                          seed=cfg.seed, sampling=cfg.sampling)
+                          seed=cfg.seed, sampling=cfg.sampling, realtime=run.realtime)
     runtime = {"device": str(run.runtime.device), "dtype": run.runtime.record()["dtype"],
                "synthetic": cfg.synthetic, "options": asdict(pipeline.options)}
     out = collect_rollouts(policy, run.env, cfg.env_steps, out, num_envs=cfg.num_envs,

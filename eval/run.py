@@ -13,8 +13,10 @@ model stack loads and before anything is written:
 3. the env family (a ``gym:`` id is built and probed here);
 4. the checkpoint folder (format, configs, headers, statistics) and the head the run uses;
 5. the checkpoint's actions against the env's action space, and their units;
-6. the command's own rules (``check_run``: the success signal, ranks, ...);
-7. the device and precision (torch loads here).
+6. the latency: each value in env steps (the env's control rate), RTC against the head, a
+   replay's recorded delays (:func:`~cosmos3_gym.eval.latency.realtime_for`);
+7. the command's own rules (``check_run``: the success signal, ranks, ...);
+8. the device and precision (torch loads here).
 
 Commands, the runner and the trainer take the :class:`Run`; nothing after it reads the
 checkpoint folder again or repeats a check. Its JSON form (:meth:`Run.identity`) is what a run
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from cosmos3_gym.envs import EvalEnv
     from cosmos3_gym.pipeline import InferenceOptions
     from cosmos3_gym.policy.adapters import Adapter
+    from cosmos3_gym.policy.realtime import RealTime
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class Run:
         runtime: the device and precision the model runs in on this machine.
         env_given: the env family was handed in (the Python API), not named by the settings:
             the identity records the env itself.
+        realtime: the real-time execution the policy runs under (None: synchronous; a
+            latency sweep's arms each have their own: :meth:`derive`).
     """
 
     kind: str
@@ -85,6 +90,7 @@ class Run:
     rank: RankInfo
     runtime: Runtime
     env_given: bool = False
+    realtime: RealTime | None = None
 
     def identity(self, weights: str | None = None) -> dict[str, Any]:
         """What decides the run's records, as its folder's identity file holds it: the settings'
@@ -118,10 +124,13 @@ class Run:
         ``pipeline``: the model as it is in memory now (loaded once for several runs, or its
         weights being trained); ``env``: another env family of the same kind (a perturbed
         suite of the same benchmark: the adapter is the same)."""
+        from cosmos3_gym.eval.latency import realtime_for
+
         model = self.model if pipeline is None else dataclasses.replace(
             self.model, pipeline=pipeline)
-        return dataclasses.replace(self, kind=kind, settings=settings.resolved(), model=model,
-                                   env=self.env if env is None else env, out=Path(out))
+        settings, env = settings.resolved(), self.env if env is None else env
+        return dataclasses.replace(self, kind=kind, settings=settings, model=model, env=env,
+                                   out=Path(out), realtime=realtime_for(settings, env, model))
 
     def folder(self) -> RunFolder:
         """This rank's handle on the run folder (:meth:`RunFolder.open` takes its lock)."""
@@ -145,12 +154,15 @@ def resolve(settings: Any, out: str | Path, *, kind: str, pipeline: Any = None,
         settings, env)
     adapter = model.adapter(env, settings.action_map)
     check_action_fit(settings, model, env, adapter, space)
+    from cosmos3_gym.eval.latency import realtime_for
+
+    realtime = realtime_for(settings, env, model)
     check_run = getattr(settings, "check_run", None)
     if check_run is not None:
         check_run(model, env, rank)
     runtime = _runtime(settings, pipeline)
     return Run(kind=kind, settings=settings, model=model, env=env, adapter=adapter, out=Path(out),
-               rank=rank, runtime=runtime, env_given=eval_env is not None)
+               rank=rank, runtime=runtime, env_given=eval_env is not None, realtime=realtime)
 
 
 def _runtime(settings: Any, pipeline: Any) -> Runtime:

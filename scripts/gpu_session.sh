@@ -3,7 +3,7 @@
 # command with `carry: [".whl"]` and a timeout of 560 s; its results are under $OUT (8 files:
 # log.txt, pytest_gpu.log (the GPU's name first, then the ManiSkill stage's tail),
 # bench_gpu_nano_libero.json, eval_loop_nano.json, bench_gpu_nano_droid.json,
-# bench_gpu_nano_fp8.json, lerobot_folder_nano.json, summary.txt),
+# bench_gpu_nano_fp8.json, lerobot_folder_nano.json, latency_nano.json, summary.txt),
 # each rewritten as its stage
 # goes, so a stage cut short still returns what it measured. It ends with a one-screen summary
 # (summary.txt).
@@ -15,41 +15,49 @@
 #                compiled Triton kernels (the FP8 quantising ones too) and CUDA-graph replay
 #                against eager, the CUDA default (fast path) against eager, the prompt cache, a
 #                real out-of-memory split, FP8 graphs against eager FP8
-#   libero   60  size --synthetic: LIBERO 256x512 at B=1, 8, 10 and 30 steps (a row's calls
+#   libero   50  size --synthetic: LIBERO 256x512 at B=1, 8, 10 and 30 steps (a row's calls
 #                repeat one request: the prompt cache hits, as in an episode) and every option
-#                flipped at B=1 and 8 (10 steps), the prompt cache and fp8 among them
-#   eval    174  cosmos3-gym eval --synthetic on ColorReach at LIBERO's input, as a user runs
+#                flipped at B=1 and 8 (10 steps), the prompt cache and fp8 among them; 2 repeats
+#   eval    149  cosmos3-gym eval --synthetic on ColorReach at LIBERO's input, as a user runs
 #                it (default options: the fast path) at B=8 and 32 (30 + B s each; one episode
 #                per env slot, at least 8): episodes/hour and what the loop adds around the
-#                pipeline (bar at B=32: <= 5%); then the same evaluation with --overlap (two
-#                slot groups take turns; 17 + B s each): its episodes/hour beside the plain
+#                pipeline (bar at B=32: <= 5%); then the same evaluation at B=32 with --overlap
+#                (two slot groups take turns; 17 + B s): its episodes/hour beside the plain
 #                run's, and whether every episode is the same (observation hashes). ColorReach's
 #                steps cost little here, so this checks overlap on CUDA (threads, graphs, the
 #                same episodes) and what it costs where there is nothing to hide; the CPU
 #                benchmark in docs/benchmarks.md measures it where env steps are slow
-#   droid    60  size --synthetic: DROID 480x832 B=1, 30 steps, in FP8 beside bf16 (the fp8
+#   droid    50  size --synthetic: DROID 480x832 B=1, 30 steps, in FP8 beside bf16 (the fp8
 #                flip, paired calls; sglang published 1.457 s on an H200, bar <= 1.20 s); then
 #                the released Policy-DROID recipes on the official server's 540x640 view, B=1, 4
 #                steps, guidance 3, a state row, 32 actions: nano-policy-droid (guided every
 #                step: 8 forwards of B rows) and edge-policy-droid (guided on step 0 only,
-#                [2, 1, 1, 1]), bf16 and FP8 (steps 1-2 in FP8)
+#                [2, 1, 1, 1]), bf16 and FP8 (steps 1-2 in FP8); 2 repeats
 #   fp8     100  size --synthetic: LIBERO 256x512 B=32, 30 steps, bf16 beside FP8 (bar: FP8
 #                1.35x faster), then the FP8 accuracy gates on the same model shape
 #                (bench/fp8_gate.py: per-layer SQNR, actions vs fp32 against bf16's), all in
 #                bench_gpu_nano_fp8.json
-#   formats  40  a LeRobot-format folder of Nano's widths, heads and vocabulary (4 of its 36
+#   formats  30  a LeRobot-format folder of Nano's widths, heads and vocabulary (4 of its 36
 #                layers) with random weights, written by this project's writer, loaded with
 #                from_pretrained on the GPU and run at B=1 and 8 (LeRobot's default sampler:
 #                4 steps, guidance 3, diffusers' UniPC on the device): write, load and call
-#                times, peak memory, bf16 actions against fp32's (bench/lerobot_folder.py)
+#                times, peak memory, bf16 actions against fp32's (bench/lerobot_folder.py);
+#                2 repeats
 #   maniskill 30 cosmos3-gym eval --env maniskill:pick_cube with sim_backend physx_cuda: 16 envs
 #                in ManiSkill3's own vector env, --synthetic tiny, a few chunks (its test in
 #                tests/test_gpu.py): camera frames reach the pipeline as CUDA tensors, every
 #                record complete. Appended to pytest_gpu.log; where mani_skill is not installed
 #                or SAPIEN finds no Vulkan driver for the GPU it says so there (the test skips
 #                or fails naming it) instead of hanging: the stage has its own timeout
+#   latency  55  --latency measured at B=1, 8 and 32 (scripts/realtime_delays.py): the model
+#                built once, then one ColorReach evaluation of B envs at LIBERO's input, 30
+#                steps, each call's wall time as its delay at LIBERO's 20 Hz: the median call
+#                of B envs and the delay d it costs every env of the batch (what batching does
+#                to a real robot's delay), into latency_$PRESET.json
 #   summary      the one-screen summary
-# 2 x 15 + 65 + 60 + 174 + 60 + 65 + 35 + 40 + 30 = 559 s at most. `bash scripts/gpu_session.sh eval summary` runs
+# Shortened for the latency stage (issue 51): libero, droid and formats measure 2 repeats (were
+# 3; 60, 60, 40 s), and --overlap runs at B=32 only (was 8 and 32; 174 s).
+# 2 x 15 + 65 + 50 + 149 + 50 + 65 + 35 + 30 + 30 + 55 = 559 s at most. `bash scripts/gpu_session.sh eval summary` runs
 # some stages only.
 #
 # Not in the default run (the stages above fill one command's budget): a second command,
@@ -80,12 +88,14 @@ PYTHON="${PYTHON:-python3}"
 LIBERO_BATCHES="${LIBERO_BATCHES:-1,8}"
 COMPARE_BATCH="${COMPARE_BATCH:-8}"
 EVAL_BATCHES="${EVAL_BATCHES:-8 32}"
+OVERLAP_BATCHES="${OVERLAP_BATCHES:-32}"  # of EVAL_BATCHES: those also run with --overlap
+LATENCY_BATCHES="${LATENCY_BATCHES:-1,8,32}"
 FP8_BATCH="${FP8_BATCH:-32}"
 STEPS="${STEPS:-30}"
 FORMAT_LAYERS="${FORMAT_LAYERS:-4}"
 RUNS="${RUNS:-/tmp/cosmos3-gym-gpu-runs}"  # eval folders, outside $OUT (its file count is capped)
 mkdir -p "$OUT"
-stages="${*:-install checks libero eval droid fp8 formats maniskill summary}"  # grpo: on its own (above)
+stages="${*:-install checks libero eval droid fp8 formats maniskill latency summary}"  # grpo: on its own (above)
 has() { [[ " $stages " == *" $1 "* ]]; }
 # A stage's timeout, scaled by TIMEOUT_SCALE (default 1: the device budget; the CPU-size tests
 # of tests/test_gpu_session.py give a slow shared CPU more room).
@@ -120,9 +130,9 @@ if has checks; then
 fi
 if has libero; then
   log "libero bench ($PRESET, B=$LIBERO_BATCHES, flips at 1 and $COMPARE_BATCH)"
-  timeout "$(t 60)" "${CLI[@]}" size --synthetic "$PRESET" --device "$DEVICE" --cases libero_256x512 \
+  timeout "$(t 50)" "${CLI[@]}" size --synthetic "$PRESET" --device "$DEVICE" --cases libero_256x512 \
     --batch-sizes "$LIBERO_BATCHES" --step-counts "10,$STEPS" --compare-batch "$COMPARE_BATCH" \
-    --warmup 1 --repeats 3 --no-reference --out "$OUT/bench_gpu_${PRESET}_libero.json" \
+    --warmup 1 --repeats 2 --no-reference --out "$OUT/bench_gpu_${PRESET}_libero.json" \
     >> "$OUT/log.txt" 2>&1
 fi
 if has eval; then
@@ -131,6 +141,7 @@ if has eval; then
   for b in $EVAL_BATCHES; do
     trials=$(( (b + 3) / 4 )); (( trials < 2 )) && trials=2
     for mode in plain overlap; do
+      [[ $mode == overlap && " $OVERLAP_BATCHES " != *" $b "* ]] && continue
       name="eval_b$b"; flag=(); limit=$(( 30 + b ))
       if [[ $mode == overlap ]]; then name="eval_b${b}_overlap"; flag=(--overlap); limit=$(( 17 + b )); fi
       log "eval --synthetic $PRESET --num-envs $b --trials $trials ${flag[*]}"
@@ -172,10 +183,10 @@ PYEOF
 fi
 if has droid; then
   log "droid bench ($PRESET, B=1, fp8 beside bf16; the released Policy-DROID recipes)"
-  timeout "$(t 60)" "${CLI[@]}" size --synthetic "$PRESET" --device "$DEVICE" \
+  timeout "$(t 50)" "${CLI[@]}" size --synthetic "$PRESET" --device "$DEVICE" \
     --cases droid_480x832,nano-policy-droid_540x640,edge-policy-droid_540x640 \
     --batch-sizes 1 --step-counts "$STEPS" --compare-batch 1 --flips fp8 --no-reference --warmup 1 \
-    --repeats 3 --out "$OUT/bench_gpu_${PRESET}_droid.json" >> "$OUT/log.txt" 2>&1
+    --repeats 2 --out "$OUT/bench_gpu_${PRESET}_droid.json" >> "$OUT/log.txt" 2>&1
 fi
 if has fp8; then
   # One file under OUT: the bench JSON with the gates' result merged in as "fp8_gates".
@@ -203,8 +214,8 @@ fi
 if has formats; then
   log "LeRobot-format folder ($PRESET widths, $FORMAT_LAYERS layers, random weights) end to end"
   mkdir -p "$RUNS"
-  timeout "$(t 40)" "$PYTHON" -m cosmos3_gym.bench.lerobot_folder --preset "$PRESET" \
-    --layers "$FORMAT_LAYERS" --device "$DEVICE" --folder "$RUNS/lerobot_folder" --repeats 3 \
+  timeout "$(t 30)" "$PYTHON" -m cosmos3_gym.bench.lerobot_folder --preset "$PRESET" \
+    --layers "$FORMAT_LAYERS" --device "$DEVICE" --folder "$RUNS/lerobot_folder" --repeats 2 \
     --out "$OUT/lerobot_folder_$PRESET.json" >> "$OUT/log.txt" 2>&1
 fi
 if has maniskill; then
@@ -215,6 +226,13 @@ if has maniskill; then
     timeout "$(t 30)" "$PYTHON" -m pytest -q -p no:cacheprovider -m maniskill -rs tests/test_gpu.py 2>&1 \
       | tail -15
     echo "maniskill stage: exit ${PIPESTATUS[0]} (124: timed out)"; } >> "$OUT/pytest_gpu.log"
+fi
+if has latency; then
+  log "latency measured ($PRESET, B=$LATENCY_BATCHES, 20 Hz)"
+  mkdir -p "$RUNS"
+  timeout "$(t 55)" "$PYTHON" scripts/realtime_delays.py --synthetic "$PRESET" --device "$DEVICE" \
+    --batches "$LATENCY_BATCHES" --control-hz 20 --denoising-steps "$STEPS" --episode-steps 16 \
+    --runs "$RUNS" --out "$OUT/latency_$PRESET.json" >> "$OUT/log.txt" 2>&1
 fi
 if has grpo; then
   log "grpo iteration ($PRESET, LoRA, gradient checkpointing, ${GRPO_GROUPS:-2}x${GRPO_GROUP_SIZE:-8} episodes)"

@@ -207,8 +207,28 @@ def summary(out: Path, preset: str = "nano") -> str:
     lines += _recipe_lines(droid)
     lines += _fp8_lines(droid, _load(out / f"bench_gpu_{preset}_fp8.json"))
     lines += _folder_lines(_load(out / f"lerobot_folder_{preset}.json"))
+    lines += _latency_lines(_load(out / f"latency_{preset}.json"), preset)
     lines += _grpo_lines(_load(out / f"grpo_{preset}.json"), preset)
     return "\n".join(lines)
+
+
+def _latency_lines(found: dict[str, Any] | None, preset: str) -> list[str]:
+    """The latency stage (scripts/realtime_delays.py): per batch size, the median call and the
+    delay it costs every env of the batch at the control rate."""
+    if found is None:
+        return [f"latency measured ({preset}): not run"]
+    state = "" if found.get("complete") else " (cut short)"
+    lines = [f"latency measured ({found['synthetic']}, {found['steps']} steps, at "
+             f"{found['control_hz']:g} Hz){state}: build {found['build_s']:.1f} s"]
+    for b, row in found["batches"].items():
+        if row.get("call_s_median") is None:
+            lines.append(f"  B={b:<3} no call of {b} envs timed")
+            continue
+        lines.append(f"  B={b:<3} call {row['call_s_median']:.3f} s (median of {row['calls']}; "
+                     f"first {row['first_call_s']:.2f} s): every env waits d = "
+                     f"{row['delay_steps_median']:g} steps ({row['delay_ms']:.0f} ms); "
+                     f"{row['stalls_per_episode']:.1f} stalled steps per episode")
+    return lines
 
 
 def _folder_lines(found: dict[str, Any] | None) -> list[str]:

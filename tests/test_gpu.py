@@ -434,6 +434,69 @@ def test_state_rows_on_gpu_track_the_cpu_and_stay_batch_invariant(tmp_path) -> N
     assert np.abs(moved - batched.actions).max() > 5e-2  # the state conditions the actions
 
 
+def test_committed_rows_on_gpu_come_back_exactly_and_graphs_replay_other_counts(tmp_path
+                                                                               ) -> None:
+    """RTC's committed rows on the CUDA fast path (bf16, graphs): the rows come back bit for
+    bit, a graph captured for one pattern of committed rows replays another (the clean-row
+    mask is a graph input) as eager does, and fp32 on the GPU tracks the CPU."""
+    from cosmos3_gym.pipeline import InferenceOptions
+
+    path = write_tiny_checkpoint(tmp_path / "tiny", policy_overrides={"history_length": 1})
+    images, prompts = _tiny_inputs()
+    state = np.random.default_rng(4).uniform(-0.4, 0.6, (3, 1, 10)).astype(np.float32)
+    rng = np.random.default_rng(5)
+    kwargs = dict(seed=[1, 2, 3], num_inference_steps=8, progress=False, state=state)
+
+    def committed(counts):
+        return [None if c is None else rng.uniform(-0.5, 0.5, (c, 10)).astype(np.float32)
+                for c in counts]
+
+    first, second = committed([1, None, 3]), committed([2, 1, None])
+    cpu = Cosmos3ActionPipeline.from_pretrained(path)(images, prompts, committed_actions=second,
+                                                      **kwargs)
+    fp32 = Cosmos3ActionPipeline.from_pretrained(path, device="cuda", dtype=torch.float32)
+    np.testing.assert_allclose(fp32(images, prompts, committed_actions=second, **kwargs).actions,
+                               cpu.actions, rtol=1e-3, atol=1e-3)
+    fast = Cosmos3ActionPipeline.from_pretrained(path, device="cuda")
+    eager = Cosmos3ActionPipeline.from_pretrained(
+        path, device="cuda", options=InferenceOptions(cuda_graphs=False, triton_kernels=False))
+    fast(images, prompts, committed_actions=first, **kwargs)  # captures with the first mask
+    got = fast(images, prompts, committed_actions=second, **kwargs)
+    assert fast.disabled_options == {} and fast.denoise.graphs.hits >= 1
+    for k, rows in enumerate(second):
+        if rows is not None:
+            np.testing.assert_array_equal(got.actions[k, :len(rows)], rows)
+    want = eager(images, prompts, committed_actions=second, **kwargs).actions
+    np.testing.assert_allclose(got.actions, want, rtol=5e-2, atol=5e-2)
+
+
+def test_measured_latency_on_gpu_is_each_calls_wall_time(tmp_path) -> None:
+    """``--latency measured`` on CUDA: each chunk's delay is its call's wall time in steps, the
+    calls of one batch share it, and a replay of the run gives the same episodes."""
+    import json
+
+    from cosmos3_gym.eval.cli import main
+    from cosmos3_gym.eval.results import read_episode_records
+
+    out = tmp_path / "measured"
+    common = ["--synthetic", "tiny", "--trials", "1", "--num-envs", "4", "--denoising-steps",
+              "4", "--max-episode-steps", "24", "--env-kwargs", '{"max_speed": 0.02}',
+              "--no-progress"]
+    assert main(["eval", *common, "--latency", "measured", "--control-hz", "200",
+                 "--out", str(out)]) == 0
+    records = read_episode_records(out)
+    chunks = [c for r in records for c in r["chunk_timing"]]
+    assert len(chunks) > 4
+    for c in chunks:
+        assert c["delay"] == int(np.ceil(round(c["latency_s"] * 200, 9)))
+    results = json.loads((out / "results.json").read_text())
+    assert results["latency"]["model"].startswith("real time") and results["latency"]["chunks"]
+    replay = tmp_path / "replay"
+    assert main(["eval", *common, "--latency", f"replay:{out}", "--out", str(replay)]) == 0
+    assert [r["obs_sha256"] for r in read_episode_records(replay)] == [
+        r["obs_sha256"] for r in records]
+
+
 def test_cuda_tensor_observations_reach_the_pipeline_without_a_host_copy(tmp_path) -> None:
     """A GPU simulator's uint8 CUDA tensors (ManiSkill3's) give the actions of the same frames
     as numpy, and admission keeps them on the device (no host round trip)."""

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_eval_stage_and_the_summary_run_at_cpu_size(tmp_path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "PRESET": "tiny", "DEVICE": "cpu", "SKIP_INSTALL": "1",
-           "EVAL_BATCHES": "2", "STEPS": "1", "OUT": str(out), "RUNS": str(tmp_path / "runs"),
-           "PYTHON": sys.executable, "TIMEOUT_SCALE": "5"}
+           "EVAL_BATCHES": "2", "OVERLAP_BATCHES": "2", "STEPS": "1", "OUT": str(out),
+           "RUNS": str(tmp_path / "runs"), "PYTHON": sys.executable, "TIMEOUT_SCALE": "5"}
     done = subprocess.run(["bash", "scripts/gpu_session.sh", "eval", "summary"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -81,7 +82,8 @@ def _stage_timeouts(script: str) -> dict[str, list[int]]:
 
 
 def test_the_stage_timeouts_fit_the_device_budget() -> None:
-    """Every default stage's timeout, the eval stage's per batch size, sum to at most 560 s;
+    """Every default stage's timeout, the eval stage's per batch size (and per overlapped one),
+    sum to at most 560 s;
     the GRPO stage, run as a command of its own with the install, fits too."""
     import re
 
@@ -94,9 +96,12 @@ def test_the_stage_timeouts_fit_the_device_budget() -> None:
     assert f"(2 x 15 + {sum(stages['grpo'])} = {sum(stages['install']) + sum(stages['grpo'])} s " \
            "at most)" in script
     batches = re.search(r'EVAL_BATCHES="\$\{EVAL_BATCHES:-([\d ]+)\}"', script).group(1).split()
-    per_run = [int(t) for t in re.findall(r"limit=\$\(\( (\d+) \+ b \)\)", script)]
-    assert len(per_run) == 2  # the plain run and the overlapped one, per batch size
-    total = sum(fixed) + sum(t + int(b) for t in per_run for b in batches)
+    overlapped = re.search(r'OVERLAP_BATCHES="\$\{OVERLAP_BATCHES:-([\d ]+)\}"',
+                           script).group(1).split()
+    plain, overlap = (int(t) for t in re.findall(r"limit=\$\(\( (\d+) \+ b \)\)", script))
+    assert set(overlapped) <= set(batches)
+    total = sum(fixed) + sum(plain + int(b) for b in batches) + sum(
+        overlap + int(b) for b in overlapped)
     assert total <= 560, (fixed, batches, total)
     assert f"= {total} s at most" in script  # the header states the sum
 
@@ -174,3 +179,28 @@ def test_the_grpo_stage_runs_at_cpu_size(tmp_path) -> None:
     summary = (out / "summary.txt").read_text()
     assert "GRPO iteration (tiny, --train lora, gradient checkpointing, 1x2 episodes" in summary
     assert "s per iteration" in summary
+
+
+@pytest.mark.slow
+def test_the_latency_stage_runs_at_cpu_size(tmp_path) -> None:
+    """--latency measured at two batch sizes on one model build: each batch size's calls of
+    that many envs, the delay they cost at 20 Hz, and the summary's lines."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PRESET": "tiny", "DEVICE": "cpu", "SKIP_INSTALL": "1", "STEPS": "1",
+           "LATENCY_BATCHES": "1,2", "OUT": str(out), "RUNS": str(tmp_path / "runs"),
+           "PYTHON": sys.executable, "TIMEOUT_SCALE": "8"}
+    done = subprocess.run(["bash", "scripts/gpu_session.sh", "latency", "summary"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["latency_tiny.json", "log.txt",
+                                                     "summary.txt"]
+    found = json.loads((out / "latency_tiny.json").read_text())
+    assert found["complete"], (out / "log.txt").read_text()[-2000:]
+    for b in ("1", "2"):
+        row = found["batches"][b]
+        assert row["calls"] >= 1 and row["call_s_median"] > 0
+        assert row["delay_steps_median"] == pytest.approx(
+            np.ceil(row["call_s_median"] * 20), abs=2)
+    summary = (out / "summary.txt").read_text()
+    assert "latency measured (tiny, 1 steps, at 20 Hz)" in summary
+    assert "B=2   call" in summary and "every env waits d =" in summary

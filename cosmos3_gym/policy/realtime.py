@@ -249,7 +249,7 @@ class RealTime:
                 f"{self.hold.describe()}; RTC {'on' if self.rtc else 'off'}")
 
 
-SYNCHRONOUS = "synchronous: the env waits for every chunk (latency 0)"
+SYNCHRONOUS = "synchronous, each env waits for its chunk (latency 0)"
 
 
 @dataclass(frozen=True)
@@ -260,6 +260,7 @@ class ChunkTiming:
     Attributes:
         request_step: the step of the env's episode whose observation the chunk came from.
         latency_s: float64, the wall time of the pipeline call (one batched call: every row's).
+        batch: the envs that call planned together (the batch size behind ``latency_s``).
         delay: d, the steps from request to arrival (as applied).
         committed: RTC's rows: the chunk's leading actions given as executing (0 without RTC).
         dropped: leading actions in the past at arrival (d, at most H; 0 for an episode's
@@ -270,13 +271,14 @@ class ChunkTiming:
 
     request_step: np.ndarray
     latency_s: np.ndarray
+    batch: np.ndarray
     delay: np.ndarray
     committed: np.ndarray
     dropped: np.ndarray
     stalls: np.ndarray
     superseded: np.ndarray
 
-    FIELDS = ("request_step", "latency_s", "delay", "committed", "dropped", "stalls",
+    FIELDS = ("request_step", "latency_s", "batch", "delay", "committed", "dropped", "stalls",
               "superseded")
 
     def row(self, k: int) -> dict[str, float | int]:

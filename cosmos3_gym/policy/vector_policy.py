@@ -418,7 +418,8 @@ class VectorPolicy:
                                                     for c in zip(*rows, strict=True))
         committed = record.committed or [None] * len(record)
         record = replace(record, timing=ChunkTiming(
-            request_step=step, latency_s=np.full(len(record), wall), delay=delay,
+            request_step=step, latency_s=np.full(len(record), wall),
+            batch=np.full(len(record), len(record), np.int64), delay=delay,
             committed=np.array([0 if c is None else len(c) for c in committed], np.int64),
             dropped=dropped, stalls=stalls, superseded=superseded))
         self.last_chunk_record = record

@@ -160,6 +160,8 @@ class EpisodeResult:
     # it lay outside them (the box map: ChunkRecord.clipped); 0 where nothing was clipped.
     clipped_steps: int = 0
     max_clip: float = 0.0
+    # Steps the env held because its next chunk had not arrived (real-time execution).
+    stalls: int = 0
 
 
 def group_layout(num_envs: int, overlap: bool) -> list[range]:
@@ -286,11 +288,13 @@ class _Slot:
     max_excess: float = 0.0
     clipped_steps: int = 0
     max_clip: float = 0.0
+    stalls: int = 0
     digest: Any = field(default_factory=hashlib.sha256)
 
     def start(self, spec: EpisodeSpec, start_step: int, restarts: int = 0) -> None:
         self.spec, self.needs_reset, self.restarts = spec, True, restarts
         self.steps = self.chunks = self.out_of_range_steps = self.clipped_steps = 0
+        self.stalls = 0
         self.total_reward = self.max_excess = self.max_clip = 0.0
         self.start_step = start_step
         self.started = time.perf_counter()
@@ -520,10 +524,13 @@ class EpisodeRunner:
             queued = group.policy.n_action_steps
             for row, local in enumerate(record.env_indices.tolist()):
                 slot = group.slots[local]
-                chunk = record.actions[row, :queued]
+                # The actions the env will execute: under real-time execution its first
+                # `dropped` are in the past; row k is the action for step slot.steps + k.
+                first = 0 if record.timing is None else int(record.timing.dropped[row])
+                chunk = record.actions[row, first:first + queued]
                 bad = ~np.isfinite(chunk).all(axis=-1)
                 if bad.any():
-                    k = int(np.argmax(bad))
+                    k = first + int(np.argmax(bad))
                     self._finish(group, local, False, invalid=(
                         f"non-finite action at step {slot.steps + k}: {chunk[k].tolist()}"))
         if not group.active_mask().any():
@@ -591,7 +598,7 @@ class EpisodeRunner:
             ended = (terminated | truncated) & active
             if refused or ended.any() or (budget is not None and group.steps >= budget):
                 return out, None
-            if (policy.queue_lengths[active] == 0).any():  # some slot replans next
+            if policy.replans_next()[active].any():  # some slot plans next
                 return out, None
             actions = policy.select_action(next_obs, prompts)  # every active queue has actions
             assert policy.last_chunk_record is None, "planned outside the main thread"
@@ -636,7 +643,9 @@ class EpisodeRunner:
                 slot.out_of_range_steps += 1
                 slot.max_excess = max(slot.max_excess, float(st.excess[local]))
             source = st.sources[local]
-            if source is not None and source.record.clipped is not None:
+            if source is None:  # a stall: real-time execution's chunk in flight not yet there
+                slot.stalls += 1
+            elif source.record.clipped is not None:
                 clip = float(source.record.clipped[source.row, source.step])
                 if clip > 0:
                     slot.clipped_steps += 1
@@ -665,7 +674,8 @@ class EpisodeRunner:
             obs_sha256=slot.digest.hexdigest(),
             wall_time_s=time.perf_counter() - slot.started, invalid_action=invalid, error=error,
             out_of_range_steps=slot.out_of_range_steps, max_action_excess=slot.max_excess,
-            restarts=slot.restarts, clipped_steps=slot.clipped_steps, max_clip=slot.max_clip)
+            restarts=slot.restarts, clipped_steps=slot.clipped_steps, max_clip=slot.max_clip,
+            stalls=slot.stalls)
         slot.spec = None
         slot.needs_reset = False
         mask = np.zeros(group.size, bool)

@@ -132,9 +132,9 @@ def flatten_obs(obs: Any, prefix: str) -> dict[str, np.ndarray]:
 
 def chunk_arrays(planned: Sequence[PlannedChunks]) -> dict[str, np.ndarray]:
     """Per-chunk arrays of planned chunks, rows in chunk-id order, including the state rows
-    (``chunk_state``) and the stochastic-step fields (``chunk_log_prob``, ``chunk_sde_*``) where
-    the chunks have them. ``chunk_env`` is
-    the global env slot and ``chunk_episode`` the run-wide episode id."""
+    (``chunk_state``), the real-time timing (``chunk_delay``, ``chunk_stalls``, ...) and the
+    stochastic-step fields (``chunk_log_prob``, ``chunk_sde_*``) where the chunks have them.
+    ``chunk_env`` is the global env slot and ``chunk_episode`` the run-wide episode id."""
     planned = sorted(planned, key=lambda p: p.first_id)
     records = [p.record for p in planned]
 
@@ -156,6 +156,15 @@ def chunk_arrays(planned: Sequence[PlannedChunks]) -> dict[str, np.ndarray]:
     if records and all(r.state is not None for r in records):
         # A state-conditioned head's clean leading rows: replaying a chunk needs them too.
         out["chunk_state"] = cat(lambda r: r.state, np.float32)
+    if records and all(r.timing is not None for r in records):
+        # Real-time execution: each chunk's request step, delay, wall time, committed rows (RTC:
+        # chunk_raw_actions[k, :chunk_committed[k]] are the actions executed meanwhile),
+        # dropped actions, stalls and superseded ones (ChunkTiming).
+        from cosmos3_gym.policy.realtime import ChunkTiming
+
+        for name in ChunkTiming.FIELDS:
+            out[f"chunk_{name}"] = cat(lambda r, name=name: getattr(r.timing, name),
+                                       np.float64 if name == "latency_s" else np.int64)
     if records and all(r.sde is not None for r in records):
         from cosmos3_gym.pipeline.sde import StochasticRecord
 

@@ -271,10 +271,12 @@ def bind_rollout(folder: RunFolder, identity: dict[str, Any], state: _PartState,
 def _upgrade(stored: dict[str, Any]) -> dict[str, Any]:
     """A stored identity in today's terms (the command's settings as a ``--synthetic`` run
     writes them now: :func:`~cosmos3_gym.settings.stored_model_source`)."""
-    from cosmos3_gym.settings import stored_model_source
+    from cosmos3_gym.settings import stored_latency, stored_model_source
 
     if isinstance(stored.get("command"), dict):
-        return {**stored, "command": stored_model_source(stored["command"])}
+        stored = {**stored, "command": stored_latency(stored_model_source(stored["command"]))}
+    if isinstance(stored.get("policy"), dict):  # before real-time execution: synchronous
+        stored = {**stored, "policy": {"realtime": None, **stored["policy"]}}
     return stored
 
 
