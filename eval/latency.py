@@ -92,9 +92,6 @@ def check_rtc(settings: Any, model: Any, delay: DelayRule) -> None:
     horizon = model.action_horizon
     if horizon is None:
         return
-    if settings.replan_at is not None and settings.replan_at >= horizon:
-        raise ValueError(f"--replan-at {settings.replan_at} with --rtc: {model.label} plans "
-                         f"chunks of H={horizon} actions; expected fewer than {horizon}")
     steps = delay.latency.delay_steps(delay.control_hz)
     if delay.recorded:  # a replay: its longest recorded delay
         steps = max((max(v) for v in delay.recorded.values() if v), default=None)

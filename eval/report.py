@@ -256,8 +256,11 @@ def load_run(run_dir: Path) -> dict[str, Any]:
             f"{run_dir} holds no evaluation: expected results.json or config.json written by "
             "cosmos3-gym eval"
         )
+    records = results_io.read_episode_records(run_dir)
+    # The latency model's line as the run wrote it (none before its first episode finished).
+    model = (stored.get("latency") or {}).get("model")
     summary = results_io.summarize(
-        results_io.read_episode_records(run_dir),
+        records,
         config=config,
         task_names=task_names,
         expected_episodes=expected,
@@ -266,6 +269,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         episode_budget=budget,
         protocol=protocol,
         success_source=source,
+        latency=None if model is None else results_io.latency_summary(records, model),
     )
     return {**stored, **summary}  # keys a newer results.json holds beyond the summary stay
 

@@ -34,8 +34,13 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from cosmos3_gym.policy.planner import ChunkRecord
+    from cosmos3_gym.policy.queues import ActionQueues
 
 LATENCY_HELP = "0, a duration (150ms, 0.3s), a step count (3steps), measured or replay:DIR"
 _AMOUNT = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|steps?)$")
@@ -291,7 +296,7 @@ class ChunkTiming:
 class _Flight:
     """A chunk of one env in flight: row ``row`` of ``record``, arriving at step ``arrival``."""
 
-    record: object
+    record: ChunkRecord
     row: int
     arrival: int
     delay: int
@@ -327,7 +332,7 @@ class EnvClocks:
             return rt.replan_at
         return rt.delay.expected(episode, chunk, int(self.previous_delay[env]))
 
-    def arrive(self, env: int, queues: object, n: int) -> None:
+    def arrive(self, env: int, queues: ActionQueues, n: int) -> None:
         """Install ``env``'s chunk if it arrives at this step: its rows ``d .. d + n - 1``."""
         flight = self.flights[env]
         if flight is None or flight.arrival != self.step[env]:
@@ -347,8 +352,8 @@ class EnvClocks:
         horizon = flight.record.actions.shape[1]
         return max(0, min(flight.delay + n, horizon) - min(flight.delay, horizon)), False
 
-    def committed(self, env: int, queues: object, episode: int, chunk: int, horizon: int | None
-                  ) -> np.ndarray | None:
+    def committed(self, env: int, queues: ActionQueues, episode: int, chunk: int,
+                  horizon: int | None) -> np.ndarray | None:
         """RTC's rows for ``env``'s request: the raw actions it executes during the flight
         expected (at most H - 1 of them); None without RTC or with nothing executing."""
         if not self.realtime.rtc or chunk == 0:
@@ -359,7 +364,7 @@ class EnvClocks:
             count = min(count, horizon - 1)
         return queues.upcoming_raw(env, count) if count > 0 else None
 
-    def timing(self, env: int, record: object, row: int, wall_s: float, queue: int
+    def timing(self, env: int, record: ChunkRecord, row: int, wall_s: float, queue: int
                ) -> tuple[int, int, int, int, int]:
         """Row ``row`` of a just planned ``record``, for ``env`` whose queue holds ``queue``
         actions: ``(request_step, delay, dropped, stalls, superseded)`` (:class:`ChunkTiming`)."""
@@ -373,7 +378,7 @@ class EnvClocks:
         horizon = record.actions.shape[1]
         return step, delay, min(delay, horizon), max(0, delay - queue), max(0, queue - delay)
 
-    def send(self, env: int, record: object, row: int, queues: object, n: int) -> None:
+    def send(self, env: int, record: ChunkRecord, row: int, queues: ActionQueues, n: int) -> None:
         """Row ``row`` of ``record`` (its timing attached) on its way: installed now (an
         episode's first chunk, or no delay), else in flight until its delay has passed."""
         delay = int(record.timing.delay[row])
