@@ -162,6 +162,7 @@ CURVE_FILE = "curve.json"
 STATE_PREFIX = "state-"
 EVALS = "evals"
 REWARDS = ("success", "return")
+ADVANTAGES = ("group", "mean", "batch")
 
 
 def _positive_or_none(text: str) -> int | None:
@@ -219,7 +220,20 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
     gradient_checkpointing: bool = setting(
         False, "recompute each GEN layer in the backward instead of keeping its activations (a "
         "fraction of the memory per chunk, about a third more time per update)", group="rl")
-    lr: float = setting(1e-4, "the optimiser's learning rate (AdamW); constant", group="rl")
+    lr: float = setting(1e-4, "the optimiser's learning rate (AdamW); constant after the "
+                        "warmup", group="rl")
+    lr_warmup: int = setting(
+        0, "optimiser steps over which the learning rate rises linearly to --lr (Adam's first "
+        "steps move every weight by about lr, whatever its gradient)", group="rl", parse=int)
+    target_kl: float | None = setting(
+        None, "end an iteration's update early once a minibatch's approx_kl (the sampling "
+        "policy against the updated one) exceeds this: a trust region per iteration; default: "
+        "no limit", group="rl")
+    advantages: str = setting(
+        "group", "an episode's advantage: group (its reward minus its group's mean, over the "
+        "group's standard deviation), mean (minus the group's mean only) or batch (minus the "
+        "group's mean, over the standard deviation of those differences across the iteration)",
+        group="rl", choices=ADVANTAGES)
     clip: float = setting(0.2, "PPO's clip on the chunk probability ratio", group="rl")
     kl_coef: float = setting(
         0.0, "weight of a KL term to the base policy (the k3 estimate on each chunk; LoRA's "

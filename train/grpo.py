@@ -56,18 +56,25 @@ from cosmos3_gym.train.config import (  # noqa: F401  (GRPOConfig's home; re-exp
 # ---------------------------------------------------------------------- advantages
 
 
-def group_advantages(returns: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """``(R − mean_group) / (std_group + 1e-6)`` per episode; 0 in groups of equal returns.
+def group_advantages(returns: torch.Tensor, groups: torch.Tensor,
+                     scale: str = "group") -> torch.Tensor:
+    """Each episode's return minus its group's mean; ``scale="group"`` divides by the group's
+    standard deviation (+1e-6), ``"mean"`` leaves the difference as it is. 0 in groups of equal
+    returns.
 
     >>> adv = group_advantages(torch.tensor([1., 0., 1., 1.]), torch.tensor([0, 0, 1, 1]))
     >>> [round(a, 4) for a in adv.tolist()]
     [1.0, -1.0, 0.0, 0.0]
+    >>> group_advantages(torch.tensor([1., 0., 0., 0.]), torch.zeros(4), "mean").tolist()
+    [0.75, -0.25, -0.25, -0.25]
     """
     adv = torch.zeros_like(returns)
     for g in torch.unique(groups):
         members = groups == g
         r = returns[members]
-        adv[members] = (r - r.mean()) / (r.std(unbiased=False) + 1e-6)
+        adv[members] = r - r.mean()
+        if scale == "group":
+            adv[members] /= r.std(unbiased=False) + 1e-6
     return adv
 
 
@@ -90,9 +97,12 @@ class Signal:
     stats: dict[str, float]
 
 
-def batch_signal(batch: dict[str, Any], group_size: int, reward: str) -> Signal:
+def batch_signal(batch: dict[str, Any], group_size: int, reward: str, advantages: str = "group",
+                 dp: DataParallel | None = None) -> Signal:
     """Group-relative advantages of the complete groups (every member finished) of a batch, and
-    the chunks that carry a non-zero one."""
+    the chunks that carry a non-zero one. ``advantages="batch"`` divides the differences from
+    the group means by their root mean square over every rank's episodes of groups that
+    disagree."""
     finished = batch["episode_finished"]
     groups = batch["episode_group"]
     returns = (batch["episode_success"].float() if reward == "success"
@@ -104,7 +114,18 @@ def batch_signal(batch: dict[str, Any], group_size: int, reward: str) -> Signal:
             complete |= members
     adv_ep = torch.zeros_like(returns)
     if complete.any():
-        adv_ep[complete] = group_advantages(returns[complete], groups[complete])
+        adv_ep[complete] = group_advantages(returns[complete], groups[complete],
+                                            "group" if advantages == "group" else "mean")
+    if advantages == "batch":
+        informative = torch.zeros_like(complete)
+        for g in torch.unique(groups[complete]):
+            members = groups == g
+            informative |= members & bool((adv_ep[members] != 0).any())
+        totals = (dp or DataParallel(0, 1)).all_sum(
+            {"square": float((adv_ep[informative] ** 2).sum()),
+             "count": float(informative.sum())})
+        if totals["count"]:
+            adv_ep = adv_ep / (math.sqrt(totals["square"] / totals["count"]) + 1e-6)
     chunk_episode = batch["chunk_episode"]  # run-wide ids; episode_id maps rows to them
     row_of = {int(e): i for i, e in enumerate(batch["episode_id"].tolist())}
     chunk_ep_row = torch.tensor([row_of[int(e)] for e in chunk_episode.tolist()],
@@ -218,13 +239,25 @@ def update(learner: Learner, batch: dict[str, Any], signal: Signal, iteration: i
     total = len(keys)
     local_pos = {tuple(k): i for i, k in enumerate(signal.keys.tolist())}
     sums = {"loss": 0.0, "clipped": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "scored": 0.0,
-            "steps": 0.0, "grad_norm": 0.0}
+            "steps": 0.0, "grad_norm": 0.0, "kl_stop": 0.0}
     if total == 0:
         return sums
     generator = torch.Generator().manual_seed(iteration_seed(cfg.seed, iteration, 0))
     microbatch = cfg.microbatch or cfg.minibatch
     prompts = batch["chunk_prompts"]
     params = learner.masters.params
+
+    def score(idx: np.ndarray) -> torch.Tensor:
+        rows = signal.rows[idx]
+        return chunk_log_prob(learner.pipe, stochastic_record(batch, rows),
+                              [prompts[r] for r in rows], model=learner.model)
+
+    ref = None
+    if cfg.kl_coef > 0:  # the reference does not move: scored once per iteration
+        with torch.no_grad(), learner.reference():
+            ref = torch.cat([score(np.arange(m, min(m + microbatch, len(signal.rows))))
+                             for m in range(0, len(signal.rows), microbatch)]) \
+                if len(signal.rows) else torch.zeros(0)
     for _ in range(cfg.epochs):
         order = torch.randperm(total, generator=generator).numpy()
         for start in range(0, total, cfg.minibatch):
@@ -232,35 +265,41 @@ def update(learner: Learner, batch: dict[str, Any], signal: Signal, iteration: i
             size = len(part)
             mine = [local_pos[tuple(keys[j].tolist())] for j in part if owners[j] == dp.rank]
             learner.masters.zero_grad()
+            part_sums = {"loss": 0.0, "clipped": 0.0, "approx_kl": 0.0, "kl_ref": 0.0,
+                         "scored": 0.0}
             for m in range(0, len(mine), microbatch):
                 idx = np.asarray(mine[m : m + microbatch], np.int64)
-                rows = signal.rows[idx]
-                record = stochastic_record(batch, rows)
-                chunk_prompts = [prompts[r] for r in rows]
-                new = chunk_log_prob(learner.pipe, record, chunk_prompts, model=learner.model)
+                new = score(idx)
                 old, adv = signal.old_log_prob[idx], signal.advantages[idx]
                 log_ratio = (new - old).clamp(-20.0, 20.0)
                 ratio = torch.exp(log_ratio)
-                surrogate = torch.minimum(ratio * adv,
+                objective = torch.minimum(ratio * adv,
                                           ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv)
-                objective = surrogate
-                if cfg.kl_coef > 0:
-                    with torch.no_grad(), learner.reference():
-                        ref = chunk_log_prob(learner.pipe, record, chunk_prompts,
-                                             model=learner.model)
+                if ref is not None:
                     # k3: exp(ref − new) − (ref − new) − 1 >= 0, unbiased under the new policy.
-                    d = (ref - new).clamp(-20.0, 20.0)
+                    d = (ref[idx] - new).clamp(-20.0, 20.0)
                     kl = torch.exp(d) - d - 1
                     objective = objective - cfg.kl_coef * kl
-                    sums["kl_ref"] += float(kl.detach().sum())
+                    part_sums["kl_ref"] += float(kl.detach().sum())
                 loss = -objective.sum() / size
                 loss.backward()
                 with torch.no_grad():
-                    sums["loss"] += float(loss.detach())
-                    sums["clipped"] += float(((ratio - 1).abs() > cfg.clip).float().sum())
+                    part_sums["loss"] += float(loss.detach())
+                    part_sums["clipped"] += float(((ratio - 1).abs() > cfg.clip).float().sum())
                     # k3 of the sampling policy against the current one (PPO's diagnostic).
-                    sums["approx_kl"] += float((torch.exp(-log_ratio) + log_ratio - 1).sum())
-                    sums["scored"] += len(idx)
+                    part_sums["approx_kl"] += float((torch.exp(-log_ratio) + log_ratio - 1).sum())
+                    part_sums["scored"] += len(idx)
+            if cfg.target_kl is not None:
+                seen = dp.all_sum({"kl": part_sums["approx_kl"], "n": part_sums["scored"]})
+                if seen["kl"] > cfg.target_kl * seen["n"]:
+                    # The policy has left the trust region: this minibatch's step is not taken.
+                    learner.masters.zero_grad()
+                    sums["kl_stop"] = 1.0 / dp.world_size
+                    for k in ("approx_kl", "clipped", "scored"):
+                        sums[k] += part_sums[k]
+                    return sums
+            for k, v in part_sums.items():
+                sums[k] += v
             dp.reduce_gradients(params)
             norm = learner.step()
             # Every rank counts each step once (the sums are added over the ranks).
@@ -290,9 +329,23 @@ class Learner:
         self.optimizer = torch.optim.AdamW(self.masters.masters, lr=cfg.lr, weight_decay=0.0)
         self.frozen = self.trainable.frozen_copy() if cfg.kl_coef > 0 else None
 
+    def learning_rate(self) -> float:
+        """``lr`` for the next step: a linear warmup over the first ``lr_warmup`` steps."""
+        done = self.steps_taken()
+        if self.cfg.lr_warmup > 0 and done < self.cfg.lr_warmup:
+            return self.cfg.lr * (done + 1) / self.cfg.lr_warmup
+        return self.cfg.lr
+
+    def steps_taken(self) -> int:
+        """Optimiser steps taken so far in the run (AdamW's own count, saved with its state)."""
+        state = self.optimizer.state.get(self.masters.masters[0], {})
+        return int(state["step"]) if "step" in state else 0
+
     def step(self) -> float:
         """One optimiser step on the gradients the microbatches left (clipped to norm 1);
         returns their norm before the clip."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.learning_rate()
         self.masters.grads_to_master()
         norm = torch.nn.utils.clip_grad_norm_(self.masters.masters, 1.0)
         self.optimizer.step()
@@ -465,7 +518,7 @@ def _run(cfg: GRPOConfig, progress: bool, rank: Any, device: Any, dtype: Any, ev
     recorded = bool(states) or (evals.is_dir() and any(evals.iterdir()))
     identity = {**cfg.identity(), "dtype": dtype_name(dtype)}
     folder.bind(IDENTITY_FILE, identity, bound=recorded, extra={"session": asdict(cfg)},
-                what="a different GRPO run", upgrade=stored_model_source)
+                what="a different GRPO run", upgrade=_stored_identity)
     pipe, adapter = _pipeline(cfg, device, dtype, eval_env)
     learner = Learner(pipe, cfg)
     dp.broadcast_parameters(learner.masters.params)
@@ -508,12 +561,13 @@ def _run(cfg: GRPOConfig, progress: bool, rank: Any, device: Any, dtype: Any, ev
                                   sampling=sampling, seed_rule=group_seed_rule(cfg.seed))
             batch = collect_on_policy(policy, envs, budget, eval_env=eval_env,
                                       schedule=schedule, env_timeout=cfg.env_timeout)
-            signal = batch_signal(batch, cfg.group_size, cfg.reward)
+            signal = batch_signal(batch, cfg.group_size, cfg.reward, cfg.advantages, dp)
             t1 = time.perf_counter()
+            lr = learner.learning_rate()
             sums = update(learner, batch, signal, it, cfg, dp)
             t2 = time.perf_counter()
             point = _point(it, dp.all_sum(signal.stats), dp.all_sum(sums), t1 - t0, t2 - t1,
-                           device)
+                           device, lr)
             over = bool(cfg.time_budget_s) and dp.any(
                 time.perf_counter() - start > cfg.time_budget_s)
             if it % cfg.eval_every == 0 or it == cfg.iterations or over:
@@ -541,8 +595,18 @@ def _run(cfg: GRPOConfig, progress: bool, rank: Any, device: Any, dtype: Any, ev
     return _finish(cfg, learner, curve, out, time.perf_counter() - start)
 
 
+# Settings added since the first GRPO folders, as those runs had them.
+_ADDED_SETTINGS = {"lr_warmup": 0, "target_kl": None, "advantages": "group"}
+
+
+def _stored_identity(found: dict[str, Any]) -> dict[str, Any]:
+    """A stored identity in today's terms (a folder written before a setting existed ran
+    without it)."""
+    return {**_ADDED_SETTINGS, **stored_model_source(found)}
+
+
 def _point(it: int, signal: dict[str, float], sums: dict[str, float], collect_s: float,
-           update_s: float, device: Any) -> dict[str, Any]:
+           update_s: float, device: Any, lr: float) -> dict[str, Any]:
     episodes = signal["episodes"]
     scored = sums["scored"]
     point: dict[str, Any] = {
@@ -556,8 +620,10 @@ def _point(it: int, signal: dict[str, float], sums: dict[str, float], collect_s:
         "grad_norm": sums["grad_norm"] / sums["steps"] if sums["steps"] else 0.0,
         "clip_frac": sums["clipped"] / scored if scored else 0.0,
         "approx_kl": sums["approx_kl"] / scored if scored else 0.0,
-        "collect_s": round(collect_s, 2), "update_s": round(update_s, 2),
+        "lr": lr, "collect_s": round(collect_s, 2), "update_s": round(update_s, 2),
     }
+    if sums["kl_stop"]:
+        point["kl_stop"] = True
     if sums["kl_ref"]:
         point["kl_ref"] = sums["kl_ref"] / scored
     if device.type == "cuda":
