@@ -2,16 +2,17 @@
 table and the curves the docs show (docs/rl.md, "What holds the gains").
 
 ``python -m cosmos3_gym.bench.grpo_seeds --out runs/grpo_seeds --seeds 0,1,2,3,4 -- ARGS``
-runs ``cosmos3-gym rl grpo ARGS --seed S --out OUT/default/seed-S`` for each seed, one after
-the other (each in its own process, so one run's threads and memory never meet the next's),
-and writes ``OUT/summary.json``, ``OUT/summary.md`` and ``OUT/curves.png``: per seed the
-held-out success at the start, its best measurement and its final one; per variant the mean
-and the range over seeds at every measured iteration. ``--variant NAME="--lr 1e-5"`` adds a
-variant: the same command with those flags appended (repeat it; ``default`` is the command as
-given). A run folder that already holds a finished run is read, not run again, and a killed run
-resumes (a rerun of this command goes on where it stopped), so the measurement can be spread
-over sessions. ``--report-only`` aggregates what is there. ``--figure PATH`` also writes the
-figure of the first variant there (``docs/grpo_curve``: PATH.png and PATH.json).
+runs ``cosmos3-gym rl grpo ARGS --seed S --out OUT/default/seed-S`` for each seed, one run at
+a time, every variant's first seed before any second seed (each run in its own process, so one
+run's threads and memory never meet the next's), and writes ``OUT/summary.json``,
+``OUT/summary.md`` and ``OUT/curves.png``: per seed the held-out success at the start, its best
+measurement and its final one; per variant the mean and the range over seeds at every measured
+iteration. ``--variant NAME="--lr 1e-5"`` adds a variant: the same command with those flags
+appended (repeat it; ``default`` is the command as given). A run folder that already holds a
+finished run is read, not run again, and a killed run resumes (a rerun of this command goes on
+where it stopped), so the measurement can be spread over sessions. ``--report-only``
+aggregates what is there. ``--figure PATH`` also writes the figure of the first variant there
+(``docs/grpo_curve``: PATH.png and PATH.json).
 
 The acceptance the docs state is computed for each run: final >= start + ``--min-gain`` points
 and final >= its own best - ``--max-drop`` points.
@@ -181,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     variants.update(dict(ns.variant))
     ns.out.mkdir(parents=True, exist_ok=True)
     if not ns.report_only:
-        for name, extra in variants.items():
-            for seed in ns.seeds:
+        for seed in ns.seeds:  # seed by seed: every variant's first seed comes in first
+            for name, extra in variants.items():
                 folder = run_folder(ns.out, name, seed)
                 if finished(folder) is None:
                     run_seed(args, extra, seed, folder)
