@@ -31,6 +31,8 @@ def run(preset: str, *, device: str, train: str, groups: int, group_size: int, s
     from cosmos3_gym.policy import VectorPolicy
     from cosmos3_gym.runner import GroupEpisodes, collect_on_policy, group_seed_rule
     from cosmos3_gym.train import grpo
+    from cosmos3_gym.train.data_parallel import DataParallel
+    from cosmos3_gym.train.memory import run_estimate
 
     dev = resolve_device(device)
     cfg = grpo.GRPOConfig(synthetic=preset, device=str(dev), train=train, groups=groups,
@@ -62,8 +64,7 @@ def run(preset: str, *, device: str, train: str, groups: int, group_size: int, s
     result["trained_parameters"] = learner.trainable.count
     result["parameters"] = sum(p.numel() for p in learner.model.parameters())
     envs = eval_env.make(groups * group_size, False)
-    estimate = grpo._check_memory(learner, cfg, eval_env, envs, adapter, device_,
-                                  groups * group_size)
+    estimate = run_estimate(learner, cfg, eval_env, envs, adapter, device_, groups * group_size)
     result["estimate_gib"] = {k: round(v / 2**30, 2) for k, v in vars(estimate).items()}
     result["estimate_gib"]["total"] = round(estimate.total / 2**30, 2)
     result["loaded_gib"] = peak()
@@ -91,7 +92,7 @@ def run(preset: str, *, device: str, train: str, groups: int, group_size: int, s
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     t1 = time.perf_counter()
-    sums = grpo.update(learner, batch, signal, 1, cfg, grpo.DataParallel(0, 1))
+    sums = grpo.update(learner, batch, signal, 1, cfg, DataParallel(0, 1))
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     result["update_s"] = round(time.perf_counter() - t1, 2)

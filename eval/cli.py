@@ -523,8 +523,9 @@ def _interrupted(command: str, args: argparse.Namespace) -> str:
         return (f"the shards saved in {args.out} are kept; rerun the same command to collect "
                 "the remaining steps")
     if command == "rl grpo":
-        return (f"{out} keeps its newest saved state (state-*/) and held-out evaluations; rerun "
-                "the same command to resume from that state")
+        from cosmos3_gym.train.grpo_state import interrupted_note
+
+        return interrupted_note(Path(out))
     return f"nothing written ({out} is written at the end)"
 
 
