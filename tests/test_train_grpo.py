@@ -52,23 +52,29 @@ def _masters(out: Path) -> dict[str, torch.Tensor]:
     return load_file(grpo_state.state_dirs(out)[-1] / "trained.safetensors")
 
 
-def test_an_update_moves_the_weights_towards_the_better_episodes(checkpoint: Path) -> None:
-    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
-    cfg = grpo.GRPOConfig(checkpoint=str(checkpoint), group_size=2, groups=2, epochs=1,
-                          minibatch=64, lr=1e-3)
-    learner = grpo.Learner(pipe, cfg)
-    eval_env = ColorReachEval(image_size=32, max_episode_steps=3)
-    envs = eval_env.make(4, False, autoreset_mode=AutoresetMode.DISABLED)
+def _iteration(pipe: Cosmos3ActionPipeline) -> dict:
+    """Two groups of two 3-step episodes; in each group one episode is the better one (a random
+    policy rarely succeeds by itself)."""
     from cosmos3_gym.policy import VectorPolicy
 
+    eval_env = ColorReachEval(image_size=32, max_episode_steps=3)
+    envs = eval_env.make(4, False, autoreset_mode=AutoresetMode.DISABLED)
     policy = VectorPolicy(pipe, num_inference_steps=3, sampler="flow_sde",
                           seed_rule=schedule.group_seed_rule(0))
     batch = onpolicy.collect_on_policy(policy, envs, 3, eval_env=eval_env,
                                        schedule=GroupEpisodes(eval_env, 0, [0, 1], 2))
     envs.close()
-    # A group with a better and a worse episode (a random policy rarely succeeds by itself).
     batch["episode_success"] = torch.tensor([True, False, False, True])
     batch["episode_finished"][:] = True
+    return batch
+
+
+def test_an_update_moves_the_weights_towards_the_better_episodes(checkpoint: Path) -> None:
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
+    cfg = grpo.GRPOConfig(checkpoint=str(checkpoint), group_size=2, groups=2, epochs=1,
+                          minibatch=64, lr=1e-3, lr_warmup=0)
+    learner = grpo.Learner(pipe, cfg)
+    batch = _iteration(pipe)
     signal = grpo.batch_signal(batch, 2, "success")
     assert signal.stats["groups"] == 2 and len(signal.rows) > 0
     before = [p.detach().clone() for p in learner.masters.params]
@@ -84,6 +90,51 @@ def test_an_update_moves_the_weights_towards_the_better_episodes(checkpoint: Pat
     chunk_adv = adv[batch["chunk_episode"] - int(batch["episode_id"].min())]
     # The chunks of the better episodes became likelier relative to the worse ones'.
     assert float(((new - old) * chunk_adv).sum()) > 0
+
+
+def test_the_trust_region_ends_the_update_once_the_policy_has_moved(checkpoint: Path) -> None:
+    """The first minibatch of an iteration is on-policy (approx_kl 0): its step is taken; the
+    second epoch finds the moved policy past a tiny target_kl and takes no step."""
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
+    batch = _iteration(pipe)
+    signal = grpo.batch_signal(batch, 2, "success")
+    for target, steps in ((None, 3), (1e-9, 1)):
+        cfg = grpo.GRPOConfig(checkpoint=str(checkpoint), group_size=2, groups=2, epochs=3,
+                              minibatch=64, lr=1e-3, lr_warmup=0, target_kl=target)
+        sums = grpo.update(grpo.Learner(pipe, cfg), batch, signal, 1, cfg, DataParallel(0, 1))
+        assert sums["steps"] == steps and bool(sums["kl_stop"]) == (target is not None)
+        pipe.transformer.load_state_dict(Cosmos3ActionPipeline.from_pretrained(
+            checkpoint, trainable=True).transformer.state_dict())
+
+
+def test_the_learning_rate_warms_up_over_the_first_steps(checkpoint: Path) -> None:
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
+    learner = grpo.Learner(pipe, grpo.GRPOConfig(checkpoint=str(checkpoint), lr=1e-4,
+                                                 lr_warmup=4))
+    seen = []
+    for _ in range(6):
+        seen.append(learner.learning_rate())
+        for p in learner.masters.params:
+            p.grad = torch.zeros_like(p)
+        learner.step()
+    assert seen == pytest.approx([2.5e-5, 5e-5, 7.5e-5, 1e-4, 1e-4, 1e-4])
+
+
+def test_batch_advantages_share_one_scale_across_the_groups() -> None:
+    """``batch``: each group's differences from its mean, over their root mean square across the
+    iteration's groups that disagree; ``mean``: the differences alone."""
+    batch = {"episode_finished": torch.ones(6, dtype=torch.bool),
+             "episode_group": torch.tensor([0, 0, 1, 1, 2, 2]),
+             "episode_success": torch.tensor([True, False, True, True, True, False]),
+             "episode_return": torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 0.0]),
+             "episode_id": torch.arange(6), "chunk_episode": torch.arange(6),
+             "chunk_index": torch.zeros(6, dtype=torch.long),
+             "chunk_log_prob": torch.zeros(6)}
+    mean = grpo.batch_signal(batch, 2, "success", "mean")
+    assert mean.advantages.tolist() == [0.5, -0.5, 0.5, -0.5]
+    scaled = grpo.batch_signal(batch, 2, "success", "batch")
+    assert scaled.advantages.tolist() == pytest.approx([1.0, -1.0, 1.0, -1.0], abs=1e-5)
+    assert scaled.rows.tolist() == [0, 1, 4, 5] and scaled.stats["silent_groups"] == 1
 
 
 def test_groups_split_over_ranks_are_the_episodes_of_the_whole_iteration() -> None:
