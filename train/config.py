@@ -185,7 +185,8 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
     seed: int = setting(
         0, "the run's root seed; the training episodes, their noise and the minibatch order "
         "derive from it and the iteration", group="rl", parse=int)
-    iterations: int = setting(200, "GRPO iterations (collect, then update)", group="rl",
+    iterations: int = setting(60, "GRPO iterations (collect, then update); a run's length is "
+                              "its iterations (docs/rl.md measures them over seeds)", group="rl",
                               parse=positive_int)
     group_size: int = setting(
         8, "episodes per group, from one start state; GRPO compares them with each other (docs/"
@@ -221,9 +222,9 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         False, "recompute each GEN layer in the backward instead of keeping its activations (a "
         "fraction of the memory per chunk, about a third more time per update)", group="rl")
     lr: float = setting(1e-4, "the optimiser's learning rate (AdamW); constant after the "
-                        "warmup", group="rl")
+                        "warmup (docs/rl.md: 3e-4 collapsed on ColorReach)", group="rl")
     lr_warmup: int = setting(
-        0, "optimiser steps over which the learning rate rises linearly to --lr (Adam's first "
+        10, "optimiser steps over which the learning rate rises linearly to --lr (Adam's first "
         "steps move every weight by about lr, whatever its gradient)", group="rl", parse=int)
     target_kl: float | None = setting(
         None, "end an iteration's update early once a minibatch's approx_kl (the sampling "
@@ -247,18 +248,18 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         "same update in less memory (default: the whole minibatch)", group="rl",
         parse=_positive_or_none)
     eval_trials: int = setting(
-        20, "held-out episodes per task, with the deterministic sampler (the family's own "
+        50, "held-out episodes per task, with the deterministic sampler (the family's own "
         "evaluation episodes under --eval-seed)", group="rl", parse=positive_int)
     eval_seed: int = setting(1_000_000, "the held-out evaluation's root seed (not --seed)",
                              group="rl", parse=int)
-    eval_every: int = setting(10, "iterations between held-out measurements", group="rl",
+    eval_every: int = setting(15, "iterations between held-out measurements", group="rl",
                               parse=positive_int)
     save_every: int = setting(
         10, "iterations between saved states (the run resumes from the newest; every "
         "measurement saves one too)", group="rl", parse=positive_int)
     time_budget_s: float = setting(
-        1200.0, "stop early (after a measurement) once this session has run this many seconds; "
-        "0: no limit", group="rl")
+        0.0, "stop early (after a measurement) once this session has run this many seconds "
+        "(how many iterations that is depends on the machine); 0: no limit", group="rl")
     threads: int | None = setting(
         1, "torch intra-op CPU threads; 1 keeps the result independent of how busy a shared "
         "machine is", group="runtime", parse=positive_int)
