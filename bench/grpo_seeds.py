@@ -11,7 +11,7 @@ iteration. ``--variant NAME="--lr 1e-5"`` adds a variant: the same command with 
 appended (repeat it; ``default`` is the command as given). A run folder that already holds a
 finished run is read, not run again, and a killed run resumes (a rerun of this command goes on
 where it stopped), so the measurement can be spread over sessions. ``--report-only``
-aggregates what is there. ``--figure PATH`` also writes the figure of the first variant there
+aggregates what is there. ``--figure PATH`` also writes the figure and the summary there
 (``docs/grpo_curve``: PATH.png and PATH.json).
 
 The acceptance the docs state is computed for each run: final >= start + ``--min-gain`` points
@@ -116,30 +116,30 @@ def summarise(out: Path, variants: dict[str, list[str]], seeds: list[int], min_g
 
 
 def table(summary: dict[str, Any]) -> str:
-    """The Markdown table of the docs: one row per variant, each seed's start -> best -> final."""
+    """The Markdown table of the docs: one row per variant, each seed's held-out success at the
+    start / its best / its final measurement (%)."""
     lines = ["| variant | flags | " + " | ".join(f"seed {s}" for s in summary["seeds"])
-             + " | mean final | holds |", "|---" * (len(summary["seeds"]) + 4) + "|"]
+             + " | mean final | seeds that hold |", "|---" * (len(summary["seeds"]) + 4) + "|"]
     for name, v in summary["variants"].items():
         cells = []
         for s in summary["seeds"]:
             row = v["seeds"].get(str(s))
             cells.append("" if row is None else
-                         f"{row['start']:.0f} / {row['best']:.0f} / {row['final']:.0f}")
+                         f"{row['start']:.1f} / {row['best']:.1f} / {row['final']:.1f}")
         flags = " ".join(v["flags"]) or "(as given)"
         lines.append(f"| {name} | `{flags}` | " + " | ".join(cells)
-                     + f" | {v['mean_final']:.1f} | {'yes' if v['all_hold'] else 'no'} |")
+                     + f" | {v['mean_final']:.1f} | "
+                     f"{sum(r['holds'] for r in v['seeds'].values())} of {len(v['seeds'])} |")
     return "\n".join(lines)
 
 
-def plot(summary: dict[str, Any], stem: Path, only: str | None = None) -> None:
+def plot(summary: dict[str, Any], stem: Path) -> None:
     """Held-out success against iterations: the mean over seeds and its range, per variant."""
     from cosmos3_gym.plotting import new_figure, save_figure
 
     fig = new_figure(6.4, 3.8)
     ax = fig.add_subplot(1, 1, 1)
     for k, (name, v) in enumerate(summary["variants"].items()):
-        if only is not None and name != only:
-            continue
         b = v["held_out"]
         n = len(v["seeds"])
         ax.fill_between(b["iteration"], b["low"], b["high"], color=f"C{k}", alpha=0.15, lw=0)
@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-gain", type=float, default=20.0)
     parser.add_argument("--max-drop", type=float, default=10.0)
     parser.add_argument("--report-only", action="store_true")
-    parser.add_argument("--figure", type=Path, help="also write the first variant's figure "
-                        "and its summary here (PATH.png, PATH.json)")
+    parser.add_argument("--figure", type=Path, help="also write the figure and the summary "
+                        "here (PATH.png, PATH.json)")
     parser.add_argument("args", nargs=argparse.REMAINDER,
                         help="-- then the rl grpo arguments every run shares")
     ns = parser.parse_args(argv)
@@ -196,11 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     if summary["variants"]:
         plot(summary, ns.out / "curves")
         if ns.figure is not None:
-            first = next(iter(summary["variants"]))
-            plot(summary, ns.figure, only=first)
-            ns.figure.with_suffix(".json").write_text(json.dumps(
-                {"args": args, **summary["variants"][first], "seeds": summary["seeds"]},
-                indent=1))
+            plot(summary, ns.figure)
+            ns.figure.with_suffix(".json").write_text(json.dumps(summary, indent=1))
     return 0
 
 
