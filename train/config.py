@@ -294,6 +294,19 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
     def check_run(self, model: Any, env: Any, rank: Any) -> None:
         """GRPO's own checks of a resolved run: the env's success signal where the reward is
         success, one group per rank at least."""
+        if model.head is not None:
+            from cosmos3_gym.pipeline.sampling import unscorable
+
+            head = model.head
+            cannot = unscorable(head, state_rows=head.history_length > 0,
+                                guidance_interval=head.guidance_interval,
+                                guidance_scale=head.guidance_scale)
+            if cannot:
+                raise ValueError(
+                    f"{model.label}: GRPO's training episodes sample with {self.sampler}, which "
+                    f"cannot score chunks of a head with {' and '.join(cannot)} yet; fine-tune "
+                    "a checkpoint whose head samples with the official FlowUniPC, no state rows "
+                    "and guidance on every step (docs/rl.md)")
         if self.reward == "success":
             env.check_success()  # no signal to score: refused now, not after the load
         if self.groups < rank.world_size:
