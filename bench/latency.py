@@ -448,7 +448,7 @@ class BenchConfig(ModelSettings, RuntimeSettings):
         self.image_hw = (height, width)
 
 
-def run(config: BenchConfig) -> dict[str, Any]:
+def run_bench_command(config: BenchConfig) -> dict[str, Any]:
     """``cosmos3-gym bench``: run, write the JSON and the plot, print the table."""
     config.resolve_runtime()
     if config.threads is not None:

@@ -622,7 +622,7 @@ class SizeConfig:
             raise ValueError(f"--cases: unknown {unknown}; expected some of {sorted(CASES)}")
 
 
-def run(config: SizeConfig) -> dict[str, Any]:
+def run_size_command(config: SizeConfig) -> dict[str, Any]:
     """``cosmos3-gym size``: measure, write the JSON as it goes, print the table."""
     if config.threads is not None:
         import torch

@@ -216,11 +216,11 @@ def test_help_reads_as_text_and_every_train_option_says_what_it_does(capsys) -> 
 
 
 def test_the_interrupted_line_of_every_command_says_how_to_go_on(tmp_path) -> None:
-    from cosmos3_gym.eval.cli import _interrupted, build_parser
+    from cosmos3_gym.eval.cli import build_parser, interrupted_line
 
     def said(argv: list[str]) -> str:
         args = build_parser().parse_args(argv)
-        return _interrupted(argv[0], args)
+        return interrupted_line(argv[0], args)
 
     assert said(["report", str(tmp_path)]) == "it only reads runs; rerun the same command"
     out = tmp_path / "b.json"
