@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cosmos3_gym.jsonio import read_jsonl
-from cosmos3_gym.stats import _wilson, wilson_interval
+from cosmos3_gym.stats import wilson_interval, wilson_interval_of_rate
 
 EpisodeRecord = dict[str, Any]
 
@@ -50,7 +50,7 @@ def suite_average(per_suite: dict[str, dict[str, Any]]) -> dict[str, Any] | None
         "suites": list(rates),
         "episodes": sum(per_suite[k]["episodes"] for k in rates),
         "effective_episodes": effective,
-        "interval": list(_wilson(mean, effective)),
+        "interval": list(wilson_interval_of_rate(mean, effective)),
     }
 
 
