@@ -57,8 +57,8 @@ def _imported(reference: str) -> Any:
 
 
 def lazy(reference: str) -> Callable[..., Any]:
-    """The function ``module:name``, its module imported when it is first called (so the table
-    of commands imports none of them)."""
+    """The function ``module:name``, its module imported when it is called (so building the
+    table of commands imports none of them)."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
         return _imported(reference)(*args, **kwargs)
