@@ -127,12 +127,14 @@ def transformer_overrides(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def policy_overrides(cfg: TrainConfig) -> dict[str, Any]:
-    """``action_policy.json`` of the trained checkpoint: ColorReach's 2-D velocities in [-1, 1]."""
+    """``action_policy.json`` of the trained checkpoint: ColorReach's 2-D velocities in [-1, 1],
+    where the expert's saturate, so its samples are clipped to that range (``clip_actions``)."""
     return {
         "domain_name": DOMAIN_NAME, "domain_id": DOMAIN_ID, "raw_action_dim": 2,
         "action_horizon": cfg.action_horizon, "normalization": "none", "stats": None,
         "fps": 20.0, "resolution_tier": 256, "view_point": VIEW_POINT,
         "num_inference_steps": cfg.num_inference_steps, "flow_shift": cfg.flow_shift,
+        "clip_actions": True,
     }
 
 
