@@ -44,7 +44,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cosmos3_gym.jsonio import read_json_object, write_json_atomic
+from cosmos3_gym.jsonio import process_alive, read_json_object, write_json_atomic
 
 _TMP = re.compile(r"^\..+\.(\d+)\.tmp$")
 
@@ -239,7 +239,7 @@ class RunFolder:
         removed = []
         for path in self.path.rglob(".*.tmp"):
             match = _TMP.match(path.name)
-            if match is None or _alive(int(match.group(1))):
+            if match is None or process_alive(int(match.group(1))):
                 continue
             with contextlib.suppress(OSError):
                 path.unlink()
@@ -318,15 +318,3 @@ def _a(kind: str) -> str:
     if kind.endswith("s"):
         return kind
     return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
