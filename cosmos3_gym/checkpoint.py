@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cosmos3_gym.jsonio import check_types, read_json_object
+from cosmos3_gym.jsonio import check_types, read_json_object, write_text_atomic
 from cosmos3_gym.recipes import RECIPES, get_recipe
 
 TRANSFORMER = "transformer"
@@ -340,7 +340,7 @@ class PolicyConfig:
         path = Path(path)
         fields = dataclasses.asdict(self)
         del fields["sampler_sources"]  # where the settings came from is not a setting
-        path.write_text(json.dumps(fields, indent=2))
+        write_text_atomic(path, json.dumps(fields, indent=2))
         return path
 
 
