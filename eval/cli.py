@@ -398,6 +398,10 @@ def settings_reference() -> str:
 # ---------------------------------------------------------------------- running
 
 
+# Commands whose output folder is written whole at the end (renamed into place): a failure or
+# an interrupt leaves the previous state.
+WRITTEN_WHOLE = ("convert", "train")
+
 # Entries of a parsed command line that are the parser's own, not the command's settings.
 PARSER_ENTRIES = ("command", "algorithm", "config")
 
@@ -454,8 +458,10 @@ def main(argv: list[str] | None = None) -> int:
             FolderInUse) as err:
         parser.exit(2, f"cosmos3-gym {command}: error: {err}\n")
     except (OSError, TooManyFaults) as err:
-        parser.exit(1, f"cosmos3-gym {command}: error: {_failure(err)}; the run's folder keeps "
-                       "what was saved: fix the cause and rerun the same command to go on\n")
+        kept = ("nothing was written" if command in WRITTEN_WHOLE else
+                "the run's folder keeps what was saved")
+        parser.exit(1, f"cosmos3-gym {command}: error: {_failure(err)}; {kept}: fix the cause "
+                       "and rerun the same command to go on\n")
     except KeyboardInterrupt:
         parser.exit(130, f"cosmos3-gym {command}: interrupted; {_interrupted(command, args)}\n")
 
@@ -503,15 +509,15 @@ def _interrupted(command: str, args: argparse.Namespace) -> str:
         out = next(f.default for f in dataclasses.fields(_settings_classes()[command])
                    if f.name == "out")
     if command == "train":
-        return (f"the checkpoint in {out} is incomplete (training does not resume); rerun the "
-                "same command to train from the start")
+        return (f"{out} is as it was (the checkpoint is written whole at the end; training does "
+                "not resume); rerun the same command to train from the start")
     if command == "report":
         return "it only reads runs; rerun the same command"
     if command == "inspect":
         return "it only reads; rerun the same command"
     if command == "convert":
-        return (f"{args.out} may hold a partial conversion: delete it and rerun the same "
-                "command")
+        return (f"nothing was written to {args.out} (it is written whole at the end); rerun "
+                "the same command")
     if command == "eval":
         from cosmos3_gym.eval.results import read_episode_records
 
