@@ -58,20 +58,25 @@ def read_json_object(path: str | Path, *, what: str = "JSON file") -> dict[str, 
     return data
 
 
-def temporary_name(path: Path) -> Path:
-    """The temporary name this process writes ``path`` under: ``.NAME.PID.tmp`` beside it (the
-    pattern :func:`remove_stale` and a run folder's clean-up know)."""
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+# The temporary names of this module's writers: ``.NAME.PID.tmp``, and ``.NAME.PID.tmp.mp4`` for
+# a writer that picks its format by the name's suffix. A run folder removes those of dead pids.
+TEMPORARY = re.compile(r"^\..+\.(\d+)\.tmp(\.\w+)?$")
+
+
+def temporary_name(path: Path, suffix: str = "") -> Path:
+    """The temporary name this process writes ``path`` under: ``.NAME.PID.tmp`` beside it, then
+    ``suffix``."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp{suffix}")
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """A temporary file name beside ``path`` for a writer that takes a name (a video encoder,
-    ``savefig``); when the block ends the file is fsynced and renamed over ``path``. On any
-    failure the temporary file is removed and the error raised (an ``OSError`` naming
-    ``path``); ``path`` is untouched."""
+    """A temporary file name beside ``path`` for a writer that takes a name (a video encoder);
+    it ends in ``path``'s suffix, which such writers read the format from. When the block ends
+    the file is fsynced and renamed over ``path``. On any failure the temporary file is removed
+    and the error raised (an ``OSError`` naming ``path``); ``path`` is untouched."""
     path = Path(path)
-    tmp = temporary_name(path)
+    tmp = temporary_name(path, path.suffix)
     try:
         yield tmp
         _fsync(tmp)
@@ -139,26 +144,43 @@ def copy_file_atomic(source: str | Path, path: str | Path) -> None:
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
+def _system_error(err: BaseException) -> OSError | None:
+    """``err`` as the ``OSError`` it is: itself, or the system error a ``SafetensorError``
+    carries (a library's ``save_pretrained`` writes through safetensors too); None if it is
+    no system error."""
+    if isinstance(err, OSError):
+        return err
+    if type(err).__name__ == "SafetensorError" and type(err).__module__.startswith("safetensors"):
+        found = _OS_ERROR.search(str(err))
+        if found is not None:
+            number = int(found.group(1))
+            return OSError(number, os.strerror(number))
+    return None
+
+
 def save_safetensors(tensors: Mapping[str, Any], path: str | Path,
                      metadata: dict[str, str] | None = None) -> None:
-    """``safetensors.torch.save_file`` written atomically (:func:`atomic_path`); a failed write
-    is the ``OSError`` it is (``No space left on device: PATH``), not a ``SafetensorError``."""
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
+    """``safetensors``' ``save_file`` (torch tensors, or numpy arrays) written atomically
+    (:func:`atomic_path`); a failed write is the ``OSError`` it is (``No space left on
+    device: PATH``), not a ``SafetensorError``."""
+    import numpy as np
 
+    if tensors and all(isinstance(v, np.ndarray) for v in tensors.values()):
+        from safetensors.numpy import save_file
+    else:
+        from safetensors.torch import save_file
     with atomic_path(path) as tmp:
         try:
             save_file(dict(tensors), str(tmp), metadata=metadata)
-        except SafetensorError as err:
-            found = _OS_ERROR.search(str(err))
-            if found is None:
+        except Exception as err:
+            system = _system_error(err)
+            if system is None:
                 raise
-            number = int(found.group(1))
-            raise OSError(number, os.strerror(number)) from None
+            raise system from None
 
 
 def _stale_pattern(name: str) -> re.Pattern[str]:
-    return re.compile(rf"^\.{re.escape(name)}\.(?:old\.)?(\d+)\.tmp$")
+    return re.compile(rf"^\.{re.escape(name)}\.(?:old\.)?(\d+)\.tmp(\.\w+)?$")
 
 
 def remove_stale(path: str | Path) -> list[Path]:
@@ -221,17 +243,15 @@ def staged_folder(path: str | Path, *, replace: bool = False) -> Iterator[Path]:
         os.rename(tmp, path)  # over an empty folder, or none
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except OSError as err:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        if err.errno is None or isinstance(err, FileExistsError):
+        system = _system_error(err)
+        if system is None or system.errno is None or isinstance(err, FileExistsError):
             raise
-        where = Path(err.filename) if err.filename is not None else path
+        where = Path(system.filename) if system.filename is not None else path
         if where == tmp or tmp in where.parents:
             where = path / where.relative_to(tmp)
-        raise type(err)(err.errno, err.strerror, str(where)) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        raise type(system)(system.errno, system.strerror, str(where)) from None
 
 
 def _fsync(path: Path) -> None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from cosmos3_gym.eval.cli import cli_reference, settings_reference
+from cosmos3_gym.jsonio import write_text_atomic
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGES = {"cli.md": cli_reference, "settings.md": settings_reference}
@@ -15,7 +16,7 @@ PAGES = {"cli.md": cli_reference, "settings.md": settings_reference}
 
 def main() -> int:
     for name, page in PAGES.items():
-        (DOCS / name).write_text(page() + "\n", encoding="utf-8")
+        write_text_atomic(DOCS / name, page() + "\n")
         print(f"wrote {DOCS / name}")
     return 0
 

@@ -198,3 +198,73 @@ def test_a_staged_folder_replaces_the_old_one_whole_and_removes_dead_writers_lef
     with jsonio.staged_folder(out, replace=True) as tmp:
         (tmp / "new.json").write_text("{}")
     assert sorted(p.name for p in out.iterdir()) == ["new.json"] and leftovers(out) == []
+
+
+TRAIN = ["--seed", "1", "--episodes", "1", "--train-steps", "2", "--batch-size", "2",
+         "--hidden-size", "64", "--head-dim", "16", "--intermediate-size", "64",
+         "--warmup-steps", "1", "--log-every", "1", "--vae-steps", "1", "--vae-batch-size", "2",
+         "--vae-holdout-episodes", "1", "--no-progress"]
+
+
+def test_train_on_a_full_disk_leaves_the_previous_checkpoint_and_refuses_a_foreign_folder(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "train_log.json").write_text("{}")  # a checkpoint this command wrote earlier
+    (out / "marker").write_text("the previous checkpoint")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(jsonio.os, "fsync", full)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--out", str(out), *TRAIN])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and len(err.strip().splitlines()) == 1, err
+    assert f"No space left on device: {out}/transformer/config.json" in err
+    assert "nothing was written" in err
+    assert (out / "marker").read_text() == "the previous checkpoint" and leftovers(out) == []
+    monkeypatch.undo()
+    foreign = tmp_path / "docs"
+    foreign.mkdir()
+    (foreign / "index.md").write_text("# not a checkpoint")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--out", str(foreign), *TRAIN])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "holds no checkpoint this command wrote" in err
+    assert sorted(p.name for p in foreign.iterdir()) == ["index.md"]
+
+
+def test_figures_and_videos_are_written_under_a_temporary_name(tmp_path, monkeypatch) -> None:
+    """A plot or a video is there whole or not at all: the encoder writes a temporary file that
+    is renamed when it is complete (a reader never opens a half-written MP4)."""
+    import numpy as np
+
+    from cosmos3_gym.eval.videos import mp4_available, write_video
+    from cosmos3_gym.plotting import new_figure, save_figure
+
+    renamed: list[tuple[str, str]] = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        renamed.append((Path(src).name, Path(dst).name))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(jsonio.os, "replace", replace)
+    frames = [np.full((32, 32, 3), v, np.uint8) for v in (0, 128, 255)]
+    suffixes = [".gif"] + ([".mp4"] if mp4_available() else [])
+    for suffix in suffixes:
+        assert write_video(tmp_path / f"episode{suffix}", frames) == 3
+    fig = new_figure(2, 2)
+    fig.add_subplot().plot([0, 1], [1, 0])
+    save_figure(fig, tmp_path / "results")
+    pid = os.getpid()
+    videos = [f"episode{s}" for s in suffixes]  # the encoders read the format off the suffix
+    assert renamed == ([(f".{n}.{pid}.tmp{Path(n).suffix}", n) for n in videos]
+                       + [(f".{n}.{pid}.tmp", n) for n in ("results.png", "results.svg")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*videos, "results.png", "results.svg"])
+    assert (tmp_path / "results.png").read_bytes()[:4] == b"\x89PNG"
+    if mp4_available():
+        assert b"ftyp" in (tmp_path / "episode.mp4").read_bytes()[:32]

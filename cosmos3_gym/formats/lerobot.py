@@ -380,9 +380,7 @@ def write_folder(directory: str | Path, *, transformer: Any, vae: Any, tokenizer
     ``tokenizer/``). For tests and the GPU session (a folder of a published shape with random
     weights); the truth for the format is LeRobot's own code (tests/fixtures/lerobot_cosmos3).
     """
-    import shutil
-
-    from safetensors.torch import save_file
+    from cosmos3_gym.jsonio import copy_file_atomic, save_safetensors, write_text_atomic
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -417,21 +415,20 @@ def write_folder(directory: str | Path, *, transformer: Any, vae: Any, tokenizer
         "composed_image_height": contract.canvas_hw[0],
         "composed_image_width": contract.canvas_hw[1], "normalization_mapping": norm_map,
     }
-    (directory / CONFIG).write_text(json.dumps(raw, indent=4))
+    write_text_atomic(directory / CONFIG, json.dumps(raw, indent=4))
     state = {f"{TRANSFORMER_PREFIX}{k}": v.detach().contiguous().cpu()
              for k, v in transformer.state_dict().items()}
     state.update({f"{VAE_PREFIX}{k}": v.detach().contiguous().cpu()
                   for k, v in vae.state_dict().items()})
-    save_file(state, str(directory / WEIGHTS))
+    save_safetensors(state, directory / WEIGHTS)
 
     def stats_file(name: str, blocks: dict[str, dict | None]) -> str:
         import numpy as np
-        from safetensors.numpy import save_file as save_numpy
 
         tensors = {f"{feature}.{stat}": np.asarray(values, np.float32)
                    for feature, stats in blocks.items() if stats is not None
                    for stat, values in stats.get("global", stats).items()}
-        save_numpy(tensors, str(directory / name))
+        save_safetensors(tensors, directory / name)
         return name
 
     for name, step, blocks in (
@@ -442,8 +439,10 @@ def write_folder(directory: str | Path, *, transformer: Any, vae: Any, tokenizer
         spec = {"name": name.removesuffix(".json"), "steps": [{
             "registry_name": step, "config": {"eps": 1e-08, "norm_map": norm_map},
             "state_file": stats_file(state_name, blocks)}]}
-        (directory / name).write_text(json.dumps(spec, indent=2))
-    shutil.copytree(tokenizer_dir, directory / "tokenizer", dirs_exist_ok=True)
+        write_text_atomic(directory / name, json.dumps(spec, indent=2))
+    (directory / "tokenizer").mkdir(exist_ok=True)
+    for file in sorted(Path(tokenizer_dir).iterdir()):
+        copy_file_atomic(file, directory / "tokenizer" / file.name)
     return directory
 
 

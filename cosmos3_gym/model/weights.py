@@ -163,13 +163,13 @@ def build_vae(config: dict, weights: WeightFiles, *, device: str | torch.device 
 
 
 def save_transformer(model: Cosmos3Transformer, folder: str | Path) -> Path:
-    """Write ``config.json`` + ``diffusion_pytorch_model.safetensors`` (diffusers layout)."""
-    from safetensors.torch import save_file
+    """Write ``config.json`` + ``diffusion_pytorch_model.safetensors`` (diffusers layout), each
+    file atomically."""
+    from cosmos3_gym.jsonio import save_safetensors, write_text_atomic
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "config.json", "w") as f:
-        json.dump(model.config.to_dict(), f, indent=2)
+    write_text_atomic(folder / "config.json", json.dumps(model.config.to_dict(), indent=2))
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(folder / "diffusion_pytorch_model.safetensors"))
+    save_safetensors(state, folder / "diffusion_pytorch_model.safetensors")
     return folder

@@ -34,7 +34,6 @@ import errno
 import fcntl
 import json
 import os
-import re
 import socket
 import sys
 import time
@@ -44,9 +43,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cosmos3_gym.jsonio import process_alive, read_json_object, write_json_atomic
-
-_TMP = re.compile(r"^\..+\.(\d+)\.tmp$")
+from cosmos3_gym.jsonio import TEMPORARY, process_alive, read_json_object, write_json_atomic
 
 # The kinds of run a folder can hold, each with the files that show a folder holds one: its
 # identity file first, then its records.
@@ -235,10 +232,11 @@ class RunFolder:
                 f"{argv}")
 
     def remove_leftovers(self) -> list[Path]:
-        """Remove the temporary files (``.NAME.PID.tmp``) of processes that no longer run."""
+        """Remove the temporary files (``.NAME.PID.tmp``, :data:`~cosmos3_gym.jsonio.TEMPORARY`)
+        of processes that no longer run."""
         removed = []
-        for path in self.path.rglob(".*.tmp"):
-            match = _TMP.match(path.name)
+        for path in self.path.rglob(".*.tmp*"):
+            match = TEMPORARY.match(path.name)
             if match is None or process_alive(int(match.group(1))):
                 continue
             with contextlib.suppress(OSError):
