@@ -268,3 +268,19 @@ def test_figures_and_videos_are_written_under_a_temporary_name(tmp_path, monkeyp
     assert (tmp_path / "results.png").read_bytes()[:4] == b"\x89PNG"
     if mp4_available():
         assert b"ftyp" in (tmp_path / "episode.mp4").read_bytes()[:32]
+
+
+def test_size_on_a_full_disk_is_one_line_naming_its_json(tmp_path, capsys, monkeypatch) -> None:
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(jsonio.os, "fsync", full)
+    out = tmp_path / "synthetic.json"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["size", "--synthetic", "tiny", "--cases", "droid_480x832", "--step-counts", "1",
+              "--batch-sizes", "1", "--warmup", "0", "--repeats", "1", "--flips", "none",
+              "--no-reference", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and len(err.strip().splitlines()) == 1, err
+    assert f"error: No space left on device: {out} (OSError, errno 28)" in err
+    assert list(tmp_path.iterdir()) == []
