@@ -1,0 +1,61 @@
+"""Everything that can be known before the model runs is checked before it runs, each one
+``error:`` line that points at the fix: someone else's folder as ``--out``, a missing extra, a
+renderer that cannot start, a flag that would be ignored; and nothing is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cosmos3_gym.eval.cli import main
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def refused(capsys, argv: list[str], *, code: int = 2) -> str:
+    """The one error line ``argv`` ends with (exit ``code``, no traceback)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == code, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def listing(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b""
+            for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("command", [
+    ["eval", "--trials", "1", "--no-progress"],
+    ["rollout", "--env-steps", "2", "--no-progress"],
+    ["rl", "grpo", "--iterations", "1", "--no-progress"],
+])
+def test_a_folder_that_holds_no_run_is_refused_and_left_as_it_was(command, tmp_path,
+                                                                  capsys) -> None:
+    """``--out docs``: the project's own docs are not empty and hold no run; nothing is written
+    into them (eval used to run there, writing its files among the pages)."""
+    import shutil
+
+    docs = Path(shutil.copytree(DOCS, tmp_path / "docs"))
+    before = listing(docs)
+    line = refused(capsys, [*command, "--out", str(docs)])
+    assert "is not empty (" in line and "holds no run of cosmos3-gym" in line, line
+    assert "Give a new folder" in line
+    assert listing(docs) == before
+
+
+def test_an_empty_folder_and_a_folder_of_ours_are_taken(tmp_path) -> None:
+    from cosmos3_gym.runner import RunFolder
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    RunFolder(empty, kind="evaluation").check_free()
+    with RunFolder(empty, kind="evaluation"):
+        pass
+    (empty / "notes.txt").write_text("mine")  # the folder holds its lock: it is a run's
+    RunFolder(empty, kind="evaluation").check_free()
