@@ -59,3 +59,18 @@ def test_an_empty_folder_and_a_folder_of_ours_are_taken(tmp_path) -> None:
         pass
     (empty / "notes.txt").write_text("mine")  # the folder holds its lock: it is a run's
     RunFolder(empty, kind="evaluation").check_free()
+
+
+def test_rollout_as_a_lerobot_dataset_without_lerobot_is_refused_before_it_runs(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    import sys
+
+    for name in ("lerobot", "lerobot.datasets", "lerobot.datasets.lerobot_dataset"):
+        monkeypatch.setitem(sys.modules, name, None)  # LeRobot not installed
+    out = tmp_path / "rollouts"
+    line = refused(capsys, ["rollout", "--env-steps", "2", "--format", "lerobot",
+                            "--no-progress", "--out", str(out)])
+    assert "--format lerobot writes a LeRobot dataset, and LeRobot is not importable" in line
+    assert "docs/lerobot.md" in line and "--format npz" in line
+    assert not out.exists()  # nothing ran, nothing written
