@@ -114,6 +114,10 @@ def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
             check_action_stats(head.stats, head,
                                f"--checkpoint {cfg.checkpoint}'s action statistics")
     check_rollout_folder(out, command)
+    if cfg.format == "lerobot":
+        from cosmos3_gym.integrations.lerobot_dataset import check_lerobot_dataset
+
+        check_lerobot_dataset()
     image_size = view_size(cfg.env, cfg.synthetic, cfg.image_size)
     eval_env = cfg.make_env(image_size=image_size)
     # The env's own checks (a gym:ID env is built and reset once here), before the model loads.
