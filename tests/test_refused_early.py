@@ -74,3 +74,42 @@ def test_rollout_as_a_lerobot_dataset_without_lerobot_is_refused_before_it_runs(
     assert "--format lerobot writes a LeRobot dataset, and LeRobot is not importable" in line
     assert "docs/lerobot.md" in line and "--format npz" in line
     assert not out.exists()  # nothing ran, nothing written
+
+
+MANISKILL = ["eval", "--synthetic", "tiny", "--env", "maniskill", "--trials", "1",
+             "--max-episode-steps", "3", "--no-progress"]
+
+
+def test_maniskill_without_a_vulkan_driver_is_one_line_with_the_fix(tmp_path, capsys,
+                                                                    monkeypatch) -> None:
+    """SAPIEN's ``vk::createInstanceUnique: ErrorIncompatibleDriver`` (a missing or too old
+    Vulkan driver) was a 40-line traceback; it is one error line naming the driver to install,
+    before the model loads. Where ManiSkill3 is installed, on the real simulator with the Vulkan
+    loader pointed at no driver (a process of its own: the loader reads its variables once);
+    everywhere, with SAPIEN's error raised where it is raised."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("mani_skill") is not None:
+        out = tmp_path / "real"
+        done = subprocess.run(
+            [sys.executable, "-m", "cosmos3_gym.eval.cli", *MANISKILL, "--out", str(out)],
+            capture_output=True, text=True, timeout=600,
+            env={**os.environ, "VK_ICD_FILENAMES": str(tmp_path / "no-driver.json")})
+        errors = [line for line in done.stderr.splitlines() if ": error: " in line]
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert len(errors) == 1 and "ErrorIncompatibleDriver" in errors[0], done.stderr
+        assert "mesa-vulkan-drivers" in errors[0] and not out.exists()
+    from cosmos3_gym.envs.families import GymEval
+
+    def no_driver(self, *args, **kwargs):
+        raise RuntimeError("vk::createInstanceUnique: ErrorIncompatibleDriver")
+
+    monkeypatch.setattr(GymEval, "single_action_space", no_driver)
+    line = refused(capsys, [*MANISKILL, "--out", str(tmp_path / "patched")])
+    assert line.startswith("cosmos3-gym eval: error: --env maniskill: ManiSkill3 renders "
+                           "through Vulkan and found no driver it can use")
+    assert "apt-get install mesa-vulkan-drivers" in line and "VK_ICD_FILENAMES" in line
+    assert not (tmp_path / "patched").exists()
