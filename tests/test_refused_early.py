@@ -113,3 +113,49 @@ def test_maniskill_without_a_vulkan_driver_is_one_line_with_the_fix(tmp_path, ca
                            "through Vulkan and found no driver it can use")
     assert "apt-get install mesa-vulkan-drivers" in line and "VK_ICD_FILENAMES" in line
     assert not (tmp_path / "patched").exists()
+
+
+SYNTHETIC = ["eval", "--synthetic", "tiny", "--trials", "1", "--max-episode-steps", "3",
+             "--no-progress"]
+SIMULATORS = {"libero": ["--env", "libero", "--suite", "libero_10", "--tasks", "0"],
+              "metaworld": ["--env", "metaworld", "--tasks", "reach-v3"]}
+
+
+@pytest.mark.parametrize("env", list(SIMULATORS))
+def test_a_missing_simulator_extra_is_one_line_naming_it(env, tmp_path, capsys,
+                                                         monkeypatch) -> None:
+    """Without the extra, LIBERO was a traceback from the first task lookup and Meta-World six
+    env faults in a row before the run gave up; both are refused before the model loads."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, env, None)  # not installed
+    out = tmp_path / "run"
+    line = refused(capsys, [*SYNTHETIC, *SIMULATORS[env], "--out", str(out)])
+    assert f"--env {env} needs the {env} package, which is not installed: pip install -e " \
+           f"'.[{env}]'" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("env", list(SIMULATORS))
+def test_a_mujoco_that_cannot_render_is_one_line_naming_the_fix(env, tmp_path, capsys,
+                                                                monkeypatch) -> None:
+    """A machine whose EGL library does not load (here: a stand-in that is no library, found
+    first on the loader's path) faulted in every env worker; the renderer is tried once, in a
+    child process, before the model loads."""
+    from cosmos3_gym.envs import requirements
+
+    broken = tmp_path / "lib"
+    broken.mkdir()
+    for name in ("libEGL.so.1", "libEGL.so", "libGL.so.1", "libOpenGL.so.0"):
+        (broken / name).write_bytes(b"")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(broken))
+    monkeypatch.setenv("MUJOCO_GL", "egl")
+    requirements._render_problem.cache_clear()
+    try:
+        out = tmp_path / "run"
+        line = refused(capsys, [*SYNTHETIC, *SIMULATORS[env], "--out", str(out)])
+    finally:
+        requirements._render_problem.cache_clear()
+    assert f"--env {env}: MuJoCo cannot render here (" in line
+    assert "set MUJOCO_GL=egl (it needs the EGL library: apt-get install libegl1" in line
+    assert not out.exists()
