@@ -309,7 +309,8 @@ class Evaluator:
             # else the env family's.
             contract = getattr(pipeline, "contract", None) if pipeline is not None else (
                 self._declared_contract())
-            self.adapter = (adapter_for_contract(contract) if contract is not None
+            self.adapter = (adapter_for_contract(contract, self.eval_env.adapter_options)
+                            if contract is not None
                             else get_adapter(self.eval_env.adapter,
                                              **self.eval_env.adapter_options))
         action_map = action_map_of(config.action_map, self.eval_env)

@@ -141,7 +141,8 @@ def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
             cfg.checkpoint, **cfg.checkpoint_options(), device=device, dtype=dtype,
             options=options)
         contract = pipeline.contract  # the checkpoint's declared conventions, else the env's
-        adapter = (adapter_for_contract(contract) if contract is not None
+        adapter = (adapter_for_contract(contract, eval_env.adapter_options)
+                   if contract is not None
                    else get_adapter(eval_env.adapter, **eval_env.adapter_options))
     adapter = with_action_map(adapter, action_map_of(cfg.action_map, eval_env), space)
     policy = VectorPolicy(pipeline, adapter=adapter, n_action_steps=cfg.n_action_steps,
