@@ -170,7 +170,11 @@ def test_without_statistics_the_state_is_taken_as_given(pipe, images, monkeypatc
         (lambda h: np.zeros((3, 10), np.float32), r"expected finite float \[3, {h}, 10\]"),
         (lambda h: np.zeros((2, h, 10), np.float32), r"found float32 \[2, {h}, 10\]"),
         (lambda h: np.zeros((3, h, 9), np.float32), r"found float32 \[3, {h}, 9\]"),
-        (lambda h: np.full((3, h, 10), np.nan, np.float32), "finite"),
+        (lambda h: np.full((3, h, 10), np.nan, np.float32),
+         r"state: expected finite numbers; found NaN in items \[0, 1, 2\]"),
+        (lambda h: np.stack([np.zeros((h, 10)), np.full((h, 10), np.inf),
+                             np.zeros((h, 10))]).astype(np.float32),
+         r"state: expected finite numbers; found infinity in items \[1\]"),
         (lambda h: np.zeros((3, h, 10), np.int64), "found int64"),
     ],
 )
