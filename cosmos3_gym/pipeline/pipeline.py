@@ -16,7 +16,7 @@ from cosmos3_gym import checkpoint as layout
 from cosmos3_gym.checkpoint import PolicyConfig
 from cosmos3_gym.formats import CheckpointFolder, ObservationContract, contract_of
 from cosmos3_gym.model import Cosmos3Transformer
-from cosmos3_gym.pipeline.admission import admit
+from cosmos3_gym.pipeline.admission import admit, nonfinite
 from cosmos3_gym.pipeline.normalization import ActionStats, normalize_actions
 from cosmos3_gym.pipeline.options import InferenceOptions
 from cosmos3_gym.pipeline.output import ActionOutput
@@ -474,12 +474,13 @@ class Cosmos3ActionPipeline:
         if isinstance(state, torch.Tensor):
             state = state.detach().cpu().numpy()
         array = np.asarray(state)
-        if (array.dtype.kind != "f" or array.shape != (count, rows, width)
-                or not np.isfinite(array).all()):
+        if array.dtype.kind != "f" or array.shape != (count, rows, width):
             raise ValueError(
                 f"state: expected finite float [{count}, {rows}, {width}] (B, history_length, "
                 f"state width); found {array.dtype} {list(array.shape)}"
             )
+        if not np.isfinite(array).all():
+            raise ValueError(f"state: expected finite numbers; found {nonfinite(array)}")
         array = array.astype(np.float32)
         mode = self.policy.state_normalization
         if mode is None and self.decode.stats is not None:  # like the actions
