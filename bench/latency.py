@@ -45,11 +45,13 @@ from cosmos3_gym.pipeline.sampling import SamplerConfig
 from cosmos3_gym.settings import (
     ModelSettings,
     RuntimeSettings,
+    check_settings,
     int_list,
     positive_int,
     setting,
     threads_setting,
 )
+from cosmos3_gym.source import ModelSource, read_model_source
 
 if TYPE_CHECKING:  # torch and the model stack load when the benchmark runs, not with the CLI
     import torch
@@ -202,7 +204,7 @@ def _peak_memory_mb(device: torch.device) -> float:
 
 
 def run_benchmark(
-    checkpoint: str,
+    source: ModelSource,
     *,
     device: str = "cpu",
     precision_name: str = "auto",
@@ -215,18 +217,12 @@ def run_benchmark(
     overlap_env: str | None = None,
     overlap_envs: int = 4,
     overlap_trials: int = 2,
-    domain: str | None = None,
-    recipe: str | None = None,
-    action_stats: str | None = None,
-    vae: str | None = None,
-    tokenizer: str | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark and return its JSON-ready result (see the module docstring).
 
-    ``domain``, ``recipe``, ``action_stats``, ``vae`` and ``tokenizer`` say how the checkpoint
-    is loaded and its head used
-    (:meth:`~cosmos3_gym.pipeline.Cosmos3ActionPipeline.from_pretrained`); every call samples
-    as ``sampling`` says (default: the checkpoint's settings)."""
+    ``source`` is the checkpoint, read once (:func:`~cosmos3_gym.source.read_model_source`:
+    its folder and the head it runs with); every call samples as ``sampling`` says (default: the
+    checkpoint's settings)."""
     import torch
 
     from cosmos3_gym import Cosmos3ActionPipeline
@@ -236,9 +232,7 @@ def run_benchmark(
     dev = resolve_device(device)
     precision, fp8 = resolve_precision(precision_name, dev)
     sampling = sampling or SamplerConfig()
-    pipe = Cosmos3ActionPipeline.from_pretrained(
-        checkpoint, domain=domain, recipe=recipe, action_stats=action_stats, vae=vae,
-        tokenizer=tokenizer, device=dev, dtype=precision, options=InferenceOptions(fp8=fp8))
+    pipe = source.load(device=dev, dtype=precision, options=InferenceOptions(fp8=fp8))
     horizon = pipe.action_horizon
     rng = np.random.default_rng(0)
     max_b = max(*batch_sizes, compare_batch)
@@ -295,10 +289,8 @@ def run_benchmark(
         VAE and tokenizer; a transformer option needs a transformer loaded with it."""
         options, _ = pipe.options.flip(option)  # off, with what needs it (graphs, kernels)
         if option in TRANSFORMER_OPTIONS:
-            return Cosmos3ActionPipeline.from_pretrained(
-                checkpoint, device=dev, dtype=precision, policy=pipe.policy, options=options,
-                vae=vae, tokenizer=tokenizer,
-            )
+            return Cosmos3ActionPipeline.from_pretrained(  # the folder read once, above
+                source.folder, device=dev, dtype=precision, policy=pipe.policy, options=options)
         return Cosmos3ActionPipeline(
             pipe.transformer, pipe.vae, pipe.tokenizer, pipe.policy, options=options,
             contract=pipe.contract, checkpoint=pipe.checkpoint
@@ -328,7 +320,7 @@ def run_benchmark(
             sampling=sampling,
         )
     return {
-        "checkpoint": str(checkpoint),
+        "checkpoint": source.checkpoint,
         "domain": pipe.policy.domain_name,
         "device": str(dev),
         "dtype": str(precision).removeprefix("torch."),
@@ -438,9 +430,8 @@ class BenchConfig(ModelSettings, RuntimeSettings):
     sampling: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
 
     def __post_init__(self) -> None:
+        check_settings(self)
         self.check_model_source()
-        if isinstance(self.sampling, dict):
-            self.sampling = SamplerConfig(**self.sampling)
         try:
             height, width = (int(x) for x in self.input_size.lower().split("x"))
         except ValueError:
@@ -456,13 +447,13 @@ def run(config: BenchConfig) -> dict[str, Any]:
         import torch
 
         torch.set_num_threads(config.threads)
+    source = read_model_source(dataclasses.replace(config, **config.model_defaults()))
     result = run_benchmark(
-        config.checkpoint, device=config.device, precision_name=config.precision,
+        source, device=config.device, precision_name=config.precision,
         batch_sizes=tuple(config.batch_sizes), image_size=config.image_hw,
         sampling=config.sampling, warmup=config.warmup, repeats=config.repeats,
         compare_batch=config.compare_batch, overlap_env=config.overlap_env,
         overlap_envs=config.overlap_num_envs, overlap_trials=config.overlap_trials,
-        **config.checkpoint_options(),
     )
     out = Path(config.out)
     out.parent.mkdir(parents=True, exist_ok=True)

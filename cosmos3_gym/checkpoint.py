@@ -325,16 +325,23 @@ class PolicyConfig:
 
     @classmethod
     def from_json_file(cls, path: str | Path) -> PolicyConfig:
-        raw = read_json_object(path, what="action policy file (action_policy.json)")
+        return cls.from_dict(read_json_object(path, what="action policy file "
+                                              "(action_policy.json)"), str(path))
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: str) -> PolicyConfig:
+        """A policy from its JSON form (``action_policy.json`` as read), every key known and of
+        its type; errors name ``source``."""
         known = {f.name for f in dataclasses.fields(cls)} - {"sampler_sources"}
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise ValueError(f"{path}: unknown policy keys {unknown}; known keys: {sorted(known)}")
-        check_types(cls, raw, str(path))
+            raise ValueError(f"{source}: unknown policy keys {unknown}; known keys: "
+                             f"{sorted(known)}")
+        check_types(cls, raw, source)
         try:
             return cls(**raw)
         except ValueError as err:
-            raise ValueError(f"{path}: {err}") from None
+            raise ValueError(f"{source}: {err}") from None
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -415,14 +422,6 @@ def _stats_widths(stats: dict[str, Any] | None) -> dict[str, int]:
     }
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """``path`` as a checkpoint folder, or a name of a checkpoint shipped in the package
-    (:func:`cosmos3_gym.formats.resolve_checkpoint`)."""
-    from cosmos3_gym.formats import resolve_checkpoint as resolve
-
-    return resolve(path)
-
-
 def resolve_policy(
     root: Path,
     policy: PolicyConfig | None = None,
@@ -455,7 +454,9 @@ def resolve_policy(
         sources = {k: policy.sampler_sources.get(k, GIVEN_SOURCE) for k in SAMPLER_FIELDS}
         return dataclasses.replace(policy, sampler_sources=sources)
     policy_file = root / POLICY_CONFIG
-    folder = PolicyConfig.from_json_file(policy_file) if policy_file.exists() else None
+    raw = (read_json_object(policy_file, what="action policy file (action_policy.json)")
+           if policy_file.exists() else None)
+    folder = None if raw is None else PolicyConfig.from_dict(raw, str(policy_file))
     if declared is not None:
         if domain is not None and recipe is None:
             raise ValueError(
@@ -472,7 +473,7 @@ def resolve_policy(
         source = f"recipe {DOMAIN_RECIPES.get(domain)}"
     elif folder is not None:
         # An action_policy.json written before a setting existed does not state it.
-        stated = set(json.loads(policy_file.read_text())) & set(SAMPLER_FIELDS)
+        stated = set(raw) & set(SAMPLER_FIELDS)
         resolved, source = folder, POLICY_CONFIG
     else:
         raise FileNotFoundError(
@@ -562,59 +563,6 @@ def check_action_stats(stats: dict[str, Any], policy: PolicyConfig, source: str)
         )
 
 
-def _declared(checkpoint: str | Path, domain: str | None, recipe: str | None,
-              vae: str | Path | None, tokenizer: str | Path | None) -> tuple[Any, Any] | None:
-    """A checkpoint read without its weights, and its head as a run resolves it (None where no
-    domain, recipe or folder says); None where the folder is not found (loading reports it)."""
-    from cosmos3_gym.formats import read_checkpoint
-
-    try:
-        root = resolve_checkpoint(checkpoint)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    folder = read_checkpoint(root, vae=vae, tokenizer=tokenizer)
-    try:
-        return folder, resolve_policy(root, domain=domain, recipe=recipe, declared=folder.policy)
-    except FileNotFoundError:
-        return folder, None
-
-
-def checkpoint_policy(checkpoint: str | Path, domain: str | None = None,
-                      action_stats: str | Path | None = None,
-                      recipe: str | None = None, *, vae: str | Path | None = None,
-                      tokenizer: str | Path | None = None) -> PolicyConfig | None:
-    """A checkpoint's :class:`PolicyConfig` as a run would use it (:func:`resolve_policy` of
-    ``domain`` / ``recipe`` / the policy its folder declares; ``action_stats`` replacing its
-    statistics, checked against the head), read without loading any weights; ``None`` where
-    none of them says, or the folder is not found (loading reports that). A folder that is
-    found but broken (a partial download, a config that does not parse) raises."""
-    found = _declared(checkpoint, domain, recipe, vae, tokenizer)
-    if found is None or found[1] is None:
-        return None
-    folder, policy = found
-    if action_stats is not None:
-        stats = read_action_stats(action_stats)
-        check_action_stats(stats, policy, f"action statistics {action_stats}")
-        policy = dataclasses.replace(policy, stats=stats)
-    check_statistics_present(policy, folder.format, folder.root)
-    return policy
-
-
-def checkpoint_contract(checkpoint: str | Path, domain: str | None = None,
-                        recipe: str | None = None, *, vae: str | Path | None = None,
-                        tokenizer: str | Path | None = None) -> Any:
-    """The observation contract a checkpoint declares
-    (:func:`cosmos3_gym.formats.contract_of`), read without loading weights; None where it
-    declares none or is not found (loading reports that)."""
-    from cosmos3_gym.formats import contract_of
-
-    found = _declared(checkpoint, domain, recipe, vae, tokenizer)
-    if found is None:
-        return None
-    folder, policy = found
-    return contract_of(folder, policy.domain_name if policy is not None else None)
-
-
 def check_statistics_present(policy: PolicyConfig, format_name: str, root: Path) -> None:
     """Refuse a cosmos-framework export without statistics: it carries none, and its own server
     then silently un-normalises with min-max defaults; here that is one error instead."""
@@ -625,20 +573,3 @@ def check_statistics_present(policy: PolicyConfig, format_name: str, root: Path)
             f"{policy.domain_name!r} head un-normalises with {policy.normalization!r}: give "
             "--action-stats FILE (for LIBERO: cosmos-framework's data/generator/action/"
             "normalizer_stats/libero_native_frame_wise_relative_rot6d.json)")
-
-
-def check_layout(root: Path) -> None:
-    """Raise FileNotFoundError naming every required part the folder lacks (any format)."""
-    check_files(root)
-
-
-def check_files(root: Path, *, vae: str | Path | None = None,
-                tokenizer: str | Path | None = None) -> None:
-    """Everything about a checkpoint folder that can be known without loading it, each fault
-    one error naming its file (:func:`cosmos3_gym.formats.read_checkpoint`: the format, its
-    configs, every weight file complete and in safetensors, every tensor name known, nothing
-    read from outside the folder). A command calls it before it writes anything, so a broken
-    download fails in a second, not after a run folder is made."""
-    from cosmos3_gym.formats import read_checkpoint
-
-    read_checkpoint(root, vae=vae, tokenizer=tokenizer)

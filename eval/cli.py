@@ -570,13 +570,17 @@ def _run(args: argparse.Namespace, command: str) -> int:
         return 0
     progress = getattr(args, "progress", True)
     if command == "train":
+        from cosmos3_gym.runner.folder import RunFolder
+
+        # A folder of another kind of run is refused before torch loads.
+        RunFolder(config.out, kind="checkpoint").check_free()
         from cosmos3_gym.train.trainer import run_train_command
 
         return run_train_command(config, progress=progress)
-    eval_env = config.preflight()  # every check that needs no model, before torch loads
+    run = config.preflight()  # every check that needs no model, before torch loads
     from cosmos3_gym.train.grpo import run_grpo
 
-    run_grpo(config, progress=config.progress, eval_env=eval_env)
+    run_grpo(config, progress=config.progress, run=run)
     return 0
 
 

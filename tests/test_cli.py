@@ -180,7 +180,10 @@ def test_the_parser_is_built_from_the_settings_classes() -> None:
     assert vars(args)["sampling.guidance_interval"] == (960.0, 1001.0)
     from cosmos3_gym.eval.cli import command_settings
 
-    config = command_settings(args, EvalConfig)
+    given = command_settings(args, EvalConfig)
+    assert given.sampling == SamplerConfig(guidance_interval=(960.0, 1001.0), flow_shift=3.0)
+    assert given.checkpoint is None  # what was given; the run's defaults come when resolved
+    config = given.resolved()
     assert config.sampling == SamplerConfig(guidance_interval=(960.0, 1001.0), flow_shift=3.0,
                                             noise="per_chunk")
     assert config.precision == "bf16" and config.checkpoint == "tiny"

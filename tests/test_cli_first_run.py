@@ -171,7 +171,7 @@ def test_step_limits_below_one_are_refused_up_front(checkpoint, tmp_path, capsys
     assert line.endswith(f"argument --max-episode-steps: expected an integer >= 1; found "
                          f"{value if value != 'two' else repr(value)}")
     assert not out.exists()
-    with pytest.raises(ValueError, match="max_episode_steps must be None or at least 1; found 0"):
+    with pytest.raises(ValueError, match="max_episode_steps must be an integer >= 1; found 0"):
         EvalConfig(max_episode_steps=0)
 
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cosmos3_gym.checkpoint import resolve_checkpoint
 from cosmos3_gym.eval.cli import main as cli_main
+from cosmos3_gym.formats import resolve_checkpoint
 from cosmos3_gym.jsonio import read_jsonl
 from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 from cosmos3_gym.pipeline.preprocess import plan_canvas

@@ -30,6 +30,7 @@ from typing import Any
 from cosmos3_gym.formats.base import (
     PICKLE_SUFFIXES,
     CheckpointFolder,
+    Headers,
     WeightFiles,
     check_claimed,
     inside,
@@ -266,7 +267,8 @@ def transformer_config(shapes: dict[str, list[int]], model: dict[str, Any], wher
     return config, source
 
 
-def read(root: Path, *, vae: str | Path | None = None) -> CheckpointFolder:
+def read(root: Path, raw: dict[str, Any], headers: Headers, *, vae: str | Path | None = None
+         ) -> CheckpointFolder:
     """A cosmos-framework export, checked: the index's shards present and complete, every
     tensor mapped or knowingly skipped, the generator's config derived, a VAE given."""
     from cosmos3_gym.formats import SHIPPED
@@ -275,19 +277,19 @@ def read(root: Path, *, vae: str | Path | None = None) -> CheckpointFolder:
     from cosmos3_gym.model.config import Cosmos3Config
 
     path = inside(root, root / CONFIG, "config")
-    raw = read_json_object(path, what="cosmos-framework config.json")
     model = raw.get("model")
     if not isinstance(model, dict):
         raise ValueError(f"{path}: no \"model\" section (a cosmos-framework export's config.json "
                          "has one)")
-    files = tuple(inside(root, p, "weights") for p in safetensors_files(root))
+    files = tuple(inside(root, p, "weights") for p in safetensors_files(root, headers))
     weights = WeightFiles(files, diffusers_name,
-                          f"{PREFIX}* renamed as cosmos-framework's diffusers conversion does")
+                          f"{PREFIX}* renamed as cosmos-framework's diffusers conversion does",
+                          headers=headers)
 
     def skipped(key: str) -> str | None:
         return "vision tower (ViT)" if key.startswith(PREFIX + VISUAL) else None
 
-    ignored = check_claimed(files, (weights,), skipped, str(root))
+    ignored = check_claimed(files, (weights,), skipped, str(root), headers)
     config_raw, source = transformer_config(weights.shapes(), model, str(path))
     transformer = Cosmos3Config.from_dict(config_raw, source=f"{path} (derived)", strict=True)
     if vae is None:
@@ -308,7 +310,7 @@ def read(root: Path, *, vae: str | Path | None = None) -> CheckpointFolder:
     if not vae_path.is_dir():
         raise FileNotFoundError(f"--vae {vae}: no such folder (expected a diffusers "
                                 "AutoencoderKLWan folder)")
-    vae_config, vae_weights = vae_folder(vae_path, vae_path, "--vae")
+    vae_config, vae_weights = vae_folder(vae_path, vae_path, "--vae", headers)
     if int(vae_config.get("z_dim", 16)) != transformer.latent_channel:
         raise ValueError(f"--vae {vae}: its z_dim {vae_config.get('z_dim')} latent channels do "
                          f"not fit the export's {transformer.latent_channel} (the Wan2.2 VAE "

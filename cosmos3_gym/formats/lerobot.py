@@ -39,11 +39,11 @@ from cosmos3_gym.checkpoint import (
 )
 from cosmos3_gym.formats.base import (
     CheckpointFolder,
+    Headers,
     ObservationContract,
     WeightFiles,
     check_claimed,
     inside,
-    read_header,
 )
 from cosmos3_gym.jsonio import read_json_object
 
@@ -103,7 +103,8 @@ def _require(raw: dict[str, Any], key: str, kind: type | tuple[type, ...], path:
     return value
 
 
-def _processor_stats(root: Path, name: str, step: str) -> tuple[dict[str, dict], dict[str, str]]:
+def _processor_stats(root: Path, name: str, step: str, headers: Headers
+                     ) -> tuple[dict[str, dict], dict[str, str]]:
     """The statistics (``{feature: {stat: list}}``) and modes (``{"ACTION": "QUANTILES", ...}``)
     of the ``step`` (``normalizer_processor`` / ``unnormalizer_processor``) of processor file
     ``name``; empty where the folder has no such file or step."""
@@ -128,7 +129,7 @@ def _processor_stats(root: Path, name: str, step: str) -> tuple[dict[str, dict],
         stats: dict[str, dict] = {}
         from safetensors.numpy import load_file
 
-        read_header(stats_path)  # complete, and safetensors
+        headers(stats_path)  # complete, and safetensors
         for key, value in load_file(str(stats_path)).items():
             feature, _, stat = key.rpartition(".")
             stats.setdefault(feature, {})[stat] = value.astype("float64").reshape(-1).tolist()
@@ -196,13 +197,13 @@ def _hub_cache(repo_id: str) -> Path | None:
         return None
 
 
-def read(root: Path, *, tokenizer: str | Path | None = None) -> CheckpointFolder:
+def read(root: Path, raw: dict[str, Any], headers: Headers, *,
+         tokenizer: str | Path | None = None) -> CheckpointFolder:
     """A LeRobot Cosmos3 policy folder, checked: the config's keys and types, the weights'
     names against the two components, the statistics the modes need, the tokenizer."""
     from cosmos3_gym.model.config import ARCHITECTURE_KEYS, Cosmos3Config
 
     path = inside(root, root / CONFIG, "config")
-    raw = read_json_object(path, what="LeRobot config.json")
     kind = raw.get("type")
     if kind not in TYPES:
         raise ValueError(f"{path}: policy type {kind!r} is not a Cosmos3 policy; cosmos3-gym "
@@ -251,12 +252,14 @@ def read(root: Path, *, tokenizer: str | Path | None = None) -> CheckpointFolder
         return lambda key: key[len(prefix):] if key.startswith(prefix) else None
 
     transformer_weights = WeightFiles(files, prefixed(TRANSFORMER_PREFIX),
-                                      f"{WEIGHTS} {TRANSFORMER_PREFIX}* (prefix stripped)")
+                                      f"{WEIGHTS} {TRANSFORMER_PREFIX}* (prefix stripped)",
+                                      headers=headers)
     vae_weights = WeightFiles(files, prefixed(VAE_PREFIX),
-                              f"{WEIGHTS} {VAE_PREFIX}* (prefix stripped)")
-    check_claimed(files, (transformer_weights, vae_weights), lambda key: None, str(weights_path))
+                              f"{WEIGHTS} {VAE_PREFIX}* (prefix stripped)", headers=headers)
+    check_claimed(files, (transformer_weights, vae_weights), lambda key: None, str(weights_path),
+                  headers)
 
-    policy, contract = _policy(raw, root, path, scheduler_config)
+    policy, contract = _policy(raw, root, path, scheduler_config, headers)
     tokenizer_dir, tokenizer_source = resolve_tokenizer(
         root, raw.get("text_processor_name_or_path"), tokenizer)
     return CheckpointFolder(
@@ -278,8 +281,8 @@ def _check_vae_keys(config: dict[str, Any], where: str) -> None:
         raise ValueError(f"{where}: keys diffusers' AutoencoderKLWan does not take: {unknown}")
 
 
-def _policy(raw: dict[str, Any], root: Path, path: Path, scheduler: dict[str, Any]
-            ) -> tuple[PolicyConfig, ObservationContract]:
+def _policy(raw: dict[str, Any], root: Path, path: Path, scheduler: dict[str, Any],
+            headers: Headers) -> tuple[PolicyConfig, ObservationContract]:
     """The folder's policy and observation contract."""
     use_state = bool(raw.get("use_state", True))
     history = raw.get("history_length", 1)
@@ -289,8 +292,9 @@ def _policy(raw: dict[str, Any], root: Path, path: Path, scheduler: dict[str, An
                          "true and none otherwise (history_length 1 or 0), and drops "
                          "history_length rows from the output: other pairs lose actions")
     norm_map = dict(raw.get("normalization_mapping") or {})
-    post_stats, post_modes = _processor_stats(root, POSTPROCESSOR, "unnormalizer_processor")
-    pre_stats, pre_modes = _processor_stats(root, PREPROCESSOR, "normalizer_processor")
+    post_stats, post_modes = _processor_stats(root, POSTPROCESSOR, "unnormalizer_processor",
+                                              headers)
+    pre_stats, pre_modes = _processor_stats(root, PREPROCESSOR, "normalizer_processor", headers)
     for modes, name in ((post_modes, POSTPROCESSOR), (pre_modes, PREPROCESSOR)):
         for feature, mode in modes.items():
             if feature in norm_map and norm_map[feature] != mode:

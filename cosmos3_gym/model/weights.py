@@ -8,8 +8,10 @@ anything is built.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,11 +36,42 @@ def load_state_dict(
     skip: tuple[str, ...] = (),
 ) -> dict[str, torch.Tensor]:
     """Read every tensor of a safetensors folder onto ``device`` (cast to ``dtype`` if given)."""
-    from cosmos3_gym.formats.base import WeightFiles, safetensors_files
-
     folder = Path(folder)
-    weights = WeightFiles(tuple(safetensors_files(folder)), lambda key: key, str(folder))
-    return load_weights(weights, device=device, dtype=dtype, skip=skip)
+    return load_weights(_folder_weights(folder), device=device, dtype=dtype, skip=skip)
+
+
+def _folder_weights(folder: Path) -> WeightFiles:
+    """Every safetensors file of ``folder``, names as they are."""
+    from cosmos3_gym.formats.base import Headers, WeightFiles, safetensors_files
+
+    headers = Headers()
+    return WeightFiles(tuple(safetensors_files(folder, headers)), lambda key: key, str(folder),
+                       headers=headers)
+
+
+class TensorFiles:
+    """The safetensors files of one load, each opened once: components that share a file (a
+    LeRobot folder's transformer and VAE live in one ``model.safetensors``) read it through the
+    same handle. A context manager; the files close when it exits."""
+
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        self.device = str(torch.device(device))
+        self._stack = contextlib.ExitStack()
+        self._handles: dict[Path, object] = {}
+
+    def __call__(self, path: Path) -> object:
+        handle = self._handles.get(path)
+        if handle is None:
+            handle = self._handles[path] = self._stack.enter_context(
+                safe_open(str(path), framework="pt", device=self.device))
+        return handle
+
+    def __enter__(self) -> TensorFiles:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self._stack.close()
 
 
 def load_weights(
@@ -48,27 +81,33 @@ def load_weights(
     dtype: torch.dtype | None = None,
     skip: tuple[str, ...] = (),
     keep_in_fp32: tuple[str, ...] = KEEP_IN_FP32,
+    files: TensorFiles | None = None,
 ) -> dict[str, torch.Tensor]:
     """One component's tensors onto ``device`` under their parameter names (``weights.rename``;
     names in ``skip`` are read past), floats cast to ``dtype`` if given except those under
-    ``keep_in_fp32``; a name given twice is an error naming both places."""
+    ``keep_in_fp32``; a name given twice is an error naming both places. ``files``: the open
+    files of a load that reads several components (default: opened here for this one)."""
     device = torch.device(device)
+    if files is None:
+        with TensorFiles(device) as own:
+            return load_weights(weights, device=device, dtype=dtype, skip=skip,
+                                keep_in_fp32=keep_in_fp32, files=own)
     state: dict[str, torch.Tensor] = {}
     seen: dict[str, str] = {}
     for path in weights.files:
-        with safe_open(str(path), framework="pt", device=str(device)) as f:
-            for key in f.keys():
-                name = weights.rename(key)
-                if name is None or name in skip:
-                    continue
-                if name in state:
-                    raise ValueError(f"tensor {name!r} is given twice: {seen[name]} and {key!r} "
-                                     f"in {path}")
-                tensor = f.get_tensor(key)
-                if dtype is not None and tensor.is_floating_point():
-                    keep = any(name.startswith(prefix) for prefix in keep_in_fp32)
-                    tensor = tensor.to(torch.float32 if keep else dtype)
-                state[name], seen[name] = tensor, f"{key!r} in {path}"
+        f = files(path)
+        for key in weights.headers(path):
+            name = weights.rename(key)
+            if name is None or name in skip:
+                continue
+            if name in state:
+                raise ValueError(f"tensor {name!r} is given twice: {seen[name]} and {key!r} "
+                                 f"in {path}")
+            tensor = f.get_tensor(key).to(device)
+            if dtype is not None and tensor.is_floating_point():
+                keep = any(name.startswith(prefix) for prefix in keep_in_fp32)
+                tensor = tensor.to(torch.float32 if keep else dtype)
+            state[name], seen[name] = tensor, f"{key!r} in {path}"
     return state
 
 
@@ -111,11 +150,8 @@ def load_transformer(
     config_path = folder / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"no config.json in {folder} (expected a diffusers transformer/)")
-    from cosmos3_gym.formats.base import WeightFiles, safetensors_files
-
     config = Cosmos3Config.from_json_file(config_path)
-    weights = WeightFiles(tuple(safetensors_files(folder)), lambda key: key, str(folder))
-    return build_transformer(cls, config, weights, device=device, dtype=dtype)
+    return build_transformer(cls, config, _folder_weights(folder), device=device, dtype=dtype)
 
 
 def build_transformer(
@@ -125,6 +161,7 @@ def build_transformer(
     *,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
+    files: TensorFiles | None = None,
 ) -> Cosmos3Transformer:
     """The generator of ``config`` with ``weights`` loaded strictly (every parameter given, no
     tensor left over, every shape right).
@@ -134,14 +171,15 @@ def build_transformer(
     """
     with torch.device("meta"):
         model = cls(config)
-    state = load_weights(weights, device=device, dtype=dtype, skip=cls.UNUSED_CHECKPOINT_KEYS)
+    state = load_weights(weights, device=device, dtype=dtype, skip=cls.UNUSED_CHECKPOINT_KEYS,
+                         files=files)
     check_keys(model, state, weights.mapping)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval().requires_grad_(False)
 
 
-def build_vae(config: dict, weights: WeightFiles, *, device: str | torch.device = "cpu"
-              ) -> torch.nn.Module:
+def build_vae(config: dict, weights: WeightFiles, *, device: str | torch.device = "cpu",
+              files: TensorFiles | None = None) -> torch.nn.Module:
     """diffusers' ``AutoencoderKLWan`` of ``config`` with ``weights`` loaded strictly, in fp32
     (the VAE encodes one frame per request; fp32 keeps the conditioning latent exact)."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
@@ -152,7 +190,8 @@ def build_vae(config: dict, weights: WeightFiles, *, device: str | torch.device 
             vae = AutoencoderKLWan(**settings)
     except TypeError as err:
         raise ValueError(f"VAE config ({weights.mapping}): {err}") from None
-    state = load_weights(weights, device=device, dtype=torch.float32, keep_in_fp32=())
+    state = load_weights(weights, device=device, dtype=torch.float32, keep_in_fp32=(),
+                         files=files)
     check_keys(vae, state, weights.mapping, what="the AutoencoderKLWan built from its config")
     vae.load_state_dict(state, strict=True, assign=True)
     meta = [n for n, t in [*vae.named_parameters(), *vae.named_buffers()] if t.is_meta]

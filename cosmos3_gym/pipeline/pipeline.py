@@ -14,7 +14,12 @@ import torch
 
 from cosmos3_gym import checkpoint as layout
 from cosmos3_gym.checkpoint import PolicyConfig
-from cosmos3_gym.formats import CheckpointFolder, ObservationContract, contract_of
+from cosmos3_gym.formats import (
+    CheckpointFolder,
+    ObservationContract,
+    contract_of,
+    resolve_checkpoint,
+)
 from cosmos3_gym.model import Cosmos3Transformer
 from cosmos3_gym.pipeline.admission import admit, nonfinite
 from cosmos3_gym.pipeline.normalization import ActionStats, normalize_actions
@@ -93,6 +98,9 @@ class Cosmos3ActionPipeline:
             )
         self.transformer, self.vae, self.tokenizer = transformer, vae, tokenizer
         self.policy = policy
+        # The transformer's weights digest when it was loaded from ``checkpoint``
+        # (from_pretrained sets it): None, or for a pipeline made otherwise.
+        self.loaded_weights: str | None = None
         self.contract = contract
         self.checkpoint = checkpoint
         self.max_batch_size = max_batch_size
@@ -179,7 +187,7 @@ class Cosmos3ActionPipeline:
     @classmethod
     def from_pretrained(
         cls,
-        path: str | Path,
+        path: str | Path | CheckpointFolder,
         device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None,
         max_batch_size: int | None = None,
@@ -193,7 +201,10 @@ class Cosmos3ActionPipeline:
         vae: str | Path | None = None,
         tokenizer: str | Path | None = None,
     ) -> Cosmos3ActionPipeline:
-        """Load a Cosmos3 checkpoint folder as downloaded, or the name of a shipped checkpoint.
+        """Load a Cosmos3 checkpoint: a folder as downloaded, the name of a shipped checkpoint, a
+        Hugging Face repository id (``org/name[@revision]``, from the local cache first), or a
+        folder already read (:func:`cosmos3_gym.formats.read_checkpoint`), which is not read
+        again.
 
         The format is told from the files (:mod:`cosmos3_gym.formats`): a diffusers folder
         (``transformer/``, ``vae/``, ``text_tokenizer/``), a LeRobot policy folder
@@ -228,11 +239,17 @@ class Cosmos3ActionPipeline:
         """
         from cosmos3_gym.devices import resolve_device, resolve_dtype
         from cosmos3_gym.formats import read_checkpoint
-        from cosmos3_gym.model.weights import build_transformer, build_vae
+        from cosmos3_gym.model.weights import TensorFiles, build_transformer, build_vae
 
         # Everything that can be known without the weights, checked first: configs, files
         # complete, every tensor name accounted for, the policy and its statistics.
-        folder = read_checkpoint(path, vae=vae, tokenizer=tokenizer)
+        if isinstance(path, CheckpointFolder):
+            if vae is not None or tokenizer is not None:
+                raise ValueError("vae= and tokenizer= are read with the folder: pass them to "
+                                 "read_checkpoint, not with a folder already read")
+            folder = path
+        else:
+            folder = read_checkpoint(path, vae=vae, tokenizer=tokenizer)
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         options = options or InferenceOptions()
@@ -251,17 +268,24 @@ class Cosmos3ActionPipeline:
             policy = replace(policy, stats=action_stats)
         layout.check_statistics_present(policy, folder.format, folder.root)
         text_tokenizer = load_tokenizer(folder.tokenizer)
-        transformer = build_transformer(Cosmos3Transformer, folder.transformer,
-                                        folder.transformer_weights, device=device, dtype=dtype)
+        with TensorFiles(device) as files:  # a file two components share is opened once
+            transformer = build_transformer(Cosmos3Transformer, folder.transformer,
+                                            folder.transformer_weights, device=device,
+                                            dtype=dtype, files=files)
+            vae_model = build_vae(folder.vae_config, folder.vae_weights, device=device,
+                                  files=files)
         _prepare_transformer(transformer, options)
         if trainable:
             transformer.train().requires_grad_(True)
-        vae_model = build_vae(folder.vae_config, folder.vae_weights, device=device)
         contract = contract_of(folder, policy.domain_name)
-        return cls(
+        pipe = cls(
             transformer, vae_model, text_tokenizer, policy, max_batch_size=max_batch_size,
             options=options, contract=contract, checkpoint=folder,
         )
+        # The weights as loaded: while the transformer still holds them, a run names this
+        # pipeline's weights by its folder (cosmos3_gym.source.ModelSource.fingerprint).
+        pipe.loaded_weights = weights_digest(transformer)
+        return pipe
 
     @classmethod
     def from_preset(
@@ -293,7 +317,7 @@ class Cosmos3ActionPipeline:
         transformer = random_transformer(preset, device=device, dtype=dtype, seed=seed)
         _prepare_transformer(transformer, options)
         vae = random_vae(vae_preset(preset), device=device, seed=seed + 1)
-        tokenizer = load_tokenizer(layout.resolve_checkpoint("tiny") / layout.TEXT_TOKENIZER)
+        tokenizer = load_tokenizer(resolve_checkpoint("tiny") / layout.TEXT_TOKENIZER)
         return cls(
             transformer, vae, tokenizer, policy, max_batch_size=max_batch_size, options=options
         )

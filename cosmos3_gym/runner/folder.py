@@ -18,7 +18,8 @@ Evaluations and rollouts write into a folder that is somebody's result, so both 
   before the first record; once the folder holds a record a different identity is refused
   (:class:`RunMismatch` listing the differences). The identity holds no path of the folder
   itself, so a moved or copied folder resumes.
-- **Kind.** A folder holds one kind of run (:data:`RUN_KINDS`: an evaluation or rollouts). A
+- **Kind.** A folder holds one kind of run (:data:`RUN_KINDS`: an evaluation, rollouts, a GRPO
+  run, or the checkpoint ``cosmos3-gym train`` writes). A
   command that names its kind (``RunFolder(path, kind=...)``) is refused, with
   :class:`RunMismatch`, a folder that holds another kind's files, when it opens the folder and
   before it writes anything; the identity file records the kind (``"kind"`` beside
@@ -53,6 +54,9 @@ from cosmos3_gym.jsonio import TEMPORARY, process_alive, read_json_object, write
 RUN_KINDS: dict[str, tuple[str, ...]] = {
     "evaluation": ("config.json", "episodes*.jsonl", "results.json"),
     "rollouts": ("rollout.json", "meta.json", "shard-*.npz"),
+    "GRPO run": ("grpo.json", "curve.json", "state-*"),
+    # What `cosmos3-gym train` writes: a checkpoint folder (diffusers layout) and its log.
+    "checkpoint": ("train_log.json", "model_index.json", "action_policy.json", "transformer"),
 }
 
 
