@@ -226,14 +226,15 @@ def test_train_on_a_full_disk_leaves_the_previous_checkpoint_and_refuses_a_forei
     assert "nothing was written" in err
     assert (out / "marker").read_text() == "the previous checkpoint" and leftovers(out) == []
     monkeypatch.undo()
-    foreign = tmp_path / "docs"
-    foreign.mkdir()
-    (foreign / "index.md").write_text("# not a checkpoint")
+    # A checkpoint train did not write (a converted one) is never replaced by a trained one.
+    converted = tmp_path / "converted"
+    assert main(["convert", str(SOURCE), str(converted)]) == 0
+    before = tree(converted)
     with pytest.raises(SystemExit) as exit_info:
-        main(["train", "--out", str(foreign), *TRAIN])
+        main(["train", "--out", str(converted), *TRAIN])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "holds no checkpoint this command wrote" in err
-    assert sorted(p.name for p in foreign.iterdir()) == ["index.md"]
+    assert tree(converted) == before
 
 
 def test_figures_and_videos_are_written_under_a_temporary_name(tmp_path, monkeypatch) -> None:

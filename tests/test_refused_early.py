@@ -34,6 +34,7 @@ def listing(folder: Path) -> dict[str, bytes]:
     ["eval", "--trials", "1", "--no-progress"],
     ["rollout", "--env-steps", "2", "--no-progress"],
     ["rl", "grpo", "--iterations", "1", "--no-progress"],
+    ["train"],
 ])
 def test_a_folder_that_holds_no_run_is_refused_and_left_as_it_was(command, tmp_path,
                                                                   capsys) -> None:
