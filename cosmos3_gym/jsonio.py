@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -348,6 +349,31 @@ def check_types(cls: type, raw: dict[str, Any], source: str) -> None:
             continue
         raise ValueError(f"{source}: {key} is {value!r} ({type(value).__name__}); expected "
                          f"{_type_name(hint)}")
+
+
+def check_range(name: str, value: Any, low: float, high: float, *, integer: bool = False,
+                above: bool = False, why: str = "") -> None:
+    """Refuse a config value that is not a finite number from ``low`` (excluded with ``above``)
+    to ``high``: one ``ValueError`` naming the value, what it was and what it may be (``why``:
+    what the upper bound guards against).
+
+    >>> check_range("num_inference_steps", 30, 1, 1000, integer=True)
+    >>> check_range("guidance_scale", float("nan"), 0, 100)
+    Traceback (most recent call last):
+    ...
+    ValueError: guidance_scale: expected a finite number from 0 to at most 100; found nan
+    """
+    if integer:
+        fits = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        fits = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(
+            value)
+    if fits and (value > low if above else value >= low) and value <= high:
+        return
+    kind = "an integer" if integer else "a finite number"
+    span = f"above {low} and at most {high}" if above else f"from {low} to at most {high}"
+    raise ValueError(f"{name}: expected {kind} {span}{f' ({why})' if why else ''}; found "
+                     f"{value!r}")
 
 
 def _fits(value: Any, hint: Any) -> bool:
