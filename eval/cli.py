@@ -593,7 +593,7 @@ def _checkpoint_command(args: argparse.Namespace, command: str) -> int:
         read_action_stats,
         resolve_policy,
     )
-    from cosmos3_gym.formats import contract_of, read_checkpoint
+    from cosmos3_gym.formats import check_loads, contract_of, read_checkpoint
     from cosmos3_gym.settings import ModelSettings
 
     model = settings_from(ModelSettings, given_settings(args, ModelSettings))
@@ -611,10 +611,12 @@ def _checkpoint_command(args: argparse.Namespace, command: str) -> int:
         check_action_stats(stats, policy, f"action statistics {model.action_stats}")
         policy = dataclasses.replace(policy, stats=stats)
     contract = contract_of(folder, policy.domain_name if policy else None)
+    if policy is not None:
+        check_statistics_present(policy, folder.format, folder.root)
+    check_loads(folder)  # what a load checks before reading a weight: ok here means it loads
     if command == "convert":
         from cosmos3_gym.formats.convert import convert
 
-        check_statistics_present(policy, folder.format, folder.root)
         out = convert(folder, policy, contract, args.out)
         print(f"wrote {out}: a diffusers folder of the {folder.format} checkpoint {folder.root} "
               f"({policy.domain_name} head, {policy.describe_sampler()}); run it with "

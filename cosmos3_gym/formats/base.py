@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,31 @@ def read_header(path: Path) -> dict[str, dict[str, Any]]:
 
 # Bytes of each tensor's start and end a file's digest covers (Headers.digests).
 DIGEST_SAMPLE = 4096
+# Bytes per element of the safetensors dtypes: a tensor's shape must fill its data exactly.
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
+               "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+class _BadEntry(Exception):
+    """A header entry that parses but cannot describe its bytes (its message is the error)."""
+
+
+def _check_entry(path: Path, name: str, entry: dict[str, Any]) -> None:
+    """A header entry whose shape fills its bytes (a shape of 2^62 x 2^62 elements in 4
+    bytes, which safetensors refuses only when the tensor is read, is named now)."""
+    start, stop = entry["data_offsets"]
+    shape = entry["shape"]
+    if start < 0 or stop < start or any(n < 0 for n in shape):
+        raise _BadEntry(f"{path}: tensor {name!r} has shape {shape} and data_offsets "
+                         f"{entry['data_offsets']}; expected sizes >= 0 and start <= end")
+    size = DTYPE_BYTES.get(entry["dtype"])
+    if size is None:
+        return  # a dtype newer than this table: safetensors checks it when it reads
+    need = size * math.prod(shape)
+    if need != stop - start:
+        raise _BadEntry(f"{path}: tensor {name!r} of shape {shape} ({entry['dtype']}) needs "
+                         f"{need} bytes; its header gives it {stop - start}; the file is "
+                         "damaged (download or copy it again)")
 
 
 def _read_safetensors(path: Path) -> tuple[dict[str, dict[str, Any]], str]:
@@ -118,6 +144,8 @@ def _read_safetensors(path: Path) -> tuple[dict[str, dict[str, Any]], str]:
             table = {k: {"dtype": v["dtype"], "shape": [int(n) for n in v["shape"]],
                          "data_offsets": [int(n) for n in v["data_offsets"]]}
                      for k, v in header.items() if k != "__metadata__"}
+            for name, entry in table.items():
+                _check_entry(path, name, entry)
             end = max((entry["data_offsets"][1] for entry in table.values()), default=0)
             if 8 + header_len + end > size:
                 raise EOFError(f"{path} is truncated: its header describes "
@@ -130,7 +158,7 @@ def _read_safetensors(path: Path) -> tuple[dict[str, dict[str, Any]], str]:
                                (max(start, stop - DIGEST_SAMPLE), stop)):
                     f.seek(8 + header_len + lo)
                     digest.update(f.read(hi - lo))
-    except EOFError as err:
+    except (EOFError, _BadEntry) as err:
         raise ValueError(str(err)) from None
     except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError,
             AttributeError) as err:

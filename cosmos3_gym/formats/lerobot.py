@@ -55,6 +55,9 @@ TYPES = ("cosmos3", "cosmos3_edge")
 TRANSFORMER_PREFIX = "model.transformer."
 VAE_PREFIX = "model.vae."
 STATE_KEY = "observation.state"
+# config.json's names of the PolicyConfig fields it gives under another name.
+LEROBOT_NAMES = {"action_horizon": "chunk_size", "fps": "conditioning_fps",
+                 "vision_start_token_id": "start_of_generation_token_id"}
 ACTION_KEY = "action"
 
 # LeRobot's normalisation modes -> this project's (pipeline/normalization.py).
@@ -324,6 +327,14 @@ def _policy(raw: dict[str, Any], root: Path, path: Path, scheduler: dict[str, An
             raise ValueError(f"{path} normalises the state with {norm_map['STATE']} but "
                              f"{PREPROCESSOR} holds no '{STATE_KEY}' statistics")
         state_stats = _stats_block(found, f"{root / PREPROCESSOR} state statistics")
+        width = len(next(iter(state_stats["global"].values())))
+        feature = (raw.get("input_features") or {}).get(STATE_KEY) or {}
+        declared = feature.get("shape") if isinstance(feature, dict) else None
+        if isinstance(declared, list) and declared and declared[-1] != width:
+            raise ValueError(
+                f"{root / PREPROCESSOR} holds {width}-D state statistics; {path}'s input_features "
+                f"give {STATE_KEY} {declared[-1]}-D, the state the policy takes: the statistics "
+                "are cut or of another dataset (download the folder again)")
     image_keys = raw.get("image_keys")
     if not isinstance(image_keys, list) or not image_keys or not all(
             isinstance(k, str) for k in image_keys):
@@ -354,7 +365,10 @@ def _policy(raw: dict[str, Any], root: Path, path: Path, scheduler: dict[str, An
     try:
         policy = PolicyConfig(**fields)
     except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
+        field_name, _, rest = str(err).partition(": ")
+        key = LEROBOT_NAMES.get(field_name)  # the error in the file's own words
+        raise ValueError(f"{path}: {key} ({field_name}): {rest}" if key else f"{path}: {err}") \
+            from None
     sources = {name: DEFAULT_SOURCE for name in SAMPLER_FIELDS}
     sources.update(num_inference_steps=CONFIG, guidance_scale=CONFIG,
                    flow_shift=f"{CONFIG} scheduler_config", scheduler=f"{CONFIG} scheduler_config")

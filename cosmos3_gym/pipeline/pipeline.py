@@ -238,7 +238,7 @@ class Cosmos3ActionPipeline:
         :func:`~cosmos3_gym.pipeline.chunk_log_prob` run on those same weights.
         """
         from cosmos3_gym.devices import resolve_device, resolve_dtype
-        from cosmos3_gym.formats import read_checkpoint
+        from cosmos3_gym.formats import check_loads, read_checkpoint
         from cosmos3_gym.model.weights import TensorFiles, build_transformer, build_vae
 
         # Everything that can be known without the weights, checked first: configs, files
@@ -250,6 +250,7 @@ class Cosmos3ActionPipeline:
             folder = path
         else:
             folder = read_checkpoint(path, vae=vae, tokenizer=tokenizer)
+        check_loads(folder)  # what inspect and convert check: tokenizer files, tensor headers
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         options = options or InferenceOptions()
