@@ -246,6 +246,16 @@ def tokenizer_cut(root: Path) -> Path:
     return folder
 
 
+def processor_state_pickled(root: Path) -> Path:
+    """A statistics file that is a pickle under its safetensors name."""
+    import torch
+
+    folder = _lerobot("state", root)
+    for name in LEROBOT_STATS:
+        torch.save({"action.mean": torch.zeros(8)}, folder / name)
+    return folder
+
+
 # name -> (builder, the error a refusal must match)
 CORRUPTIONS: dict[str, tuple[Callable[[Path], Path], str]] = {
     "state_statistics_cut": (state_statistics_cut, r"5-D state statistics.*observation.state 7-D"),
@@ -274,4 +284,7 @@ CORRUPTIONS: dict[str, tuple[Callable[[Path], Path], str]] = {
     "header_shape_overflows": (header_shape_overflows,
                                r"action_modality_embed.*4611686018427387904"),
     "tokenizer_cut": (tokenizer_cut, r"tokenizer\.json"),
+    "processor_state_pickled": (processor_state_pickled,
+                                r"normalizer_processor\.safetensors is a torch\.save archive.*"
+                                r"never unpickles"),
 }

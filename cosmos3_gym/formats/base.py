@@ -108,6 +108,20 @@ DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2
                "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 
 
+def _pickle_kind(head: bytes) -> str | None:
+    """What pickle a file that starts with ``head`` is (``torch.save``'s zip archive, or a
+    plain pickle of protocol 2 to 5), else None.
+
+    >>> _pickle_kind(b"PK\\x03\\x04abcd"), _pickle_kind(b"\\x80\\x04\\x95..."), _pickle_kind(b"{}")
+    ('a torch.save archive (a zip of pickles)', 'a pickle', None)
+    """
+    if head.startswith(b"PK\x03\x04"):
+        return "a torch.save archive (a zip of pickles)"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return "a pickle"
+    return None
+
+
 class _BadEntry(Exception):
     """A header entry that parses but cannot describe its bytes (its message is the error)."""
 
@@ -136,7 +150,14 @@ def _read_safetensors(path: Path) -> tuple[dict[str, dict[str, Any]], str]:
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
+            head = f.read(8)
+            pickled = _pickle_kind(head)
+            if pickled is not None:
+                raise _BadEntry(
+                    f"{path} is {pickled}, not a safetensors file; cosmos3-gym never unpickles "
+                    "a file (unpickling can run code): convert it with safetensors' save_file, "
+                    "or fetch the folder's own file again")
+            header_len = int.from_bytes(head, "little")
             if size < 8 or header_len <= 0 or 8 + header_len > size:
                 raise ValueError("shorter than its header says")
             raw = f.read(header_len)
