@@ -197,5 +197,6 @@ def test_stochastic_samplers_refuse_state_rows(pipe, images) -> None:
 
 
 def test_history_length_is_checked() -> None:
-    with pytest.raises(ValueError, match="history_length must be an int >= 0"):
+    with pytest.raises(ValueError, match=r"history_length: expected an integer from 0 to at "
+                                         r"most 64 \(state rows\); found -1"):
         PolicyConfig(history_length=-1)
