@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cosmos3_gym.bench.paired import Stages, paired, peak_memory_mb, stage_seconds, why_unstable
+from cosmos3_gym.jsonio import write_text_atomic
 from cosmos3_gym.pipeline.sampling import SamplerConfig
 from cosmos3_gym.settings import (
     ModelSettings,
@@ -377,7 +378,7 @@ def run_bench_command(config: BenchConfig) -> dict[str, Any]:
     )
     out = Path(config.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write_text_atomic(out, json.dumps(result, indent=2))
     print(format_table(result))
     from cosmos3_gym.bench.plots import plot_bench
     from cosmos3_gym.plotting import PlottingUnavailable

@@ -51,6 +51,7 @@ import numpy as np
 
 from cosmos3_gym.bench.latency import PROMPTS
 from cosmos3_gym.bench.paired import paired, peak_memory_mb, stage_seconds
+from cosmos3_gym.jsonio import write_text_atomic
 from cosmos3_gym.settings import (
     SYNTHETIC_PRESETS,
     csv,
@@ -487,7 +488,7 @@ def run_synthetic(
     def save() -> None:
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(result, indent=2))
+            write_text_atomic(out, json.dumps(result, indent=2))
 
     run = _Run(preset, dev, dtype, options, warmup, repeats, save, flips)
     result["self_check"] = check_options(run, CASES[cases[0]])

@@ -295,6 +295,7 @@ def write_tiny_checkpoint(
 
     from cosmos3_gym import checkpoint as layout
     from cosmos3_gym.checkpoint import PolicyConfig
+    from cosmos3_gym.jsonio import write_text_atomic
     from cosmos3_gym.model.weights import save_transformer
 
     root = Path(directory)
@@ -307,11 +308,13 @@ def write_tiny_checkpoint(
         root / layout.TRANSFORMER,
     )
     (root / layout.SCHEDULER).mkdir(exist_ok=True)
-    (root / layout.SCHEDULER / "scheduler_config.json").write_text(
+    write_text_atomic(
+        root / layout.SCHEDULER / "scheduler_config.json",
         json.dumps({"_class_name": "UniPCMultistepScheduler", "use_flow_sigmas": True,
                     "prediction_type": "flow_prediction", "flow_shift": 5.0})
     )
-    (root / layout.MODEL_INDEX).write_text(
+    write_text_atomic(
+        root / layout.MODEL_INDEX,
         json.dumps({
             "_class_name": "Cosmos3OmniPipeline",
             "transformer": ["diffusers", "Cosmos3OmniTransformer"],

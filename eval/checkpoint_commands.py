@@ -62,7 +62,7 @@ def _checkpoint_command(model: ModelSettings, path: str, out: str | None, as_jso
         read_action_stats,
         resolve_policy,
     )
-    from cosmos3_gym.formats import contract_of, read_checkpoint
+    from cosmos3_gym.formats import check_loads, contract_of, read_checkpoint
 
     folder = read_checkpoint(path, vae=model.vae, tokenizer=model.tokenizer)
     policy, why = None, None
@@ -78,10 +78,12 @@ def _checkpoint_command(model: ModelSettings, path: str, out: str | None, as_jso
         check_action_stats(stats, policy, f"action statistics {model.action_stats}")
         policy = dataclasses.replace(policy, stats=stats)
     contract = contract_of(folder, policy.domain_name if policy else None)
+    if policy is not None:
+        check_statistics_present(policy, folder.format, folder.root)
+    check_loads(folder)  # what a load checks before reading a weight: ok here means it loads
     if out is not None:
         from cosmos3_gym.formats.convert import convert
 
-        check_statistics_present(policy, folder.format, folder.root)
         written = convert(folder, policy, contract, out)
         print(f"wrote {written}: a diffusers folder of the {folder.format} checkpoint "
               f"{folder.root} ({policy.domain_name} head, {policy.describe_sampler()}); run it "

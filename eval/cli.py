@@ -144,8 +144,8 @@ COMMANDS: dict[str, Command] = {
     "train": Command(
         "train the tiny checkpoint on ColorReach expert demos (CPU, deterministic)",
         lazy("cosmos3_gym.train.commands:run_train_command"),
-        lambda out: (f"the checkpoint in {out} is incomplete (training does not resume); rerun "
-                     "the same command to train from the start"),
+        lambda out: (f"{out} is as it was (the checkpoint is written whole at the end; training "
+                     "does not resume); rerun the same command to train from the start"),
         settings=("cosmos3_gym.train.config:TrainConfig", "cosmos3_gym.settings:ProgressSettings"),
         passes=("progress",)),
     "rl grpo": Command(
@@ -176,8 +176,8 @@ COMMANDS: dict[str, Command] = {
         "write a checkpoint of any format as a diffusers folder (+ action_policy.json and its "
         "statistics)",
         lazy("cosmos3_gym.eval.checkpoint_commands:run_convert"),
-        lambda out: (f"{out} may hold a partial conversion: delete it and rerun the same "
-                     "command"),
+        lambda out: (f"nothing was written to {out} (it is written whole at the end); rerun "
+                     "the same command"),
         settings=(MODEL,), passes=("path", "out"),
         arguments=lazy("cosmos3_gym.eval.checkpoint_commands:add_convert_arguments"),
         exclude=("checkpoint", "synthetic")),
@@ -433,6 +433,10 @@ def parsers(parser: argparse.ArgumentParser | None = None) -> dict[str, argparse
 # ---------------------------------------------------------------------- running
 
 
+# Commands whose output folder is written whole at the end (renamed into place): a failure or
+# an interrupt leaves the previous state.
+WRITTEN_WHOLE = ("convert", "train")
+
 # Entries of a parsed command line that are the parser's own, not the command's settings.
 PARSER_ENTRIES = ("command", "algorithm", "config")
 
@@ -489,8 +493,10 @@ def main(argv: list[str] | None = None) -> int:
             FolderInUse) as err:
         parser.exit(2, f"cosmos3-gym {name}: error: {one_line(str(err))}\n")
     except (OSError, TooManyFaults) as err:
-        parser.exit(1, f"cosmos3-gym {name}: error: {_failure(err)}; the run's folder keeps "
-                       "what was saved: fix the cause and rerun the same command to go on\n")
+        kept = ("nothing was written" if name in WRITTEN_WHOLE else
+                "the run's folder keeps what was saved")
+        parser.exit(1, f"cosmos3-gym {name}: error: {_failure(err)}; {kept}: fix the cause "
+                       "and rerun the same command to go on\n")
     except KeyboardInterrupt:
         parser.exit(130, f"cosmos3-gym {name}: interrupted; {interrupted_line(name, args)}\n")
 

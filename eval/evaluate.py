@@ -335,6 +335,9 @@ class Evaluator:
                     1 for key in done
                     if self.all_episodes.index_of(key) % self.rank.world_size == self.rank.rank)
                 pending = len(mine) - self.already_done
+                if self.rank.is_main and finished and not self.already_complete:
+                    print(results_io.resumed_line(self.out_dir, len(done),
+                                                  len(self.all_episodes)), flush=True)
                 if pending and self.pipeline is None:
                     self.pipeline = run.load()
                 start = time.perf_counter()

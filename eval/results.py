@@ -77,6 +77,18 @@ def read_episode_records(out_dir: Path) -> list[EpisodeRecord]:
     return sorted(seen.values(), key=lambda r: (r["task_index"], r["trial"]))
 
 
+def resumed_line(out_dir: str | Path, recorded: int, total: int) -> str:
+    r"""What an evaluation says when it goes on in a folder that holds some of its episodes
+    already (a rerun of an interrupted command), before it runs the others.
+
+    >>> print(*resumed_line("runs/x", 6, 20).split("; "), sep=";\n")
+    runs/x: resuming: 6 of its 20 episodes were recorded before and are not run again;
+    running the other 14
+    """
+    return (f"{out_dir}: resuming: {recorded} of its {total} episodes were recorded before and "
+            f"are not run again; running the other {total - recorded}")
+
+
 def read_incidents(out_dir: Path) -> list[dict[str, Any]]:
     """Every recorded incident in ``out_dir``, in time order."""
     incidents = [i for p in sorted(out_dir.glob("incidents*.jsonl")) for i in read_jsonl(p)]

@@ -19,6 +19,7 @@ from cosmos3_gym.eval.cli import (
     settings_classes,
     shown,
 )
+from cosmos3_gym.jsonio import write_text_atomic
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -92,7 +93,7 @@ PAGES = {"cli.md": cli_reference, "settings.md": settings_reference}
 
 def main() -> int:
     for name, page in PAGES.items():
-        (DOCS / name).write_text(page() + "\n", encoding="utf-8")
+        write_text_atomic(DOCS / name, page() + "\n")
         print(f"wrote {DOCS / name}")
     return 0
 

@@ -21,7 +21,7 @@ from cosmos3_gym.formats import (
     resolve_checkpoint,
 )
 from cosmos3_gym.model import Cosmos3Transformer
-from cosmos3_gym.pipeline.admission import admit
+from cosmos3_gym.pipeline.admission import admit, nonfinite
 from cosmos3_gym.pipeline.normalization import ActionStats, normalize_actions
 from cosmos3_gym.pipeline.options import InferenceOptions
 from cosmos3_gym.pipeline.output import ActionOutput
@@ -238,7 +238,7 @@ class Cosmos3ActionPipeline:
         :func:`~cosmos3_gym.pipeline.chunk_log_prob` run on those same weights.
         """
         from cosmos3_gym.devices import resolve_device, resolve_dtype
-        from cosmos3_gym.formats import read_checkpoint
+        from cosmos3_gym.formats import check_loads, read_checkpoint
         from cosmos3_gym.model.weights import TensorFiles, build_transformer, build_vae
 
         # Everything that can be known without the weights, checked first: configs, files
@@ -250,6 +250,7 @@ class Cosmos3ActionPipeline:
             folder = path
         else:
             folder = read_checkpoint(path, vae=vae, tokenizer=tokenizer)
+        check_loads(folder)  # what inspect and convert check: tokenizer files, tensor headers
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         options = options or InferenceOptions()
@@ -491,12 +492,13 @@ class Cosmos3ActionPipeline:
         if isinstance(state, torch.Tensor):
             state = state.detach().cpu().numpy()
         array = np.asarray(state)
-        if (array.dtype.kind != "f" or array.shape != (count, rows, width)
-                or not np.isfinite(array).all()):
+        if array.dtype.kind != "f" or array.shape != (count, rows, width):
             raise ValueError(
                 f"state: expected finite float [{count}, {rows}, {width}] (B, history_length, "
                 f"state width); found {array.dtype} {list(array.shape)}"
             )
+        if not np.isfinite(array).all():
+            raise ValueError(f"state: expected finite numbers; found {nonfinite(array)}")
         array = array.astype(np.float32)
         mode = self.policy.state_normalization
         if mode is None and self.decode.stats is not None:  # like the actions
