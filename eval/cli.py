@@ -26,6 +26,8 @@ Examples:
     cosmos3-gym train --out runs/tiny                              # the shipped tiny checkpoint
     cosmos3-gym rl grpo --env-kwargs '{"max_speed": 0.28}' --out runs/grpo   # GRPO, ColorReach
     cosmos3-gym report runs/right runs/shuffled --out compare.png  # two runs in one plot
+    cosmos3-gym eval --shard 0/2 --out runs/part0   # one of two jobs; then:
+    cosmos3-gym merge runs/part0 runs/part1 --out runs/whole
     cosmos3-gym inspect /models/Cosmos3-Nano-Policy-LIBERO_10       # format, head, sampler
     cosmos3-gym convert /models/export OUT --vae /models/Cosmos3-Nano \
         --recipe nano-libero10-export --action-stats stats.json    # a diffusers folder
@@ -61,6 +63,8 @@ COMMAND_HELP = {
                "success rule, versions) as JSON",
     "convert": "write a checkpoint of any format as a diffusers folder (+ action_policy.json and "
                "its statistics)",
+    "merge": "join the folders of one evaluation's shards (eval --shard I/N) into the folder one "
+             "run writes",
 }
 
 
@@ -299,6 +303,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 "NAME:VARIANT (instead of a checkpoint)")
             p.add_argument("--json", action="store_true", help="print the rows as JSON")
         add_settings(p, ModelSettings, exclude=("checkpoint", "synthetic"))
+    merge = sub.add_parser("merge", help=COMMAND_HELP["merge"], description=COMMAND_HELP["merge"])
+    merge.add_argument("shards", metavar="SHARD_DIR", nargs="+",
+                       help="the shard folders, every shard of the run once (any order)")
+    merge.add_argument("--out", required=True, metavar="DIR",
+                       help="the folder to write (new): the run's episodes, results.json, plot")
     return parser
 
 
@@ -507,6 +516,8 @@ def _interrupted(command: str, args: argparse.Namespace) -> str:
                 "same command to train from the start")
     if command == "report":
         return "it only reads runs; rerun the same command"
+    if command == "merge":
+        return "it only reads the shards; rerun the same command to write the merged folder"
     if command == "inspect":
         return "it only reads; rerun the same command"
     if command == "convert":
@@ -534,6 +545,10 @@ def _run(args: argparse.Namespace, command: str) -> int:
         from cosmos3_gym.eval import report
 
         return report.run(args)
+    if command == "merge":
+        from cosmos3_gym.eval.shards import run_merge_command
+
+        return run_merge_command(args.shards, args.out)
     if command == "inspect" and args.env is not None:
         if args.path is not None:
             raise ValueError("inspect shows a checkpoint (PATH) or a preset (--env NAME); give one")
