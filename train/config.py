@@ -87,6 +87,11 @@ class TrainConfig:
         "their pixels that move"
     )
     log_every: int = _knob(25, "steps per point of the loss curves (train_log.json)")
+    # Success while training: the model being trained, evaluated in memory every eval_every
+    # steps by the evaluation's own call (cosmos3_gym.evaluate); the training is unchanged.
+    eval_every: int = _knob(0, "optimiser steps between evaluations of the model being trained "
+                            "on ColorReach, in train_log.json (0: none)")
+    eval_trials: int = _knob(2, "episodes per ColorReach task in each evaluation while training")
     encode_batch_size: int = _knob(32, "demo images per VAE encode call")
     stats_samples: int = _knob(
         64, "demos whose latents set the VAE's per-channel normalisation statistics"
