@@ -239,10 +239,11 @@ def _settings(policy: Any, env: Any, *, trials: int | None, seed: int, num_envs:
         raise TypeError(f"evaluate(): policy must be a Cosmos3ActionPipeline, a VectorPolicy or "
                         f"a checkpoint path; found {type(policy).__name__}")
     if pipeline is not None:
-        named = [k for k in model_names if given.get(k) is not None]
+        named = [k for k in (*model_names, "device", "precision") if given.get(k) is not None]
         if named:
-            raise ValueError(f"evaluate(): {named} choose a model, but the policy given is one "
-                             "in memory (evaluated as it is); drop them")
+            raise ValueError(f"evaluate(): {named} choose a model or where it runs, but the "
+                             "policy given is one in memory (evaluated as it is, where it is); "
+                             "drop them")
 
     eval_env = None
     if isinstance(env, EvalEnv):

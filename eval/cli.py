@@ -307,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("shards", metavar="SHARD_DIR", nargs="+",
                        help="the shard folders, every shard of the run once (any order)")
     merge.add_argument("--out", required=True, metavar="DIR",
-                       help="the folder to write (new): the run's episodes, results.json, plot")
+                       help="where the command writes its results; the merged run folder "
+                            "(new): the run's identity, episodes, results.json, plot")
     return parser
 
 

@@ -74,11 +74,13 @@ def check_shard(shard: str | None, num_tasks: int, trials: int) -> None:
     """Refuse a shard count larger than the run's episodes (a shard would run none)."""
     if shard is None:
         return
-    index, count = parse_shard(shard)
+    count = parse_shard(shard)[1]
     total = num_tasks * trials
     if count > total:
-        raise ValueError(f"--shard {shard}: the run has {total} episodes ({num_tasks} tasks x "
-                         f"{trials} trials); expected at most {total} shards")
+        raise ValueError(f"--shard {shard}: the run has {total} episodes ({num_tasks} "
+                         f"task{'s' if num_tasks != 1 else ''}, {trials} "
+                         f"trial{'s' if trials != 1 else ''} each); expected at most {total} "
+                         "shards")
 
 
 # ---------------------------------------------------------------------- merge

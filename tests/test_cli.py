@@ -22,7 +22,7 @@ from cosmos3_gym.eval.results import read_episode_records
 from cosmos3_gym.settings import meaning
 
 COMMANDS = {"eval", "rollout", "bench", "size", "train", "rl", "rl grpo", "report", "inspect",
-            "convert"}
+            "convert", "merge"}
 
 
 def test_every_command_and_its_help_runs(capsys) -> None:

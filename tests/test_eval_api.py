@@ -215,6 +215,7 @@ def test_the_results_object_reads_the_results_document(tiny_pipe: Cosmos3ActionP
 @pytest.mark.parametrize(("policy", "env", "given", "error", "match"), [
     ("tiny", "color_reach", {"trails": 2}, TypeError, r"unknown settings \['trails'\]"),
     ("PIPE", "color_reach", {"checkpoint": "tiny"}, ValueError, "one in memory"),
+    ("PIPE", "color_reach", {"device": "cuda"}, ValueError, r"\['device'\] choose"),
     ("tiny", "colour_reach", {}, ValueError, "unknown env 'colour_reach'"),
     (3, "color_reach", {}, TypeError, "policy must be"),
     ("tiny", 3, {}, TypeError, "env must be"),

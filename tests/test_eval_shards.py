@@ -169,3 +169,15 @@ def test_libero_shards_merge_into_the_one_process_run(tmp_path: Path) -> None:
                       for f in ("merged", "single"))
     assert {k: results[k] for k in RATES} == {k: alone[k] for k in RATES}
     assert {r["init_state_id"] for r in read_episode_records(tmp_path / "merged")} == {0, 1, 2}
+
+
+def test_more_shards_than_episodes_is_refused_before_anything_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--tasks", "red", "--trials", "2", "--shard", "2/3", "--out", str(out)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("cosmos3-gym eval: error: --shard 2/3: the run has 2 episodes (1 task, 2 "
+                   "trials each); expected at most 2 shards")
+    assert not out.exists()

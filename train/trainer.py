@@ -46,8 +46,8 @@ The recipe, end to end:
    order from the seed, ``torch.use_deterministic_algorithms(True)``.
 7. **Success while training** (``eval_every``): every ``eval_every`` steps the model being
    trained is evaluated on ColorReach as it is in memory, by the evaluation's own call
-   (:func:`cosmos3_gym.evaluate`, ``eval_trials`` per task); ``train_log.json`` keeps each
-   result. The call restores the model's mode and the random number generators, so the
+   (:func:`cosmos3_gym.evaluate`, ``eval_trials`` per task from ``eval_seed``);
+   ``train_log.json`` keeps each result. The call restores the model's mode and the random number generators, so the
    training's losses and weights are the same bits with or without it.
 
 Run::
@@ -376,8 +376,8 @@ def success_while_training(model: torch.nn.Module, pipe: Any, cfg: TrainConfig,
         options=replace(pipe.options, fuse_projections=False))
 
     def hook(step: int) -> dict[str, Any]:
-        results = evaluate(being_trained, "color_reach", trials=cfg.eval_trials, seed=cfg.seed,
-                           image_size=cfg.image_size)
+        results = evaluate(being_trained, "color_reach", trials=cfg.eval_trials,
+                           seed=cfg.eval_seed, image_size=cfg.image_size)
         point = {"step": step, "success_rate": results.success_rate,
                  "interval": list(results.interval), "episodes": len(results.episodes)}
         evaluations.append(point)
