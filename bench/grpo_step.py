@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from cosmos3_gym.jsonio import write_text_atomic
+
 
 def run(preset: str, *, device: str, train: str, groups: int, group_size: int, steps: int,
         minibatch: int, microbatch: int, checkpointing: bool, episode_steps: int,
@@ -46,7 +48,7 @@ def run(preset: str, *, device: str, train: str, groups: int, group_size: int, s
                               "episode_steps": episode_steps}
 
     def save() -> None:
-        out.write_text(json.dumps(result, indent=2))
+        write_text_atomic(out, json.dumps(result, indent=2))
 
     def peak() -> float | None:
         if dev.type != "cuda":

@@ -409,7 +409,9 @@ class EnvSettings:
         metavar="RULE")
     image_key: list[str] | None = setting(
         None, "--env gym:ID and presets: the observation key(s) of the camera image, "
-        "comma-separated (several side by side)", group="env", parse=csv, metavar="KEYS")
+        "comma-separated (several side by side); with a checkpoint that declares its cameras "
+        "(a LeRobot folder), one key per camera, in the order inspect lists them",
+        group="env", parse=csv, metavar="KEYS")
     state_key: str | None = setting(
         None, "--env gym:ID and presets: the observation key of the robot state, for "
         "state-conditioned heads", group="env", metavar="KEY")

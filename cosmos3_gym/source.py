@@ -110,8 +110,9 @@ class ModelSource:
     def adapter(self, eval_env: EvalEnv, action_map: str | None = None) -> Adapter:
         """The adapter a policy of this model drives ``eval_env`` with: a synthetic model's
         (:func:`~cosmos3_gym.synthetic.synthetic_adapter`), the one the checkpoint's contract
-        asks for, else the env family's (with its options); the action map (``action_map``,
-        else the env's own: :func:`~cosmos3_gym.policy.adapters.action_map_of`) over it."""
+        asks for (the env's cameras mapped onto its own), else the env family's (with its
+        options); the action map (``action_map``, else the env's own:
+        :func:`~cosmos3_gym.policy.adapters.action_map_of`) over it."""
         from cosmos3_gym.policy import get_adapter
         from cosmos3_gym.policy.adapters import (
             action_map_of,
@@ -124,7 +125,7 @@ class ModelSource:
 
             adapter = synthetic_adapter(eval_env)
         elif self.contract is not None:
-            adapter = adapter_for_contract(self.contract)
+            adapter = adapter_for_contract(self.contract, eval_env.adapter_options)
         else:
             adapter = get_adapter(eval_env.adapter, **eval_env.adapter_options)
         chosen = action_map_of(action_map, eval_env)

@@ -36,6 +36,7 @@ from .gym import VARIANT_OPTION, Variant, episode_budget
 from .libero import (
     LIBERO_SETTLE_STEPS,
     STEP_BUDGETS,
+    check_libero_runs,
     libero_max_episode_steps,
     libero_num_tasks,
     libero_task_description,
@@ -46,6 +47,7 @@ from .metaworld import (
     METAWORLD_MT10,
     METAWORLD_TASK_DESCRIPTIONS,
     METAWORLD_TASKS,
+    check_metaworld_runs,
     make_metaworld_vector_env,
 )
 from .success import SuccessRule, parse_success
@@ -395,6 +397,7 @@ class LiberoEval(EvalEnv):
         step_budget: str = "cosmos3",
         max_episode_steps: int | None = None,
     ) -> None:
+        check_libero_runs()  # the extra and a renderer, before any task is looked up
         suites = suite.split(",") if isinstance(suite, str) else list(suite)
         if task_ids is None:
             self.pairs = [(s, t) for s in suites for t in range(libero_num_tasks(s))]
@@ -426,6 +429,7 @@ class LiberoEval(EvalEnv):
                 f"--step-budget {step_budget!r} and --max-episode-steps {max_episode_steps} both "
                 "set the episode length; give one (--max-episode-steps makes the budget 'custom')"
             )
+        check_libero_runs()
         suites = canonical_suites(suite).split(",")
         ids = None
         if tasks is not None:  # every suite must have each task id
@@ -488,6 +492,7 @@ class MetaWorldEval(EvalEnv):
     def __init__(self, tasks: list[str] | None = None, *, image_size: int = 224,
                  max_episode_steps: int | None = None) -> None:
         tasks = list(METAWORLD_MT10) if tasks is None else tasks
+        check_metaworld_runs()  # the extra and a renderer: a worker would fault on each
         unknown = [t for t in tasks if t not in METAWORLD_TASKS]
         if unknown:
             raise ValueError(f"unknown Meta-World tasks {unknown}; expected some of "

@@ -14,6 +14,7 @@ import functools
 import io
 import logging
 import math
+import os
 import sys
 import weakref
 import zlib
@@ -154,8 +155,23 @@ def _without_macro_file_notice() -> Iterator[None]:
         robosuite_log.removeFilter(notice)
 
 
+def check_libero_runs() -> None:
+    """Before a run: the ``libero`` extra is installed and robosuite's renderer starts here (it
+    renders through EGL unless ``MUJOCO_GL`` is ``osmesa`` or ``glx``); a ``ValueError`` naming
+    the fix otherwise."""
+    from .requirements import require_mujoco_rendering, require_package
+
+    require_package("libero", env="libero", extra="libero")
+    chosen = os.environ.get("MUJOCO_GL")
+    require_mujoco_rendering("libero", backend={"osmesa": "osmesa", "glx": "glfw"}.get(
+        chosen or "", "egl"))
+
+
 @functools.cache
 def _suite(name: str) -> Any:
+    from .requirements import require_package
+
+    require_package("libero", env="libero", extra="libero")
     from libero.libero import benchmark
 
     suites = benchmark.get_benchmark_dict()

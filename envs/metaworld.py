@@ -107,6 +107,15 @@ def _check_task(task: str) -> str:
     return task
 
 
+def check_metaworld_runs() -> None:
+    """Before a run: the ``metaworld`` extra is installed and MuJoCo renders here
+    (``MUJOCO_GL``); a ``ValueError`` naming the fix otherwise."""
+    from .requirements import require_mujoco_rendering, require_package
+
+    require_package("metaworld", env="metaworld", extra="metaworld")
+    require_mujoco_rendering("metaworld")
+
+
 @functools.cache
 def _benchmark(task: str, layout_seed: int) -> Any:
     """``metaworld.MT1`` (50 layouts, slow to draw: docs/benchmarks.md, "Meta-World on a CPU"),

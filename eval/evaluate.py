@@ -138,20 +138,26 @@ class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
         the defaults, once, when the run is resolved)."""
         check_settings(self)
         self.check_model_source()
-        if not self.env_timeout > 0:
-            raise ValueError(f"env_timeout must be a positive number of seconds; found "
-                             f"{self.env_timeout!r}")
-        for name in ("max_episode_restarts", "max_consecutive_faults", "video_trials"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must be an integer >= 0; found {value!r}")
-        if self.overlap and self.num_envs < 2:
-            raise ValueError(f"overlap needs num_envs >= 2 (two groups of env slots); found "
-                             f"{self.num_envs}")
+        self.runner_options()  # the runner's own rules (restarts, timeouts, overlap), its home
+        if self.video_trials is not None and self.video_trials < 0:
+            raise ValueError(f"video_trials must be an integer >= 0; found {self.video_trials!r}")
         if not isinstance(self.sampling, SamplerConfig):
             raise ValueError(f"sampling must be a SamplerConfig; found "
                              f"{type(self.sampling).__name__}")
         protocols.check(self)
+
+    def runner_options(self, num_envs: int | None = None) -> RunnerOptions:
+        """How the episode runner steps this evaluation's envs (``num_envs``: the slots this
+        session runs, at most the setting's). Made when the settings are, so the runner's rules
+        refuse a bad value before anything runs."""
+        # A session with one slot left to run (a resume's last episode) cannot take turns.
+        slots = self.num_envs if num_envs is None else num_envs
+        overlap = self.overlap if num_envs is None else self.overlap and slots >= 2
+        return RunnerOptions(
+            num_envs=slots, async_envs=self.async_envs, env_timeout=self.env_timeout,
+            max_episode_restarts=self.max_episode_restarts,
+            max_consecutive_faults=self.max_consecutive_faults, out_of_range=self.out_of_range,
+            faults="restart", overlap=overlap)
 
     def resolved(self) -> EvalConfig:
         """These settings with every default the run takes filled in: the shipped checkpoint
@@ -331,6 +337,8 @@ class Evaluator:
         # Whether the folder held every episode before this run (then it runs nothing).
         self.already_complete = False
         self.plot = ResultsPlot(self.out_dir)
+        # results.json kept one episode at a time from the folder's logs (every rank's).
+        self.tally = results_io.ResultsTally(self.eval_env.tasks, len(self.share))
         # The checkpoint's head as the run uses it (results.json records its sampler).
         self.head: Any = run.model.head
 
@@ -355,6 +363,9 @@ class Evaluator:
                 self.already_complete = sum(k in held for k in done) >= len(share)
                 self.already_done = sum(k in held_here for k in done)
                 pending = len(mine) - self.already_done
+                if self.rank.is_main and finished and not self.already_complete:
+                    print(results_io.resumed_line(self.out_dir, len(done),
+                                                  len(self.all_episodes)), flush=True)
                 if pending and self.pipeline is None:
                     self.pipeline = run.load()
                 start = time.perf_counter()
@@ -425,28 +436,26 @@ class Evaluator:
                 atomic_write(path, lambda f, data=data: f.write(data))
 
     def write_results(self, final: bool = False) -> dict[str, Any]:
-        """Recompute results.json from every log in the folder and replace it atomically."""
+        """Bring results.json up to date with every log in the folder and replace it
+        atomically."""
         results = self.results(final)
         write_json_atomic(self.out_dir / "results.json", results)
         self.plot.update(results, final=final)
         return results
 
     def results(self, final: bool = False) -> dict[str, Any]:
-        """The results.json document of every log in the folder (``final``: with the
-        sessions' timings)."""
-        records = results_io.read_episode_records(self.out_dir)
+        """The results.json document of every log in the folder (the lines appended since the
+        last call are added to the tally; ``final``: with the sessions' timings)."""
+        self.tally.follow(self.out_dir)
         throughput = None
         if final:
             parts = [read_json_object(p, what="throughput file")
                      for p in sorted(self.out_dir.glob("throughput*.json"))]
             throughput = results_io.merge_throughput(parts)
         simulation = self.eval_env.simulation
-        return results_io.summarize(
-            records,
+        return self.tally.results(
             config={**self.config.identity(),
                     **({"simulation": simulation} if simulation is not None else {})},
-            task_names=self.eval_env.tasks,
-            expected_episodes=len(self.share),
             incidents=results_io.read_incidents(self.out_dir),
             throughput=throughput,
             episode_budget=self.eval_env.episode_budget(),
@@ -485,11 +494,7 @@ class Evaluator:
         queue = list(itertools.islice(pending, cfg.num_envs))
         pending = itertools.chain(queue, pending)
         num_slots = len(queue)
-        options = RunnerOptions(
-            num_envs=num_slots, async_envs=cfg.async_envs, env_timeout=cfg.env_timeout,
-            max_episode_restarts=cfg.max_episode_restarts,
-            max_consecutive_faults=cfg.max_consecutive_faults, out_of_range=cfg.out_of_range,
-            faults="restart", overlap=cfg.overlap and num_slots >= 2)
+        options = cfg.runner_options(num_slots)
         runner = EpisodeRunner(
             self.policy_for_run(), lambda n: self.eval_env.make(n, cfg.async_envs),
             EpisodeList(self.spec(k) for k in pending), options, _Recorder(self, bar))

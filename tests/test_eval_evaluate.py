@@ -289,6 +289,10 @@ def test_videos_are_named_by_task_trial_seed_and_outcome_and_never_overwritten(
     # The same episodes again into a folder whose videos/ already holds those names (as after
     # a resume or a fault re-run): the old files stay byte for byte, the new ones get a suffix.
     again = tmp_path / "again"
+    from cosmos3_gym.runner import RunFolder
+
+    with RunFolder(again, kind="evaluation"):  # a folder a run opened (it holds its lock file)
+        pass
     (again / "videos").mkdir(parents=True)
     for name in names:
         (again / "videos" / name).write_bytes(b"earlier video")
