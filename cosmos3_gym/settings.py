@@ -137,6 +137,23 @@ def render_size(text: str) -> tuple[int, int]:
     return (sizes[0], sizes[-1])
 
 
+def shard_spec(text: str) -> str:
+    """``I/N``: shard ``I`` of ``N`` (``0 <= I < N``), written back without spaces.
+
+    >>> shard_spec(" 1 / 4 ")
+    '1/4'
+    """
+    index, slash, count = str(text).partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i = n = -1
+    if not slash or n < 1 or not 0 <= i < n:
+        raise ValueError(f"expected I/N with 0 <= I < N (shard I of N, e.g. 0/4); found "
+                         f"{text!r}")
+    return f"{i}/{n}"
+
+
 def text_or_json_object(text: str) -> str | dict[str, str]:
     """Plain text, or a JSON object of text (``{"task": "instruction", ...}``)."""
     return json_object(text) if text.lstrip().startswith("{") else text
@@ -162,7 +179,18 @@ RULES: dict[Callable[[str], Any], tuple[Callable[[Any], bool], str]] = {
     json_object: (lambda v: isinstance(v, dict), "a JSON object"),
     render_size: (lambda v: isinstance(v, (list, tuple)) and len(v) == 2
                   and all(_is_int(x) and x >= 1 for x in v), "(height, width) >= 1"),
+    shard_spec: (lambda v: isinstance(v, str) and _holds(shard_spec, v),
+                 "'I/N' with 0 <= I < N (e.g. '0/4')"),
 }
+
+
+def _holds(reader: Callable[[str], Any], value: str) -> bool:
+    """Whether ``reader`` takes ``value`` as it is written (a value given from Python or a
+    config file must already be in the form the command line's reader writes)."""
+    try:
+        return reader(value) == value
+    except ValueError:
+        return False
 
 
 def check_settings(settings: Any) -> None:

@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cosmos3_gym.checkpoint import (
@@ -52,7 +53,8 @@ class ModelSource:
         label: how messages name it (``--checkpoint PATH``, ``--synthetic nano``, ``the pipeline
             given``).
         checkpoint: the checkpoint as the user named it (a folder, a shipped name, a Hugging
-            Face repository id); None for a synthetic model or a pipeline given.
+            Face repository id); for a pipeline given, the folder it was loaded from or
+            ``"in memory"`` (:func:`pipeline_checkpoint`); None for a synthetic model.
         folder: the checkpoint folder as read (None: synthetic, or a pipeline given without one).
         head: how the checkpoint's action head is used in this run (its
             :class:`~cosmos3_gym.checkpoint.PolicyConfig`; None only for a stand-in pipeline
@@ -231,9 +233,30 @@ def read_model_source(model: Any, eval_env: EvalEnv | None = None) -> ModelSourc
     return ModelSource(label=label, checkpoint=str(checkpoint), folder=folder, head=policy)
 
 
+# How a run names a pipeline handed in that was not loaded from a checkpoint folder.
+IN_MEMORY = "in memory"
+
+
+def pipeline_checkpoint(pipeline: Any) -> str:
+    """How a run names a pipeline handed in: the checkpoint folder it was loaded from (a shipped
+    checkpoint by its name, as ``--checkpoint tiny`` names it), else ``"in memory"``. Whether
+    its weights are still the folder's is the identity's ``weights`` (:meth:`ModelSource.
+    fingerprint`)."""
+    folder = getattr(pipeline, "checkpoint", None)
+    root = getattr(folder, "root", None)
+    if root is None:
+        return IN_MEMORY
+    from cosmos3_gym.formats import SHIPPED
+
+    root = Path(root)
+    return root.name if root.parent == SHIPPED else str(root)
+
+
 def pipeline_source(pipeline: Any) -> ModelSource:
-    """A pipeline already in memory as a model source (its policy and contract its own)."""
+    """A pipeline already in memory as a model source (its policy and contract its own; its
+    name :func:`pipeline_checkpoint`)."""
     return ModelSource(label="the pipeline given", pipeline=pipeline,
+                       checkpoint=pipeline_checkpoint(pipeline),
                        folder=getattr(pipeline, "checkpoint", None),
                        head=getattr(pipeline, "policy", None))
 

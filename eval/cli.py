@@ -28,6 +28,8 @@ Examples:
     cosmos3-gym train --out runs/tiny                              # the shipped tiny checkpoint
     cosmos3-gym rl grpo --env-kwargs '{"max_speed": 0.28}' --out runs/grpo   # GRPO, ColorReach
     cosmos3-gym report runs/right runs/shuffled --out compare.png  # two runs in one plot
+    cosmos3-gym eval --shard 0/2 --out runs/part0   # one of two jobs; then:
+    cosmos3-gym merge runs/part0 runs/part1 --out runs/whole
     cosmos3-gym inspect /models/Cosmos3-Nano-Policy-LIBERO_10       # format, head, sampler
     cosmos3-gym convert /models/export OUT --vae /models/Cosmos3-Nano \
         --recipe nano-libero10-export --action-stats stats.json    # a diffusers folder
@@ -74,6 +76,14 @@ def _run_folder_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="where the command writes its results; the run folder (a new one, "
                              "or one this command wrote: it resumes)")
+
+
+def _merge_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("shards", metavar="SHARD_DIR", nargs="+",
+                        help="the shard folders, every shard of the run once (any order)")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="where the command writes its results; the merged run folder "
+                             "(new): the run's identity, episodes, results.json, plot")
 
 
 def _renamed_options(parser: argparse.ArgumentParser) -> None:
@@ -156,6 +166,12 @@ COMMANDS: dict[str, Command] = {
         settings=("cosmos3_gym.train.config:GRPOConfig",), arguments=_renamed_options,
         description="GRPO fine-tuning of a Cosmos3 policy (docs/rl.md): a run folder that "
                     "resumes, full or LoRA training, data-parallel under torchrun."),
+    "merge": Command(
+        "join the folders of one evaluation's shards (eval --shard I/N) into the folder one run "
+        "writes",
+        lambda args: lazy("cosmos3_gym.eval.shards:run_merge_command")(args.shards, args.out),
+        lambda out: "it only reads the shards; rerun the same command to write the merged folder",
+        arguments=_merge_arguments),
     "report": Command(
         "print a run's results table and redraw its plot (finished or partial runs; several "
         "runs side by side)",

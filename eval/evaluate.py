@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,12 @@ from cosmos3_gym.eval.distributed import (
     RankInfo,
     barrier,
     destroy_process_group,
+    exchange_files,
     init_process_group,
 )
 from cosmos3_gym.eval.report import ResultsPlot
 from cosmos3_gym.eval.run import Run, check_action_units, resolve
+from cosmos3_gym.eval.shards import check_shard, parse_shard, shard_episodes
 from cosmos3_gym.eval.videos import (
     ImaginedChunk,
     episode_video_stem,
@@ -40,7 +43,7 @@ from cosmos3_gym.eval.videos import (
     unused_path,
     write_video,
 )
-from cosmos3_gym.jsonio import append_jsonl, read_json_object, write_json_atomic
+from cosmos3_gym.jsonio import append_jsonl, atomic_write, read_json_object, write_json_atomic
 from cosmos3_gym.pipeline.sampling import SamplerConfig
 from cosmos3_gym.policy import Adapter, VectorPolicy
 from cosmos3_gym.progress import progress_bar
@@ -64,6 +67,7 @@ from cosmos3_gym.settings import (
     positive_int,
     seed_value,
     setting,
+    shard_spec,
     stored_model_source,
 )
 from cosmos3_gym.source import ModelSource
@@ -115,6 +119,11 @@ class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
     video_trials: int | None = setting(
         None, "videos for the first N trials of each task only (default: every trial)",
         group="evaluation", parse=int, metavar="N")
+    shard: str | None = setting(
+        None, "run shard I of N of the run's episodes (I/N, 0 <= I < N) into its own folder: a "
+        "balanced share of every task's trials, dealt from the run's seed; `cosmos3-gym merge` "
+        "joins the N folders into the one a single run writes", group="evaluation",
+        parse=shard_spec, metavar="I/N")
     shuffle_prompts: bool = setting(
         False, "diagnostic: each episode gets another task's prompt; a policy that reads its "
         "prompt should then drop to chance", group="evaluation")
@@ -172,6 +181,7 @@ class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
         the actions' units, and the success signal the env must report."""
         check_action_units(self, model, env)
         env.check_success()
+        check_shard(self.shard, len(env.tasks), self.trials)
 
     def identity(self) -> dict[str, Any]:
         """The settings that decide which episodes a run folder holds (the model's precision is
@@ -194,6 +204,7 @@ def upgrade_identity(stored: dict[str, Any], current: dict[str, Any]) -> dict[st
     if out.get("precision") is None:
         out["precision"] = {"float32": "fp32", "bfloat16": "bf16"}.get(out["dtype"])
     out.setdefault("noise", "fixed" if out.get("protocol") == "official" else "per_chunk")
+    out.setdefault("shard", None)  # before shards: the whole run
     for key, value in (("sampler", "flow_unipc"), ("noise_level", 0.5), ("sde_steps", "random")):
         out.setdefault(key, value)
     if str(out.get("env", "")).startswith("maniskill"):  # before GPU simulation was chosen
@@ -268,6 +279,12 @@ class _Recorder(RunObserver):
         append_jsonl(ev.incident_log, {**incident, "rank": ev.rank.rank})
 
 
+def _members(episodes: Sequence[int]) -> Any:
+    """``episodes`` for membership tests: a range as it is (any length, no memory), a shard's
+    list as a set."""
+    return episodes if isinstance(episodes, range) else frozenset(episodes)
+
+
 def _frame(images: Any) -> np.ndarray:
     """A video's frame: the first image of a batch of one, on the host (a GPU simulator's
     frames are CUDA tensors)."""
@@ -284,7 +301,9 @@ def _take(obs: Any, env: int) -> Any:
 
 class Evaluator:
     """Runs this process's share of an evaluation (a resolved :class:`~cosmos3_gym.eval.run.Run`
-    of kind ``evaluation``) into its folder (docs/evaluation.md)."""
+    of kind ``evaluation``) into its folder (docs/evaluation.md): the run's episodes, or under
+    ``shard`` the shard's (:func:`~cosmos3_gym.eval.shards.shard_episodes`), every
+    ``world_size``-th of them on this rank."""
 
     def __init__(self, run: Run) -> None:
         self.resolved = run
@@ -296,6 +315,11 @@ class Evaluator:
         self.model = run.model
         self.pipeline = run.model.pipeline
         self.all_episodes = self.eval_env.episodes(self.config.trials, self.config.seed)
+        # The episodes this folder holds, by their index in the run (a shard's, or all).
+        self.share: Sequence[int] = range(len(self.all_episodes))
+        if self.config.shard is not None:
+            self.share = shard_episodes(len(self.eval_env.tasks), self.config.trials,
+                                        self.config.seed, *parse_shard(self.config.shard))
         self.episode_log = self.out_dir / results_io.episode_log_name(
             self.rank.rank, self.rank.world_size
         )
@@ -314,26 +338,30 @@ class Evaluator:
         self.already_complete = False
         self.plot = ResultsPlot(self.out_dir)
         # results.json kept one episode at a time from the folder's logs (every rank's).
-        self.tally = results_io.ResultsTally(self.eval_env.tasks, len(self.all_episodes))
+        self.tally = results_io.ResultsTally(self.eval_env.tasks, len(self.share))
         # The checkpoint's head as the run uses it (results.json records its sampler).
         self.head: Any = run.model.head
 
     # ------------------------------------------------------------------ run
 
-    def run(self) -> dict[str, Any] | None:
-        """Run the pending episodes of this rank; on rank 0 return (and write) the results."""
+    def run(self) -> dict[str, Any]:
+        """Run the pending episodes of this rank, then return the run's results on every rank
+        (rank 0 writes results.json and the plot). Under torchrun the ranks hand each other
+        their logs at the end (:func:`~cosmos3_gym.eval.distributed.exchange_files`), so each
+        rank's folder holds every record even where the ranks share no file system."""
         run = self.resolved
         with run.folder() as folder:
             owns_group = init_process_group(self.rank)
             try:
                 finished = results_io.read_episode_records(self.out_dir)
                 self.bind(folder, recorded=bool(finished))
-                done = {(r["task"], int(r["trial"])) for r in finished}
-                self.already_complete = len(done) >= len(self.all_episodes)
-                mine = range(self.rank.rank, len(self.all_episodes), self.rank.world_size)
-                self.already_done = sum(
-                    1 for key in done
-                    if self.all_episodes.index_of(key) % self.rank.world_size == self.rank.rank)
+                done = {self.all_episodes.index_of((r["task"], int(r["trial"])))
+                        for r in finished}
+                # Counted over what is done, never over the run (it may be of any length).
+                share, mine = self.share, self.share[self.rank.rank::self.rank.world_size]
+                held, held_here = _members(share), _members(mine)
+                self.already_complete = sum(k in held for k in done) >= len(share)
+                self.already_done = sum(k in held_here for k in done)
                 pending = len(mine) - self.already_done
                 if self.rank.is_main and finished and not self.already_complete:
                     print(results_io.resumed_line(self.out_dir, len(done),
@@ -342,8 +370,7 @@ class Evaluator:
                     self.pipeline = run.load()
                 start = time.perf_counter()
                 if pending:
-                    self._run_episodes((k for k in mine
-                                        if self.all_episodes[k].key not in done), len(mine))
+                    self._run_episodes((k for k in mine if k not in done), len(mine))
                 wall = time.perf_counter() - start
                 if not self.already_complete:  # a complete folder keeps its last figures
                     write_json_atomic(
@@ -353,8 +380,9 @@ class Evaluator:
                          "env_s": self.env_s, **self._runtime()},
                     )
                 barrier(self.rank)
+                self._exchange_logs()
                 if not self.rank.is_main:
-                    return None
+                    return self.results(final=True)
                 return self.write_results(final=True)
             finally:
                 if owns_group:
@@ -395,9 +423,29 @@ class Evaluator:
         ws = self.rank.world_size
         return "throughput.json" if ws == 1 else f"throughput.rank{self.rank.rank}.json"
 
+    def _exchange_logs(self) -> None:
+        """Under torchrun: every rank's own logs (episodes, incidents, timings) written into
+        the folders of the ranks that lack them (none, where the folder is shared)."""
+        if self.rank.world_size == 1:
+            return
+        own = [self.episode_log, self.incident_log, self.out_dir / self._throughput_name()]
+        files = {p.name: p.read_bytes() for p in own if p.is_file()}
+        for name, data in exchange_files(self.rank, files).items():
+            path = self.out_dir / name
+            if not path.exists():
+                atomic_write(path, lambda f, data=data: f.write(data))
+
     def write_results(self, final: bool = False) -> dict[str, Any]:
-        """Bring results.json up to date with every log in the folder (the lines appended since
-        the last update) and replace it atomically."""
+        """Bring results.json up to date with every log in the folder and replace it
+        atomically."""
+        results = self.results(final)
+        write_json_atomic(self.out_dir / "results.json", results)
+        self.plot.update(results, final=final)
+        return results
+
+    def results(self, final: bool = False) -> dict[str, Any]:
+        """The results.json document of every log in the folder (the lines appended since the
+        last call are added to the tally; ``final``: with the sessions' timings)."""
         self.tally.follow(self.out_dir)
         throughput = None
         if final:
@@ -405,7 +453,7 @@ class Evaluator:
                      for p in sorted(self.out_dir.glob("throughput*.json"))]
             throughput = results_io.merge_throughput(parts)
         simulation = self.eval_env.simulation
-        results = self.tally.results(
+        return self.tally.results(
             config={**self.config.identity(),
                     **({"simulation": simulation} if simulation is not None else {})},
             incidents=results_io.read_incidents(self.out_dir),
@@ -414,9 +462,6 @@ class Evaluator:
             protocol=protocols.record(self.config, self.eval_env.init_state_rule, self.head),
             success_source=self.eval_env.success_rule.record(),
         )
-        write_json_atomic(self.out_dir / "results.json", results)
-        self.plot.update(results, final=final)
-        return results
 
     # ------------------------------------------------------------------ the episodes
 
@@ -534,7 +579,7 @@ def run_eval_command(config: EvalConfig, out: str | Path) -> int:
     # imported, only after them, before anything is written.
     evaluator = Evaluator(resolve(config, out, kind="evaluation"))
     results = evaluator.run()
-    if results is not None:
+    if evaluator.rank.is_main:
         if evaluator.already_complete:
             print(f"{out} is complete: its {results['episodes']} episodes were recorded before, "
                   "nothing to run. Its results:")
@@ -549,9 +594,11 @@ def evaluate(
     pipeline: Any = None,
     eval_env: EvalEnv | None = None,
     summary: bool = True,
-) -> dict[str, Any] | None:
-    """Run (or resume) an evaluation into ``out_dir``; rank 0 returns the results.json document
-    and, with ``summary``, prints its table (the one ``cosmos3-gym eval`` prints).
+) -> dict[str, Any]:
+    """Run (or resume) an evaluation into ``out_dir`` and return its results.json document
+    (every rank of a torchrun launch); with ``summary`` rank 0 prints its table (the one
+    ``cosmos3-gym eval`` prints). From a training loop, :func:`cosmos3_gym.evaluate` takes the
+    model and the env themselves and keeps the caller's state.
 
     ``pipeline`` defaults to ``config.checkpoint`` loaded with
     :meth:`~cosmos3_gym.pipeline.Cosmos3ActionPipeline.from_pretrained` (only if episodes
@@ -559,8 +606,12 @@ def evaluate(
     """
     from cosmos3_gym.eval.results import format_table
 
+    if out_dir is None:
+        raise ValueError("out_dir is None: this call records into a run folder; for an "
+                         "evaluation that keeps nothing on disk, call "
+                         "cosmos3_gym.evaluate(policy, env, out=None)")
     run = resolve(config, out_dir, kind="evaluation", pipeline=pipeline, eval_env=eval_env)
     results = Evaluator(run).run()
-    if summary and results is not None:
+    if summary and run.rank.is_main:
         print(format_table(results))
     return results

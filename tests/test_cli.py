@@ -23,7 +23,7 @@ reference = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(reference)
 
 COMMANDS = {"eval", "rollout", "bench", "size", "train", "rl", "rl grpo", "report", "inspect",
-            "convert"}
+            "convert", "merge"}
 
 
 def test_every_command_and_its_help_runs(capsys) -> None:

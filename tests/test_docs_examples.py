@@ -7,8 +7,9 @@ A page's fenced blocks, as the reader sees them:
   just before its fence, ``<!-- docs: not run (needs a CUDA GPU) -->``, with the reason; it is
   compiled, and the ``cosmos3_gym`` names it imports must exist.
 - ``bash``: every ``cosmos3-gym`` command (``torchrun ... -m cosmos3_gym.eval.cli`` too) is parsed
-  by the real command line and its settings built, so a renamed flag or a bad value fails here;
-  a block marked ``<!-- docs: run -->`` is also executed (cwd: an empty folder).
+  by the real command line and its settings built, so a renamed flag or a bad value fails here
+  (a shell variable in it, such as a SLURM array's ``${SLURM_ARRAY_TASK_ID}``, is checked as
+  ``1``); a block marked ``<!-- docs: run -->`` is also executed (cwd: an empty folder).
 - other languages (``text``, output) are not code.
 
 The README's relative links must name files that exist (the site's own links are checked by its
@@ -166,13 +167,19 @@ def commands(code: str) -> list[list[str]]:
     return [c for c in found if c]
 
 
+SHELL_VARIABLE = re.compile(r"\$\{?\w+\}?")
+
+
 def cli_words(words: list[str]) -> list[str] | None:
-    """The ``cosmos3-gym`` arguments of one shell command, or None where it is another program."""
+    """The ``cosmos3-gym`` arguments of one shell command, or None where it is another program;
+    a shell variable (a value the job gets when it runs) stands as ``1``."""
     if words[0] == "cosmos3-gym":
-        return words[1:]
-    if "cosmos3_gym.eval.cli" in words:
-        return words[words.index("cosmos3_gym.eval.cli") + 1:]
-    return None
+        found = words[1:]
+    elif "cosmos3_gym.eval.cli" in words:
+        found = words[words.index("cosmos3_gym.eval.cli") + 1:]
+    else:
+        return None
+    return [SHELL_VARIABLE.sub("1", w) for w in found]
 
 
 def check_command(argv: list[str], where: str) -> None:
@@ -203,6 +210,12 @@ def test_the_command_checker_fails_on_a_renamed_flag() -> None:
         check_command(["eval", "...", "--dtype", "bf16"], "here")
     with pytest.raises(pytest.fail.Exception, match="does not parse"):
         check_command(["eval", "--trials", "0", "--out", "x"], "here")
+    words = cli_words(["cosmos3-gym", "eval", "--shard", "${SLURM_ARRAY_TASK_ID}/8", "--out",
+                       "runs/part$SLURM_ARRAY_TASK_ID"])
+    assert words == ["eval", "--shard", "1/8", "--out", "runs/part1"]
+    check_command(words, "here")
+    with pytest.raises(pytest.fail.Exception, match="does not parse"):
+        check_command(cli_words(["cosmos3-gym", "eval", "--shard", "$I", "--out", "x"]), "here")
 
 
 BASH_PAGES = [p for p in PAGES if any(b.lang == "bash" for b in blocks(p))]

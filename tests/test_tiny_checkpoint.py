@@ -23,7 +23,6 @@ from cosmos3_gym.pipeline.preprocess import plan_canvas
 from cosmos3_gym.tiny import build_tiny_transformer
 from cosmos3_gym.train import (
     TrainConfig,
-    evaluate_success,
     train,
     transformer_overrides,
 )
@@ -32,11 +31,11 @@ from cosmos3_gym.train.vae import psnr, reconstruction_psnr
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# A fixed episode set, disjoint from the training seeds (0..episodes-1).
+# A fixed episode set: 6 trials of each of the 4 colours, their env seeds derived from this one
+# (a stream apart from the training demos' seeds 0..episodes-1).
 EVAL_SEED = 50_000
-EVAL_EPISODES = 24
+EVAL_TRIALS = 6
 EVAL_ENVS = 8
-EVAL_ACTION_STEPS = None  # the whole chunk (H = 4) before replanning
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +54,17 @@ def test_tiny_checkpoint_loads_offline_by_name(tiny_pipe: Cosmos3ActionPipeline)
 
 @pytest.mark.slow
 def test_tiny_checkpoint_reaches_the_named_target(tiny_pipe: Cosmos3ActionPipeline) -> None:
-    right = evaluate_success(
-        tiny_pipe, episodes=EVAL_EPISODES, num_envs=EVAL_ENVS, seed=EVAL_SEED, prompts="right",
-        n_action_steps=EVAL_ACTION_STEPS,
-    )
-    shuffled = evaluate_success(
-        tiny_pipe, episodes=EVAL_EPISODES, num_envs=EVAL_ENVS, seed=EVAL_SEED, prompts="shuffled",
-        n_action_steps=EVAL_ACTION_STEPS,
-    )
-    assert right["success_rate"] >= 0.8, right
-    # Another env's prompt names the same colour ~1/4 of the time: near chance, far below 0.8.
-    assert shuffled["success_rate"] <= 0.4, shuffled
+    """Evaluated as any evaluation is (cosmos3_gym.evaluate, whole chunks): with each
+    episode's own prompt, and with another task's (``shuffle_prompts``: every prompt names a
+    wrong colour, so only chance reaches the target)."""
+    import cosmos3_gym
+
+    common = dict(trials=EVAL_TRIALS, seed=EVAL_SEED, num_envs=EVAL_ENVS, image_size=128)
+    right = cosmos3_gym.evaluate(tiny_pipe, "color_reach", **common)
+    shuffled = cosmos3_gym.evaluate(tiny_pipe, "color_reach", shuffle_prompts=True, **common)
+    assert len(right.episodes) == len(shuffled.episodes) == 24
+    assert right.success_rate >= 0.8, right.table()
+    assert shuffled.success_rate <= 0.4, shuffled.table()
 
 
 # The shipped VAE on clips of episodes no training run used (training seed 0 took episodes
@@ -273,16 +272,25 @@ def _small_run(out: Path) -> TrainConfig:
 
 
 def test_training_is_bit_reproducible(tmp_path: Path) -> None:
+    """Two runs of one seed write the same bits, the second with the model being trained
+    evaluated every other step (``eval_every``: the evaluation's own call, in memory, which
+    gives the training its state back)."""
     logs, weights = [], []
     vaes = []
     for name in ("first", "second"):
         cfg = _small_run(tmp_path / name)
+        if name == "second":
+            cfg.eval_every, cfg.eval_trials = 2, 1
         logs.append(train(cfg))
         folder = Path(cfg.out) / "transformer"
         weights.append(load_file(str(folder / "diffusion_pytorch_model.safetensors")))
         vaes.append(Path(cfg.out) / "vae")
     assert [p["loss"] for p in logs[0]["loss_curve"]] == [p["loss"] for p in logs[1]["loss_curve"]]
     assert logs[0]["vae"] == logs[1]["vae"]
+    assert logs[0]["evaluations"] == []
+    assert [e["step"] for e in logs[1]["evaluations"]] == [2, 4]
+    assert all(e["episodes"] == 4 and 0.0 <= e["success_rate"] <= 1.0
+               for e in logs[1]["evaluations"])
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     # The VAE's decoder trained too, to the same bits; its encoder is the initial one.

@@ -87,6 +87,14 @@ class TrainConfig:
         "their pixels that move"
     )
     log_every: int = _knob(25, "steps per point of the loss curves (train_log.json)")
+    # Success while training: the model being trained, evaluated in memory every eval_every
+    # steps by the evaluation's own call (cosmos3_gym.evaluate); the training is unchanged.
+    eval_every: int = _knob(0, "iterations between held-out measurements; here optimiser "
+                            "steps: the model being trained is evaluated on ColorReach as it "
+                            "is in memory, each result in train_log.json (0: none)")
+    eval_trials: int = _knob(2, "held-out episodes per task, with the deterministic sampler (the "
+                             "family's own evaluation episodes under --eval-seed)")
+    eval_seed: int = _knob(1_000_000, "the held-out evaluation's root seed (not --seed)")
     encode_batch_size: int = _knob(32, "demo images per VAE encode call")
     stats_samples: int = _knob(
         64, "demos whose latents set the VAE's per-channel normalisation statistics"
