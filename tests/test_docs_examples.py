@@ -268,7 +268,7 @@ def _run_settings(argv: list[str]) -> tuple[str, str, dict] | None:
     rl grpo) at a concrete ``--out``, its settings without those that never change which run a
     folder holds; None for any other command."""
     from cosmos3_gym.eval import evaluate, rollout
-    from cosmos3_gym.eval.cli import _settings_classes, build_parser, command_settings
+    from cosmos3_gym.eval.cli import build_parser, command_settings, settings_classes
     from cosmos3_gym.train import config as train_config
 
     if "..." in argv or "--config" in argv:
@@ -280,7 +280,7 @@ def _run_settings(argv: list[str]) -> tuple[str, str, dict] | None:
     out = getattr(args, "out", None)
     if run_only is None or out is None or not out.startswith("runs/"):
         return None
-    settings = dataclasses.asdict(command_settings(args, _settings_classes()[command]))
+    settings = dataclasses.asdict(command_settings(args, settings_classes()[command]))
     return command, out, {k: v for k, v in settings.items() if k not in (*run_only, "out")}
 
 
