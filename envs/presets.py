@@ -6,7 +6,7 @@ a :class:`Preset` names its variants (each an env id with its instruction and bu
 modules that register them, the camera key(s), frame size and flips, the action map, the success
 rule, and the package versions CI runs it with. Every command that takes ``--env`` resolves
 these names here (:func:`split_preset_name`, :func:`preset_eval_env`, through
-:func:`~cosmos3_gym.envs.families.make_eval_env`); options given on the command line (``--prompt``,
+:func:`~cosmos3_gym.envs.names.make_eval_env`); options given on the command line (``--prompt``,
 ``--success``, ``--image-key``, ``--render-size``, ``--flip``, ``--action-map``,
 ``--max-episode-steps``, ``--tasks`` to pick variants) override the preset's.
 
@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .gym import Variant
-from .metaworld import METAWORLD_MT10, METAWORLD_TASK_DESCRIPTIONS, METAWORLD_TASKS
+from .gym_eval import GymEval
+from .maniskill import ManiSkillEval
+from .metaworld import (
+    METAWORLD_MT10,
+    METAWORLD_TASK_DESCRIPTIONS,
+    METAWORLD_TASKS,
+    MetaWorldEval,
+)
+from .success import parse_success
 
 # Meta-World's benchmark task lists (metaworld 3.0's ML10 / ML45 train and test classes; a test
 # checks them against the package).
@@ -237,12 +245,9 @@ def split_preset_name(text: str) -> tuple[Preset, str | None] | None:
 
 def preset_eval_env(text: str, *, suite: str | None = None, tasks: list[str] | None = None,
                     image_size: int | None = None, max_episode_steps: int | None = None,
-                    step_budget: str | None = None, **options: Any) -> Any:
+                    step_budget: str | None = None, **options: Any) -> GymEval | MetaWorldEval:
     """The env family ``--env NAME[:SELECTOR]`` names, with the command line's ``options``
-    (:data:`~cosmos3_gym.envs.families.GYM_OPTIONS`) over the preset's own."""
-    from .families import GymEval, MetaWorldEval
-    from .maniskill import ManiSkillEval
-
+    (:data:`~cosmos3_gym.envs.names.GYM_OPTIONS`) over the preset's own."""
     found = split_preset_name(text)
     if found is None:
         raise ValueError(f"--env {text!r}: no such preset; expected one of {list(PRESETS)}")
@@ -292,8 +297,6 @@ def preset_eval_env(text: str, *, suite: str | None = None, tasks: list[str] | N
 
 
 def _rule(preset: Preset) -> Any:
-    from .success import parse_success
-
     return parse_success(preset.success, f"preset {preset.name} ({preset.success_why})")
 
 

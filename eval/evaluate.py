@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from cosmos3_gym.envs.families import EVAL_ENVS, Episode, EvalEnv, canonical_suites
+from cosmos3_gym.envs import EVAL_ENVS, Episode, EvalEnv, canonical_suites
+from cosmos3_gym.envs.names import upgrade_env_identity
 from cosmos3_gym.eval import protocol as protocols
 from cosmos3_gym.eval import results as results_io
 from cosmos3_gym.eval.distributed import (
@@ -198,6 +199,8 @@ def upgrade_identity(stored: dict[str, Any]) -> dict[str, Any]:
         out.setdefault(key, value)
     if str(out.get("env", "")).startswith("maniskill"):  # before GPU simulation was chosen
         out.setdefault("simulation", {"sim_backend": "physx_cpu", "vector_env": "sub_envs"})
+    if isinstance(out.get("eval_env"), dict):  # an env handed to evaluate(..., eval_env=...)
+        out["eval_env"] = upgrade_env_identity(out["eval_env"])
     return out
 
 

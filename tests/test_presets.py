@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cosmos3_gym.envs.families import GymEval, MetaWorldEval, check_env_name, make_eval_env
+from cosmos3_gym.envs.gym_eval import GymEval
+from cosmos3_gym.envs.metaworld import MetaWorldEval
+from cosmos3_gym.envs.names import check_env_name, make_eval_env
 from cosmos3_gym.envs.presets import PRESETS, presets_markdown, split_preset_name
 from cosmos3_gym.envs.robotics import robosuite_unavailable
 from cosmos3_gym.eval.cli import main

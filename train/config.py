@@ -250,7 +250,7 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         "machine is", group="runtime", parse=positive_int)
 
     def __post_init__(self) -> None:
-        from cosmos3_gym.envs.families import canonical_suites
+        from cosmos3_gym.envs.libero_eval import canonical_suites
         from cosmos3_gym.seeding import check_seed
 
         self.check_model_source()

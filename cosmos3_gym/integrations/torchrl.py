@@ -45,8 +45,8 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 
-from cosmos3_gym.envs.families import _probe_action
 from cosmos3_gym.envs.gym import has_image
+from cosmos3_gym.envs.gym_eval import _probe_action
 from cosmos3_gym.envs.success import SUCCESS_KEYS, SuccessRule, parse_success
 from cosmos3_gym.vector_env import autoreset_mode, base_vector_env
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cosmos3_gym.envs.families import Episode, EvalEnv, derive_seed
+from cosmos3_gym.envs.base import Episode, EvalEnv, derive_seed
 from cosmos3_gym.policy.planner import SeedRule, chunk_seed
 
 
