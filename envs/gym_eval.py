@@ -10,13 +10,12 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 from gymnasium.spaces import Space
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from .base import Episode, EvalEnv
 from .gym import VARIANT_OPTION, Variant, episode_budget
-from .success import SuccessRule, parse_success
+from .success import SuccessRule, parse_success, probe_action
 
 
 class GymEval(EvalEnv):
@@ -239,7 +238,7 @@ class GymEval(EvalEnv):
                     continue
                 env.reset(seed=0)
                 try:
-                    info = env.step(_probe_action(env.action_space))[4]
+                    info = env.step(probe_action(env.action_space))[4]
                 except ValueError as err:
                     raise ValueError(f"--env {self.label}: {err}") from None
                 if "is_success" not in info:
@@ -291,18 +290,3 @@ def _keys(keys: str | Sequence[str] | None) -> list[str] | None:
     if not keys or not all(isinstance(k, str) and k for k in keys):
         raise ValueError(f"--image-key: expected one or more observation keys; found {keys!r}")
     return keys
-
-
-def _probe_action(space: Space) -> Any:
-    """A deterministic action for the success probe: a Box's middle (its bounds where one is
-    infinite), else the space's own zero-like sample."""
-    from gymnasium.spaces import Box
-
-    if isinstance(space, Box):
-        low, high = np.asarray(space.low, np.float64), np.asarray(space.high, np.float64)
-        middle = np.where(np.isfinite(low) & np.isfinite(high), (low + high) / 2.0,
-                          np.clip(0.0, low, high))
-        return middle.astype(space.dtype)
-    space.seed(0)
-    return space.sample()
-

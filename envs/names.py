@@ -8,6 +8,7 @@ presets, the families import :mod:`~cosmos3_gym.envs.base`, and nothing imports 
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from .base import EvalEnv
@@ -38,17 +39,30 @@ GYM_OPTIONS = {"prompt": "--prompt", "import_modules": "--import", "env_kwargs":
 def check_env_name(text: str) -> str:
     """``text`` if it names an env: a family of :data:`EVAL_ENVS`, ``gym:ID``, or a benchmark
     preset (``pusht``, ``aloha:insertion``, ``metaworld:mt10``: :mod:`~cosmos3_gym.envs.
-    presets`); a ``ValueError`` listing what is known otherwise. Every command that takes
-    ``--env`` parses it here."""
+    presets`); a ``ValueError`` otherwise, with the closest known name where one is close
+    (``--env pushtt``: did you mean ``pusht``?) and what is known. Every command that takes
+    ``--env`` parses it here.
+
+    >>> check_env_name("colour_reach")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown env 'colour_reach' (did you mean color_reach?); expected one of ...
+    """
     if text in ENV_NAMES or (text.startswith(GYM_PREFIX) and text[len(GYM_PREFIX):].strip()):
         return text
-    if split_preset_name(text) is not None:
+    found = split_preset_name(text)
+    if found is not None:
+        preset, selector = found
+        preset.select(selector)  # a variant it does not have is refused now, not at the run
         return text
-    raise ValueError(f"unknown env {text!r}; expected one of {', '.join(ENV_NAMES)}, a "
+    known = [*ENV_NAMES, *PRESETS, *(f"{p.name}:{choice}" for p in PRESETS.values()
+                                     for choice in (*(v.task for v in p.variants), *p.sets))]
+    close = difflib.get_close_matches(text, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise ValueError(f"unknown env {text!r}{hint}; expected one of {', '.join(ENV_NAMES)}, a "
                      "benchmark preset "
                      f"({', '.join(PRESETS)}, optionally NAME:VARIANT), or gym:ID (a registered "
                      f"Gymnasium id, e.g. gym:gym_pusht/PushT-v0)")
-
 
 
 def make_eval_env(

@@ -18,6 +18,7 @@ entry of :data:`PRESETS`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,7 +83,10 @@ class Preset:
         for v in self.variants:
             if v.task == task:
                 return v
-        raise ValueError(f"--env {self.name}:{task}: {self.name} has no variant {task!r}; "
+        choices = [*(v.task for v in self.variants), *self.sets]
+        close = difflib.get_close_matches(task, choices, n=1, cutoff=0.6)
+        hint = f" (did you mean {self.name}:{close[0]}?)" if close else ""
+        raise ValueError(f"--env {self.name}:{task}: {self.name} has no variant {task!r}{hint}; "
                          f"expected one of {[v.task for v in self.variants]}"
                          f"{' or a set: ' + ', '.join(self.sets) if self.sets else ''}")
 
@@ -313,12 +317,6 @@ def _with_prompts(text: str, variants: list[Variant], prompt: str | dict[str, st
         raise ValueError(f"--prompt: --env {text} has no variants {unknown}; its variants: "
                          f"{[v.task for v in variants]}")
     return [dataclasses.replace(v, prompt=prompt.get(v.task, v.prompt)) for v in variants]
-
-
-def preset_command(preset: Preset) -> str:
-    """The one command that runs ``preset`` end to end on a CPU (docs/presets.md)."""
-    return (f"cosmos3-gym eval --env {preset.name} --synthetic tiny --trials 1 --num-envs 1 "
-            f"--max-episode-steps 8 --out runs/{preset.name}")
 
 
 def presets_markdown() -> str:

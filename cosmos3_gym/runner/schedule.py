@@ -116,10 +116,6 @@ class TaskRotation:
         self._rounds = [0] * num_envs
         self._groups: dict[tuple[int, int], int] = {}
 
-    @property
-    def groups_started(self) -> int:
-        return self.first_group + len(self._groups)
-
     def next(self, slot: int) -> EpisodeSpec:
         key = (slot // self.group_size, self._rounds[slot])
         self._rounds[slot] += 1
