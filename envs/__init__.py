@@ -40,12 +40,11 @@ from .libero import (
     LiberoEnv,
     LiberoEpisode,
     libero_max_episode_steps,
-    libero_num_tasks,
     libero_sim_seed,
-    libero_task_description,
     make_libero_vector_env,
 )
 from .libero_eval import SUITE_GROUPS, LiberoEval, canonical_suites
+from .libero_suites import libero_num_tasks, libero_task_description
 from .metaworld import (
     METAWORLD_LAYOUTS_PER_TASK,
     METAWORLD_MT10,

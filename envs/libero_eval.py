@@ -15,10 +15,9 @@ from .libero import (
     LIBERO_SETTLE_STEPS,
     STEP_BUDGETS,
     libero_max_episode_steps,
-    libero_num_tasks,
-    libero_task_description,
     make_libero_vector_env,
 )
+from .libero_suites import check_libero_tasks, libero_num_tasks, libero_task_description
 
 LIBERO_INIT_STATES_PER_TASK = 50
 # Names for several suites at once (``--suite libero_4``): the four suites behind the published
@@ -55,7 +54,10 @@ class LiberoEval(EvalEnv):
 
     ``suite`` is one suite or several (``"libero_spatial,libero_10"``, or a sequence): the same
     ``task_ids`` are taken from each (``None``: every task of each), suite after suite, and every
-    suite keeps its own budget.
+    suite keeps its own budget. LIBERO-PRO's perturbed suites (``libero_10_lan``, ...) run with
+    the prompt, BDDL and init states their protocol defines
+    (:data:`~cosmos3_gym.envs.libero_suites.PROMPT_SOURCES`); a suite that cannot run is refused
+    here, before anything runs.
     """
 
     adapter = "libero"
@@ -79,6 +81,8 @@ class LiberoEval(EvalEnv):
         else:
             self.pairs = [(s, t) for s in suites for t in task_ids]
         super().__init__([f"{s}/{t}" for s, t in self.pairs])
+        for s in suites:  # before anything runs: the suite's prompt rule and files
+            check_libero_tasks(s, [t for suite_of, t in self.pairs if suite_of == s])
         if step_budget not in STEP_BUDGETS:
             raise ValueError(
                 f"step_budget must be one of {list(STEP_BUDGETS)}; found {step_budget!r}"

@@ -663,6 +663,7 @@ class Evaluator:
             "init_state_id": ep.init_state_id,
             "seed": ep.seed,
             "reset_options": self.eval_env.reset_options(ep),
+            "prompt": result.prompt,
             "obs_sha256": result.obs_sha256,
             "steps": result.steps,
             "return": result.total_reward,
