@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from cosmos3_gym.jsonio import write_text_atomic
+
 
 def run(preset: str, *, device: str, train: str, groups: int, group_size: int, steps: int,
         minibatch: int, microbatch: int, checkpointing: bool, episode_steps: int,
@@ -30,6 +32,7 @@ def run(preset: str, *, device: str, train: str, groups: int, group_size: int, s
     from cosmos3_gym.pipeline.sampling import SamplerConfig
     from cosmos3_gym.policy import VectorPolicy
     from cosmos3_gym.runner import GroupEpisodes, collect_on_policy, group_seed_rule
+    from cosmos3_gym.source import load_policy, read_model_source
     from cosmos3_gym.train import grpo
 
     dev = resolve_device(device)
@@ -45,7 +48,7 @@ def run(preset: str, *, device: str, train: str, groups: int, group_size: int, s
                               "episode_steps": episode_steps}
 
     def save() -> None:
-        out.write_text(json.dumps(result, indent=2))
+        write_text_atomic(out, json.dumps(result, indent=2))
 
     def peak() -> float | None:
         if dev.type != "cuda":
@@ -55,8 +58,10 @@ def run(preset: str, *, device: str, train: str, groups: int, group_size: int, s
 
     start = time.perf_counter()
     device_, dtype, _ = cfg.resolve_runtime()
+    cfg = cfg.resolved()
     eval_env = cfg.make_env()
-    pipe, adapter = grpo._pipeline(cfg, device_, dtype, eval_env)
+    pipe, adapter = load_policy(read_model_source(cfg, eval_env), eval_env, device=device_,
+                                dtype=dtype, trainable=True, action_map=cfg.action_map)
     learner = grpo.Learner(pipe, cfg)
     result["build_s"] = round(time.perf_counter() - start, 1)
     result["trained_parameters"] = learner.trainable.count

@@ -79,6 +79,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def seed_value(text: str) -> int:
+    """A seed: an integer in [0, 2**64) (:func:`cosmos3_gym.seeding.check_seed`)."""
+    from cosmos3_gym.seeding import check_seed
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected an integer seed in [0, 2**64); found {text!r}") from None
+    return check_seed(value)
+
+
 def csv(text: str) -> list[str]:
     """A comma-separated list of names."""
     items = [t.strip() for t in text.split(",") if t.strip()]
@@ -131,6 +142,75 @@ def text_or_json_object(text: str) -> str | dict[str, str]:
     return json_object(text) if text.lstrip().startswith("{") else text
 
 
+# ---------------------------------------------------------------------- one check per rule
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# The rule each reader stands for, checked on a value given from Python or a config file (the
+# command line's text went through the reader already): reader -> (holds, what is expected).
+RULES: dict[Callable[[str], Any], tuple[Callable[[Any], bool], str]] = {
+    positive_int: (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    int: (_is_int, "an integer"),
+    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    csv: (lambda v: isinstance(v, (list, tuple)) and bool(v)
+          and all(isinstance(x, str) and x for x in v), "a non-empty list of names"),
+    int_list: (lambda v: isinstance(v, (list, tuple)) and bool(v)
+               and all(_is_int(x) and x >= 1 for x in v), "a list of integers >= 1"),
+    json_object: (lambda v: isinstance(v, dict), "a JSON object"),
+    render_size: (lambda v: isinstance(v, (list, tuple)) and len(v) == 2
+                  and all(_is_int(x) and x >= 1 for x in v), "(height, width) >= 1"),
+}
+
+
+def check_settings(settings: Any) -> None:
+    """Each setting of ``settings`` (a dataclass made of :func:`setting` fields) against the
+    rule its declaration states: its choices, its reader's rule (:data:`RULES`), its type where
+    that is a plain ``bool`` or ``str``. ``None`` passes where the default is ``None``. Every
+    settings class calls this from ``__post_init__``: a rule is written once, here, and checked
+    once for every command and for the Python API alike; the command line's readers apply the
+    same rules to text.
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass
+    ... class Demo:
+    ...     num_envs: int = setting(4, "slots", group="env", parse=positive_int)
+    ...     def __post_init__(self) -> None:
+    ...         check_settings(self)
+    >>> Demo(num_envs=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: num_envs must be an integer >= 1; found 0
+    """
+    for f in dataclasses.fields(settings):
+        if "help" not in f.metadata:
+            continue
+        value = getattr(settings, f.name)
+        if value is None and (f.default is None or "None" in str(f.type)):
+            continue
+        choices = f.metadata.get("choices")
+        if choices is not None:
+            if value not in choices:
+                raise ValueError(f"{f.name} must be one of {list(choices)}; found {value!r}")
+            continue
+        parse = f.metadata.get("parse")
+        if parse is seed_value:  # the one seed rule, whichever layer receives a seed
+            from cosmos3_gym.seeding import check_seed
+
+            check_seed(value, f.name)
+            continue
+        rule = RULES.get(parse) if parse is not None else RULES.get(
+            {"int": int, "float": float}.get(str(f.type).split(" |")[0], None))
+        if rule is not None:
+            holds, expected = rule
+            if not holds(value):
+                raise ValueError(f"{f.name} must be {expected}; found {value!r}")
+        elif str(f.type) == "bool" and not isinstance(value, bool):
+            raise ValueError(f"{f.name} must be True or False; found {value!r}")
+
+
 # ---------------------------------------------------------------------- shared groups
 
 
@@ -165,18 +245,9 @@ class ModelSettings:
         "edge; tiny on a CPU); its timings are the real model's, its success rates meaningless",
         group="model", choices=SYNTHETIC_PRESETS)
 
-    def checkpoint_options(self) -> dict[str, Any]:
-        """What, beside the folder, says how the checkpoint is loaded and used: the keywords of
-        ``Cosmos3ActionPipeline.from_pretrained`` and ``checkpoint_policy`` these settings
-        give (one place, so every command passes the same ones)."""
-        return {"domain": self.domain, "recipe": self.recipe, "action_stats": self.action_stats,
-                "vae": self.vae, "tokenizer": self.tokenizer}
-
     def check_model_source(self) -> None:
         """``synthetic`` builds a model with random weights, so a checkpoint's settings do not
-        go with it: refuse both together (one error naming what would be ignored). Then an
-        unnamed checkpoint is the shipped ``tiny``. Each settings class that holds these calls
-        it when it is made."""
+        go with it: refuse both together (one error naming what would be ignored)."""
         if self.synthetic is not None:
             given = [f"--{name.replace('_', '-')}"
                      for name in ("checkpoint", "domain", "recipe", "action_stats", "vae",
@@ -186,8 +257,13 @@ class ModelSettings:
                 raise ValueError(f"--synthetic {self.synthetic} builds a model with random "
                                  f"weights; {', '.join(given)} would not be used. Give one or "
                                  "the other")
+
+    def model_defaults(self) -> dict[str, Any]:
+        """The model fields a run fills in when it is resolved: an unnamed checkpoint is the
+        shipped ``tiny``."""
         if self.checkpoint is None and self.synthetic is None:
-            self.checkpoint = "tiny"
+            return {"checkpoint": "tiny"}
+        return {}
 
 
 def stored_model_source(stored: dict[str, Any]) -> dict[str, Any]:
@@ -240,12 +316,6 @@ class RuntimeSettings(ProgressSettings):
 
     device: str = device_setting()
     precision: str = precision_setting()
-
-    def check_runtime(self) -> None:
-        """The precision is one this project knows (the device is checked where it is resolved,
-        on the machine: :meth:`resolve_runtime`)."""
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}; found {self.precision!r}")
 
     def resolve_runtime(self) -> tuple[Any, Any, bool]:
         """``(torch device, dtype, fp8)`` on this machine; a device that is not there is an
@@ -311,7 +381,9 @@ class EnvSettings:
         metavar="RULE")
     image_key: list[str] | None = setting(
         None, "--env gym:ID and presets: the observation key(s) of the camera image, "
-        "comma-separated (several side by side)", group="env", parse=csv, metavar="KEYS")
+        "comma-separated (several side by side); with a checkpoint that declares its cameras "
+        "(a LeRobot folder), one key per camera, in the order inspect lists them",
+        group="env", parse=csv, metavar="KEYS")
     state_key: str | None = setting(
         None, "--env gym:ID and presets: the observation key of the robot state, for "
         "state-conditioned heads", group="env", metavar="KEY")
@@ -343,7 +415,3 @@ class EnvSettings:
 
         return make_eval_env(self.env, **{**self.env_options(), **changes})
 
-
-def fields_of(*classes: type) -> list[dataclasses.Field]:
-    """The settings of ``classes``, in order."""
-    return [f for cls in classes for f in dataclasses.fields(cls)]

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import logging
 import math
+import os
 import weakref
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -146,6 +147,18 @@ def _without_macro_file_notice() -> Iterator[None]:
         yield
     finally:
         robosuite_log.removeFilter(notice)
+
+
+def check_libero_runs() -> None:
+    """Before a run: the ``libero`` extra is installed and robosuite's renderer starts here (it
+    renders through EGL unless ``MUJOCO_GL`` is ``osmesa`` or ``glx``); a ``ValueError`` naming
+    the fix otherwise."""
+    from .requirements import require_mujoco_rendering, require_package
+
+    require_package("libero", env="libero", extra="libero")
+    chosen = os.environ.get("MUJOCO_GL")
+    require_mujoco_rendering("libero", backend={"osmesa": "osmesa", "glx": "glfw"}.get(
+        chosen or "", "egl"))
 
 
 # The envs whose simulator is open. robosuite frees a simulator's EGL context in

@@ -14,6 +14,7 @@ from .base import Episode, EvalEnv
 from .libero import (
     LIBERO_SETTLE_STEPS,
     STEP_BUDGETS,
+    check_libero_runs,
     libero_max_episode_steps,
     make_libero_vector_env,
 )
@@ -75,6 +76,7 @@ class LiberoEval(EvalEnv):
         step_budget: str = "cosmos3",
         max_episode_steps: int | None = None,
     ) -> None:
+        check_libero_runs()  # the extra and a renderer, before any task is looked up
         suites = suite.split(",") if isinstance(suite, str) else list(suite)
         if task_ids is None:
             self.pairs = [(s, t) for s in suites for t in range(libero_num_tasks(s))]
@@ -108,6 +110,7 @@ class LiberoEval(EvalEnv):
                 f"--step-budget {step_budget!r} and --max-episode-steps {max_episode_steps} both "
                 "set the episode length; give one (--max-episode-steps makes the budget 'custom')"
             )
+        check_libero_runs()
         suites = canonical_suites(suite).split(",")
         ids = None
         if tasks is not None:  # every suite must have each task id

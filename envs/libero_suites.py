@@ -146,6 +146,9 @@ def _without_task_order_notice() -> Iterator[None]:
 
 @functools.cache
 def _suite(name: str) -> Any:
+    from .requirements import require_package
+
+    require_package("libero", env="libero", extra="libero")
     from libero.libero import benchmark
 
     suites = benchmark.get_benchmark_dict()

@@ -109,6 +109,15 @@ def _check_task(task: str) -> str:
     return task
 
 
+def check_metaworld_runs() -> None:
+    """Before a run: the ``metaworld`` extra is installed and MuJoCo renders here
+    (``MUJOCO_GL``); a ``ValueError`` naming the fix otherwise."""
+    from .requirements import require_mujoco_rendering, require_package
+
+    require_package("metaworld", env="metaworld", extra="metaworld")
+    require_mujoco_rendering("metaworld")
+
+
 @functools.cache
 def _benchmark(task: str, layout_seed: int) -> Any:
     """``metaworld.MT1`` (50 layouts, slow to draw: docs/benchmarks.md, "Meta-World on a CPU"),
@@ -384,6 +393,7 @@ class MetaWorldEval(EvalEnv):
     def __init__(self, tasks: list[str] | None = None, *, image_size: int = 224,
                  max_episode_steps: int | None = None) -> None:
         tasks = list(METAWORLD_MT10) if tasks is None else tasks
+        check_metaworld_runs()  # the extra and a renderer: a worker would fault on each
         unknown = [t for t in tasks if t not in METAWORLD_TASKS]
         if unknown:
             raise ValueError(f"unknown Meta-World tasks {unknown}; expected some of "

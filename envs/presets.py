@@ -74,6 +74,9 @@ class Preset:
     action_map: str | None = None
     success: str = "auto"
     success_why: str = "the env's own flag"
+    # The width of the env's action Box: one for every variant, or per variant (a test checks
+    # them against the envs). What a checkpoint's head must give, after the action map.
+    action_dim: int | Mapping[str, int] = 0
     # The extra that installs it, and the versions CI runs it with (a test checks them).
     extra: str = "gym"
     versions: Mapping[str, str] = field(default_factory=dict)
@@ -113,11 +116,35 @@ class Preset:
             chosen = [v for v in chosen if v.task in tasks]
         return chosen
 
+    def action_dim_of(self, task: str) -> int:
+        """The width of variant ``task``'s action Box.
+
+        >>> PRESETS["panda"].action_dim_of("reach"), PRESETS["panda"].action_dim_of("stack")
+        (3, 4)
+        """
+        if isinstance(self.action_dim, int):
+            return self.action_dim
+        return self.action_dim[task]
+
+    def describe_action_dims(self) -> str:
+        """The action widths, as the presets table shows them (``3-D: reach, push; 4-D: stack``).
+
+        >>> PRESETS["aloha"].describe_action_dims()
+        '14-D'
+        """
+        widths: dict[int, list[str]] = {}
+        for v in self.variants:
+            widths.setdefault(self.action_dim_of(v.task), []).append(v.task)
+        if len(widths) == 1:
+            return f"{next(iter(widths))}-D"
+        return "; ".join(f"{d}-D: {', '.join(tasks)}" for d, tasks in widths.items())
+
     def as_dict(self) -> dict[str, Any]:
         """The preset as plain data (``cosmos3-gym inspect``)."""
         out = dataclasses.asdict(self)
         out["variants"] = [v.as_dict() for v in self.variants]
         out["sets"] = {k: list(v) for k, v in self.sets.items()}
+        out["action_dim"] = {v.task: self.action_dim_of(v.task) for v in self.variants}
         return out
 
 
@@ -132,7 +159,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         _variants({"pusht": ("gym_pusht/PushT-v0",
                              "push the T-shaped block onto the T-shaped target")}),
         import_modules=("gym_pusht",), env_kwargs={"obs_type": "pixels_agent_pos"},
-        image_key=("pixels",), state_key=None, action_map="box", success="auto",
+        image_key=("pixels",), state_key=None, action_map="box", action_dim=2, success="auto",
         success_why="gym-pusht's is_success (coverage above 95%, which also ends the episode)",
         versions={"gym-pusht": "0.1.8"},
         not_covered="the keypoint observation modes; LeRobot's 96x96 frames are the env's own"),
@@ -144,7 +171,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
             "transfer_cube": ("gym_aloha/AlohaTransferCube-v0",
                               "pick up the cube with the right arm and hand it to the left arm"),
         }),
-        import_modules=("gym_aloha",), image_key=("top",), success="auto",
+        import_modules=("gym_aloha",), image_key=("top",), action_dim=14, success="auto",
         success_why="gym-aloha's is_success (the task's full reward)",
         versions={"gym-aloha": "0.1.5", "dm-control": "1.0.49", "mujoco": "3.16.0"},
         not_covered="the end-effector action mode; cameras other than top"),
@@ -158,7 +185,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                                "pick up the block and place it at the red target"),
         }),
         import_modules=("cosmos3_gym.envs.robotics",), image_key=("pixels",),
-        render_size=(224, 224), success="auto",
+        render_size=(224, 224), action_dim=4, success="auto",
         success_why="gymnasium-robotics' is_success (the goal within 5 cm), at the last step",
         versions={"gymnasium-robotics": "1.4.2", "mujoco": "3.16.0"},
         not_covered="the Hand tasks, Maze, Kitchen; the goal vectors are not given to the "
@@ -177,6 +204,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         }),
         default=("reach", "push", "slide"), import_modules=("panda_gym",),
         image_key=("pixels",), render_size=(224, 224), success="auto",
+        action_dim={"reach": 3, "push": 3, "slide": 3, "pick_and_place": 4, "stack": 4,
+                    "flip": 4},
         success_why="panda-gym's is_success (the goal within 5 cm), at the last step",
         versions={"panda-gym": "3.0.7", "pybullet": "3.2.7"},
         not_covered="the joint-control variants; 3-D and 4-D tasks in one run (their action "
@@ -193,7 +222,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         }),
         default=("lift",), import_modules=("cosmos3_gym.envs.robotics",),
         image_key=("agentview_image", "robot0_eye_in_hand_image"), flip="vertical",
-        state_key=None, success="auto",
+        state_key=None, success="auto", action_dim=7,  # the Panda's OSC_POSE arm and gripper
         success_why="robosuite's _check_success(), which ends the episode; the horizon is a "
                     "truncation, never a success",
         extra="own venv: .ci/robosuite",
@@ -214,6 +243,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         env_kwargs={"obs_mode": "rgb", "sim_backend": "auto"},
         env_wrappers=("mani_skill.utils.wrappers.gymnasium:CPUGymWrapper",),
         image_key=("sensor_data/base_camera/rgb",), success="auto",
+        action_dim=8,  # the Panda's default pd_joint_delta_pos: 7 joints and the gripper
         success_why="ManiSkill3's info['success'] (which ends the episode)",
         versions={"mani-skill": "3.0.1"},
         not_covered="several tasks in one GPU run (one task per ManiSkill3 vector env); "
@@ -226,6 +256,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
               "ml10-train": METAWORLD_ML10_TRAIN, "ml10-test": METAWORLD_ML10_TEST,
               "ml45-train": METAWORLD_ML45_TRAIN, "ml45-test": METAWORLD_ML45_TEST},
         success="auto", success_why="Meta-World's info['success'], which ends the episode",
+        action_dim=4,
         extra="metaworld", versions={"metaworld": "3.0.0", "mujoco": "3.16.0"},
         not_covered="meta-RL adaptation (ML tasks run as plain tasks); Meta-World's own "
                     "Gymnasium ids"),
@@ -321,8 +352,8 @@ def _with_prompts(text: str, variants: list[Variant], prompt: str | dict[str, st
 
 def presets_markdown() -> str:
     """The presets table of docs/presets.md, made from :data:`PRESETS`."""
-    lines = ["| `--env` | variants (default first) | camera(s) | action map | success | "
-             "extra | versions CI runs |", "|---|---|---|---|---|---|---|"]
+    lines = ["| `--env` | variants (default first) | camera(s) | action width | action map | "
+             "success | extra | versions CI runs |", "|---|---|---|---|---|---|---|---|"]
     for p in PRESETS.values():
         default = list(p.default) or [v.task for v in p.variants]
         others = [v.task for v in p.variants if v.task not in default]
@@ -340,6 +371,7 @@ def presets_markdown() -> str:
         if p.flip:
             camera += f", flipped {p.flip}"
         versions = ", ".join(f"{k} {v}" for k, v in p.versions.items())
-        lines.append(f"| `{p.name}` | {shown} | {camera} | {p.action_map or 'none'} | "
+        lines.append(f"| `{p.name}` | {shown} | {camera} | {p.describe_action_dims()} | "
+                     f"{p.action_map or 'none'} | "
                      f"`{p.success}`: {p.success_why} | `{p.extra}` | {versions} |")
     return "\n".join(lines)

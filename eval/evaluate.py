@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from cosmos3_gym.envs import EVAL_ENVS, Episode, EvalEnv, canonical_suites
+from cosmos3_gym.envs import Episode, EvalEnv, canonical_suites
 from cosmos3_gym.envs.names import upgrade_env_identity
 from cosmos3_gym.eval import protocol as protocols
 from cosmos3_gym.eval import results as results_io
@@ -31,6 +31,7 @@ from cosmos3_gym.eval.distributed import (
     init_process_group,
 )
 from cosmos3_gym.eval.report import ResultsPlot
+from cosmos3_gym.eval.run import Run, check_action_units, resolve
 from cosmos3_gym.eval.videos import (
     ImaginedChunk,
     episode_video_stem,
@@ -42,14 +43,7 @@ from cosmos3_gym.eval.videos import (
 )
 from cosmos3_gym.jsonio import append_jsonl, read_json_object, write_json_atomic
 from cosmos3_gym.pipeline.sampling import SamplerConfig
-from cosmos3_gym.policy import (
-    Adapter,
-    VectorPolicy,
-    check_action_fit,
-    get_adapter,
-    pipeline_action_head,
-)
-from cosmos3_gym.policy.adapters import action_map_of, adapter_for_contract, with_action_map
+from cosmos3_gym.policy import Adapter, VectorPolicy
 from cosmos3_gym.progress import progress_bar
 from cosmos3_gym.runner import (
     EpisodeList,
@@ -63,15 +57,17 @@ from cosmos3_gym.runner import (
     StepRow,
     episode_seed_rule,
 )
-from cosmos3_gym.seeding import check_seed
 from cosmos3_gym.settings import (
     EnvSettings,
     ModelSettings,
     RuntimeSettings,
+    check_settings,
     positive_int,
+    seed_value,
     setting,
     stored_model_source,
 )
+from cosmos3_gym.source import ModelSource
 
 # What an evaluation adds to the shared settings: these, the model's, the env's and the
 # sampler's decide which episodes a folder holds; num_envs, async_envs, overlap, timeouts,
@@ -94,7 +90,7 @@ class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
         parse=positive_int)
     seed: int = setting(
         0, "the run's root seed; every episode's env seed and chunk noise seeds derive from it "
-        "and its (task, trial)", group="evaluation", parse=int)
+        "and its (task, trial)", group="evaluation", parse=seed_value)
     n_action_steps: int | None = setting(
         None, "actions executed per chunk before replanning; default: the whole chunk",
         group="evaluation", parse=positive_int)
@@ -129,54 +125,54 @@ class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
     sampling: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
 
     def __post_init__(self) -> None:
+        """Each setting checked against its declared rule (one place: ``check_settings``), and
+        the rules that tie settings together; nothing is rewritten (:meth:`resolved` fills in
+        the defaults, once, when the run is resolved)."""
+        check_settings(self)
         self.check_model_source()
-        if self.protocol == "default":
-            self.protocol = None
-        self.suite = canonical_suites(self.suite)
-        if self.trials is None:
-            self.trials = protocols.default_trials(self.protocol)
-        if self.out_of_range not in ("report", "fail"):
-            raise ValueError(
-                f"out_of_range must be 'report' or 'fail'; found {self.out_of_range!r}"
-            )
-        for name in ("trials", "num_envs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer of at least 1; found {value!r}")
-        if not (isinstance(self.env_timeout, (int, float)) and self.env_timeout > 0):
-            raise ValueError(f"env_timeout must be a positive number of seconds; found "
-                             f"{self.env_timeout!r}")
-        for name in ("max_episode_restarts", "max_consecutive_faults"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0; found {value!r}")
-        if self.overlap and self.num_envs < 2:
-            raise ValueError(f"overlap needs num_envs >= 2 (two groups of env slots); found "
-                             f"{self.num_envs}")
-        for name in ("image_size", "max_episode_steps", "n_action_steps"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be None or at least 1; found {value}")
-        check_seed(self.seed)
-        self.check_runtime()
-        if isinstance(self.sampling, dict):  # a config file's nested block
-            self.sampling = SamplerConfig(**self.sampling)
-        if isinstance(self.videos, bool):
-            self.videos = "env" if self.videos else None
-        if self.videos not in (None, *VIDEO_KINDS):
-            raise ValueError(f"videos must be one of {VIDEO_KINDS} or None; found {self.videos!r}")
+        self.runner_options()  # the runner's own rules (restarts, timeouts, overlap), its home
         if self.video_trials is not None and self.video_trials < 0:
-            raise ValueError(f"video_trials must be at least 0; found {self.video_trials}")
-        from cosmos3_gym.synthetic import PRESETS, view_size
-
-        if self.synthetic is not None and self.synthetic not in PRESETS:
-            raise ValueError(f"synthetic must be one of {PRESETS} or None; found "
-                             f"{self.synthetic!r}")
-        self.image_size = view_size(self.env, self.synthetic, self.image_size)
+            raise ValueError(f"video_trials must be an integer >= 0; found {self.video_trials!r}")
+        if not isinstance(self.sampling, SamplerConfig):
+            raise ValueError(f"sampling must be a SamplerConfig; found "
+                             f"{type(self.sampling).__name__}")
         protocols.check(self)
+
+    def runner_options(self, num_envs: int | None = None) -> RunnerOptions:
+        """How the episode runner steps this evaluation's envs (``num_envs``: the slots this
+        session runs, at most the setting's). Made when the settings are, so the runner's rules
+        refuse a bad value before anything runs."""
+        # A session with one slot left to run (a resume's last episode) cannot take turns.
+        slots = self.num_envs if num_envs is None else num_envs
+        overlap = self.overlap if num_envs is None else self.overlap and slots >= 2
+        return RunnerOptions(
+            num_envs=slots, async_envs=self.async_envs, env_timeout=self.env_timeout,
+            max_episode_restarts=self.max_episode_restarts,
+            max_consecutive_faults=self.max_consecutive_faults, out_of_range=self.out_of_range,
+            faults="restart", overlap=overlap)
+
+    def resolved(self) -> EvalConfig:
+        """These settings with every default the run takes filled in: the shipped checkpoint
+        where none is named, the canonical suite names, the protocol's trials and noise rule, the
+        env's image size for a synthetic model. Called once, by
+        :func:`cosmos3_gym.eval.run.resolve`; a resolved config resolves to itself."""
+        from cosmos3_gym.synthetic import view_size
+
+        protocol = None if self.protocol == "default" else self.protocol
+        changes: dict[str, Any] = {
+            **self.model_defaults(), "protocol": protocol, "suite": canonical_suites(self.suite),
+            "trials": self.trials or protocols.default_trials(protocol),
+            "image_size": view_size(self.env, self.synthetic, self.image_size)}
         if self.sampling.noise is None:  # the protocol's rule
-            self.sampling = self.sampling.with_changes(
-                noise="fixed" if self.protocol == "official" else "per_chunk")
+            changes["sampling"] = self.sampling.with_changes(
+                noise="fixed" if protocol == "official" else "per_chunk")
+        return dataclasses.replace(self, **changes)
+
+    def check_run(self, model: ModelSource, env: EvalEnv, rank: RankInfo) -> None:
+        """An evaluation's own checks of a resolved run (:func:`~cosmos3_gym.eval.run.resolve`):
+        the actions' units, and the success signal the env must report."""
+        check_action_units(self, model, env)
+        env.check_success()
 
     def identity(self) -> dict[str, Any]:
         """The settings that decide which episodes a run folder holds (the model's precision is
@@ -186,11 +182,15 @@ class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
         return {**flat, **dataclasses.asdict(self.sampling)}
 
 
-def upgrade_identity(stored: dict[str, Any]) -> dict[str, Any]:
+def upgrade_identity(stored: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
     """A folder's stored identity in today's terms: keys added since it was written read as
     the values that run had (its dtype float32 on the CPU, its precision from its dtype, the
-    protocol's noise rule, the default sampler), so an older folder resumes."""
+    protocol's noise rule, the default sampler), so an older folder resumes. A folder written
+    before the weights' fingerprint was recorded holds none: it is taken as this run's (the
+    folder's checkpoint is named in it all the same)."""
     out = stored_model_source(dict(stored))
+    if "weights" not in out and "weights" in current:
+        out["weights"] = current["weights"]
     out.setdefault("dtype", "float32")
     if out.get("precision") is None:
         out["precision"] = {"float32": "fp32", "bfloat16": "bf16"}.get(out["dtype"])
@@ -286,41 +286,19 @@ def _take(obs: Any, env: int) -> Any:
 
 
 class Evaluator:
-    """Runs this process's share of an evaluation into ``out_dir`` (docs/evaluation.md)."""
+    """Runs this process's share of an evaluation (a resolved :class:`~cosmos3_gym.eval.run.Run`
+    of kind ``evaluation``) into its folder (docs/evaluation.md)."""
 
-    def __init__(
-        self,
-        config: EvalConfig,
-        out_dir: str | Path,
-        *,
-        pipeline: Any = None,
-        eval_env: EvalEnv | None = None,
-        rank: RankInfo | None = None,
-    ) -> None:
-        self.config = config
-        self.out_dir = Path(out_dir)
-        self.rank = rank or RankInfo.from_env()
-        # An env handed in is not what config.env names: the folder records the env itself.
-        self.injected_env = eval_env is not None
-        self.eval_env = eval_env or config.make_env()
-        if config.synthetic is not None:
-            from cosmos3_gym.synthetic import synthetic_adapter
-
-            self.adapter: Adapter = synthetic_adapter(self.eval_env)
-        else:
-            # The conventions the checkpoint declares (a LeRobot folder's, a LIBERO export's),
-            # else the env family's.
-            contract = getattr(pipeline, "contract", None) if pipeline is not None else (
-                self._declared_contract())
-            self.adapter = (adapter_for_contract(contract) if contract is not None
-                            else get_adapter(self.eval_env.adapter,
-                                             **self.eval_env.adapter_options))
-        action_map = action_map_of(config.action_map, self.eval_env)
-        if action_map is not None:
-            self.adapter = with_action_map(self.adapter, action_map,
-                                           self.eval_env.single_action_space())
-        self.pipeline = pipeline
-        self.all_episodes = self.eval_env.episodes(config.trials, config.seed)
+    def __init__(self, run: Run) -> None:
+        self.resolved = run
+        self.config: EvalConfig = run.settings
+        self.out_dir = run.out
+        self.rank = run.rank
+        self.eval_env = run.env
+        self.adapter: Adapter = run.adapter
+        self.model = run.model
+        self.pipeline = run.model.pipeline
+        self.all_episodes = self.eval_env.episodes(self.config.trials, self.config.seed)
         self.episode_log = self.out_dir / results_io.episode_log_name(
             self.rank.rank, self.rank.world_size
         )
@@ -338,33 +316,21 @@ class Evaluator:
         # Whether the folder held every episode before this run (then it runs nothing).
         self.already_complete = False
         self.plot = ResultsPlot(self.out_dir)
-        # The checkpoint's PolicyConfig as the run uses it (results.json records its sampler);
-        # None until known (check_action_units reads it without loading any weights).
-        self.policy: Any = None
+        # results.json kept one episode at a time from the folder's logs (every rank's).
+        self.tally = results_io.ResultsTally(self.eval_env.tasks, len(self.all_episodes))
+        # The checkpoint's head as the run uses it (results.json records its sampler).
+        self.head: Any = run.model.head
 
     # ------------------------------------------------------------------ run
 
     def run(self) -> dict[str, Any] | None:
         """Run the pending episodes of this rank; on rank 0 return (and write) the results."""
-        # Before the folder is written: a refused checkpoint leaves nothing to clash with the
-        # corrected rerun.
-        if self.pipeline is None and self.config.synthetic is None:
-            from cosmos3_gym.checkpoint import check_files, resolve_checkpoint
-
-            check_files(resolve_checkpoint(self.config.checkpoint), vae=self.config.vae,
-                        tokenizer=self.config.tokenizer)
-        checked = self.check_action_fit()
-        units_checked = self.check_action_units()
-        self.eval_env.check_success()  # an env without its declared signal: refused now
-        folder = RunFolder(self.out_dir, kind="evaluation", rank=self.rank.rank,
-                           world_size=self.rank.world_size)
-        folder.check_free()  # a busy folder: refused before torch loads
-        device, dtype = self._device()  # a device that is not there fails here, before writing
-        with folder:
+        run = self.resolved
+        with run.folder() as folder:
             owns_group = init_process_group(self.rank)
             try:
                 finished = results_io.read_episode_records(self.out_dir)
-                self.bind(folder, recorded=bool(finished), precision=self._precision(dtype))
+                self.bind(folder, recorded=bool(finished))
                 done = {(r["task"], int(r["trial"])) for r in finished}
                 self.already_complete = len(done) >= len(self.all_episodes)
                 mine = range(self.rank.rank, len(self.all_episodes), self.rank.world_size)
@@ -372,12 +338,11 @@ class Evaluator:
                     1 for key in done
                     if self.all_episodes.index_of(key) % self.rank.world_size == self.rank.rank)
                 pending = len(mine) - self.already_done
+                if self.rank.is_main and finished and not self.already_complete:
+                    print(results_io.resumed_line(self.out_dir, len(done),
+                                                  len(self.all_episodes)), flush=True)
                 if pending and self.pipeline is None:
-                    self.pipeline = self._load(device, dtype)
-                    if not checked:  # its width is known only now it is loaded
-                        self.check_action_fit()
-                    if not units_checked:
-                        self.check_action_units()
+                    self.pipeline = run.load()
                 start = time.perf_counter()
                 if pending:
                     self._run_episodes((k for k in mine
@@ -398,196 +363,58 @@ class Evaluator:
                 if owns_group:
                     destroy_process_group(self.rank)
 
-    def bind(self, folder: RunFolder, *, recorded: bool, precision: dict[str, Any]) -> None:
+    def bind(self, folder: RunFolder, *, recorded: bool) -> None:
         """Write ``config.json``, or refuse a folder that holds another evaluation's episodes
-        (docs/evaluation.md, "Resume, and what a run is"). ``precision`` is the model's
-        precision and dtype as this run resolved them (``None`` for a pipeline without one,
-        such as a test stand-in)."""
-        identity = {**self.config.identity(), **precision}
-        if self.eval_env.simulation is not None:
-            identity["simulation"] = self.eval_env.simulation
-        if self.injected_env:
-            identity["eval_env"] = self.eval_env.identity()
+        (docs/evaluation.md, "Resume, and what a run is"). The identity holds the weights'
+        fingerprint, computed here once per run: a folder never answers for other weights."""
+        identity = self.resolved.identity(weights=self.model.fingerprint())
 
         def stale() -> list[Path]:
             return [*self.out_dir.glob("incidents*.jsonl"), *self.out_dir.glob("throughput*.json")]
 
         folder.bind("config.json", identity, bound=recorded,
                     extra={"session": asdict(self.config)}, replaced=stale,
-                    what="a different evaluation", upgrade=upgrade_identity)
-
-    def _device(self) -> tuple[Any, Any]:
-        """The torch device and dtype this rank's model runs on (a pipeline passed in: its
-        own; ``None`` for a stand-in without a transformer)."""
-        from cosmos3_gym.devices import resolve_device, resolve_precision
-
-        if self.pipeline is not None:
-            transformer = getattr(self.pipeline, "transformer", None)
-            if transformer is None:
-                return None, None
-            return transformer.device, transformer.dtype
-        device = resolve_device(self.config.device)
-        return device, resolve_precision(self.config.precision, device)[0]
-
-    def _fp8(self) -> bool:
-        """Whether the generation tower's GEMMs run in FP8 (the pipeline's own options where one
-        was passed in)."""
-        if self.pipeline is not None:
-            return bool(getattr(getattr(self.pipeline, "options", None), "fp8", False))
-        return self.config.precision == "fp8"
-
-    def _precision(self, dtype: Any) -> dict[str, Any]:
-        """The identity's ``precision`` (fp32, bf16 or fp8) and ``dtype`` as this run resolved
-        them; both None for a stand-in pipeline without a transformer."""
-        from cosmos3_gym.devices import dtype_name, precision_name
-
-        if dtype is None:
-            return {"precision": None, "dtype": None}
-        return {"precision": precision_name(dtype, self._fp8()), "dtype": dtype_name(dtype)}
-
-    def _declared_contract(self) -> Any:
-        from cosmos3_gym.checkpoint import checkpoint_contract
-
-        cfg = self.config
-        return checkpoint_contract(cfg.checkpoint, cfg.domain, cfg.recipe, vae=cfg.vae,
-                                   tokenizer=cfg.tokenizer)
-
-    def _load(self, device: Any, dtype: Any) -> Any:
-        from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions
-
-        cfg = self.config
-        options = InferenceOptions(fp8=self._fp8())
-        if cfg.synthetic is not None:
-            from cosmos3_gym.synthetic import synthetic_pipeline
-
-            return synthetic_pipeline(cfg.synthetic, device=device, dtype=dtype, options=options,
-                                      eval_env=self.eval_env)
-        return Cosmos3ActionPipeline.from_pretrained(
-            cfg.checkpoint, **cfg.checkpoint_options(), device=device, dtype=dtype,
-            options=options)
+                    what="a different evaluation",
+                    upgrade=lambda stored: upgrade_identity(stored, identity))
 
     def _runtime(self) -> dict[str, Any]:
         """Where and how this session's model ran, for throughput*.json and the summary."""
-        device, dtype = self._device()
+        runtime = self.resolved.runtime
         options = getattr(self.pipeline, "options", None)
         gpu = None
-        if device is not None and device.type == "cuda":
+        if runtime.device is not None and runtime.device.type == "cuda":
             import torch
 
-            gpu = torch.cuda.get_device_name(device)
+            gpu = torch.cuda.get_device_name(runtime.device)
         return {
-            "device": None if device is None else str(device), "gpu": gpu,
-            "dtype": self._precision(dtype)["dtype"], "synthetic": self.config.synthetic,
+            "device": None if runtime.device is None else str(runtime.device), "gpu": gpu,
+            "dtype": runtime.record()["dtype"], "synthetic": self.config.synthetic,
             "options": None if options is None else asdict(options),
             "disabled_options": dict(getattr(self.pipeline, "disabled_options", {}) or {}),
             "overlap": self.config.overlap,
         }
-
-    def _head(self) -> tuple[Any, str]:
-        """The checkpoint's ``PolicyConfig`` (or, for a pipeline passed in, the pipeline) and
-        what to call it in errors, without loading weights; ``None`` where it is not known."""
-        from cosmos3_gym.checkpoint import checkpoint_policy
-
-        cfg = self.config
-        if self.pipeline is not None:
-            return getattr(self.pipeline, "policy", None), "the pipeline's checkpoint"
-        if cfg.synthetic is not None:
-            from cosmos3_gym.synthetic import synthetic_policy
-
-            return synthetic_policy(self.eval_env), f"--synthetic {cfg.synthetic}"
-        return (checkpoint_policy(cfg.checkpoint, **cfg.checkpoint_options()),
-                f"--checkpoint {cfg.checkpoint}")
-
-    def check_action_fit(self) -> bool:
-        """Refuse a checkpoint whose actions, through the env's adapter, do not fit the env's
-        action space, or whose chunks are shorter than ``n_action_steps``; builds no simulator
-        and calls no model. False where the checkpoint's head is not known without loading it
-        (no ``action_policy.json``, no pipeline given)."""
-        cfg = self.config
-        # Before the head: the env's own checks (GymEval builds and resets one env here) come
-        # first, whether or not the head is known yet.
-        space = self.eval_env.single_action_space()
-        policy, source = self._head()
-        if self.pipeline is not None:
-            head = pipeline_action_head(self.pipeline)
-            horizon = getattr(self.pipeline, "action_horizon", None)
-        elif policy is None:
-            return False
-        else:
-            head = policy.raw_action_dim, policy.domain_name
-            horizon = policy.action_horizon
-        if head is None:
-            return False
-        if isinstance(horizon, (int, np.integer)) and cfg.n_action_steps is not None \
-                and cfg.n_action_steps > horizon:
-            raise ValueError(f"--n-action-steps {cfg.n_action_steps}: {source} plans chunks of "
-                             f"{horizon} actions; expected at most {horizon}")
-        raw_dim, domain = head
-        env, own = cfg.env, self.eval_env.domain
-        homes = [name for name, cls in EVAL_ENVS.items() if domain and cls.domain == domain]
-        hint = f"evaluate it with --env {homes[0]}, " if homes and homes[0] != env else ""
-        fix = (f"Fix: {hint + 'or ' if hint else ''}pass a --checkpoint trained for --env {env}"
-               + (f" (domain {own!r})." if own else "."))
-        if getattr(self.eval_env, "sizes_synthetic_head", False) and getattr(space, "shape", None):
-            width = int(space.shape[-1])  # --env gym:ID: foreign envs rarely have a checkpoint
-            fix += (f" A head of width {width} for plumbing (random weights): --synthetic tiny "
-                    "(sized to the env), or a folder written by cosmos3_gym.tiny."
-                    f"write_tiny_checkpoint(DIR, policy_overrides={{'raw_action_dim': {width}}}).")
-        check_action_fit(
-            self.adapter, raw_dim, domain, space, checkpoint=source, env_label=f"--env {env}'s",
-            fix=fix,
-        )
-        return True
-
-    def check_action_units(self) -> bool:
-        """Refuse a run whose actions would stay in the model's normalised space (a checkpoint
-        without statistics, no ``action_stats`` given) in an env that takes real units, unless
-        ``allow_normalized_actions``; an ``action_stats`` file is checked against the
-        checkpoint's head (finite, as wide as its actions). Reads no weights; False where the
-        checkpoint's policy is not known without loading it."""
-        cfg = self.config
-        policy, source = self._head()
-        if policy is None:
-            return False
-        self.policy = policy
-        normalised = policy.normalization != "none" and policy.stats is None
-        if normalised and self.eval_env.real_action_units and not cfg.allow_normalized_actions:
-            raise ValueError(
-                f"{source} has no action statistics ({policy.domain_name!r} head, normalization "
-                f"{policy.normalization!r}), so its actions would stay in the model's normalised "
-                f"space, which --env {cfg.env} would take as real units; pass --action-stats "
-                "FILE (the statistics JSON of the checkpoint's training data, see "
-                "docs/libero.md), or --allow-normalized-actions to run anyway"
-            )
-        if policy.denormalizes:  # the checkpoint's own statistics too, not only --action-stats
-            from cosmos3_gym.checkpoint import check_action_stats
-
-            check_action_stats(policy.stats, policy, f"{source}'s action statistics")
-        return True
 
     def _throughput_name(self) -> str:
         ws = self.rank.world_size
         return "throughput.json" if ws == 1 else f"throughput.rank{self.rank.rank}.json"
 
     def write_results(self, final: bool = False) -> dict[str, Any]:
-        """Recompute results.json from every log in the folder and replace it atomically."""
-        records = results_io.read_episode_records(self.out_dir)
+        """Bring results.json up to date with every log in the folder (the lines appended since
+        the last update) and replace it atomically."""
+        self.tally.follow(self.out_dir)
         throughput = None
         if final:
             parts = [read_json_object(p, what="throughput file")
                      for p in sorted(self.out_dir.glob("throughput*.json"))]
             throughput = results_io.merge_throughput(parts)
         simulation = self.eval_env.simulation
-        results = results_io.summarize(
-            records,
+        results = self.tally.results(
             config={**self.config.identity(),
                     **({"simulation": simulation} if simulation is not None else {})},
-            task_names=self.eval_env.tasks,
-            expected_episodes=len(self.all_episodes),
             incidents=results_io.read_incidents(self.out_dir),
             throughput=throughput,
             episode_budget=self.eval_env.episode_budget(),
-            protocol=protocols.record(self.config, self.eval_env.init_state_rule, self.policy),
+            protocol=protocols.record(self.config, self.eval_env.init_state_rule, self.head),
             success_source=self.eval_env.success_rule.record(),
         )
         write_json_atomic(self.out_dir / "results.json", results)
@@ -625,11 +452,7 @@ class Evaluator:
         queue = list(itertools.islice(pending, cfg.num_envs))
         pending = itertools.chain(queue, pending)
         num_slots = len(queue)
-        options = RunnerOptions(
-            num_envs=num_slots, async_envs=cfg.async_envs, env_timeout=cfg.env_timeout,
-            max_episode_restarts=cfg.max_episode_restarts,
-            max_consecutive_faults=cfg.max_consecutive_faults, out_of_range=cfg.out_of_range,
-            faults="restart", overlap=cfg.overlap and num_slots >= 2)
+        options = cfg.runner_options(num_slots)
         runner = EpisodeRunner(
             self.policy_for_run(), lambda n: self.eval_env.make(n, cfg.async_envs),
             EpisodeList(self.spec(k) for k in pending), options, _Recorder(self, bar))
@@ -711,9 +534,9 @@ def run_eval_command(config: EvalConfig, out: str | Path) -> int:
     """``cosmos3-gym eval``: checks, the evaluation, then its summary table."""
     from cosmos3_gym.eval.results import format_table
 
-    # Every check that needs no model runs first (Evaluator.run): the device is resolved, and
-    # torch imported, only after them, before anything is written.
-    evaluator = Evaluator(config, out)
+    # Every check that needs no model runs first (resolve): the device is resolved, and torch
+    # imported, only after them, before anything is written.
+    evaluator = Evaluator(resolve(config, out, kind="evaluation"))
     results = evaluator.run()
     if results is not None:
         if evaluator.already_complete:
@@ -740,7 +563,8 @@ def evaluate(
     """
     from cosmos3_gym.eval.results import format_table
 
-    results = Evaluator(config, out_dir, pipeline=pipeline, eval_env=eval_env).run()
+    run = resolve(config, out_dir, kind="evaluation", pipeline=pipeline, eval_env=eval_env)
+    results = Evaluator(run).run()
     if summary and results is not None:
         print(format_table(results))
     return results

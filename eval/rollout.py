@@ -22,7 +22,9 @@ from cosmos3_gym.settings import (
     EnvSettings,
     ModelSettings,
     RuntimeSettings,
+    check_settings,
     positive_int,
+    seed_value,
     setting,
     stored_model_source,
 )
@@ -42,7 +44,7 @@ class RolloutConfig(ModelSettings, RuntimeSettings, EnvSettings):
     shard_steps: int = setting(256, "steps per .npz shard", group="rollout", parse=positive_int)
     seed: int = setting(
         0, "the run's root seed; the episodes' env seeds and the chunks' noise derive from it",
-        group="rollout", parse=int)
+        group="rollout", parse=seed_value)
     n_action_steps: int | None = setting(
         None, "actions executed per chunk before replanning; default: the whole chunk (a "
         "stochastic sampler's log-probability covers these)", group="rollout",
@@ -54,16 +56,34 @@ class RolloutConfig(ModelSettings, RuntimeSettings, EnvSettings):
     sampling: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
 
     def __post_init__(self) -> None:
+        """Each setting against its declared rule; nothing rewritten (:meth:`resolved`)."""
+        check_settings(self)
         self.check_model_source()
-        if isinstance(self.sampling, dict):  # a config file's nested block
-            self.sampling = SamplerConfig(**self.sampling)
+        if not isinstance(self.sampling, SamplerConfig):
+            raise ValueError(f"sampling must be a SamplerConfig; found "
+                             f"{type(self.sampling).__name__}")
+
+    def resolved(self) -> RolloutConfig:
+        """These settings with the run's defaults filled in (once, by
+        :func:`~cosmos3_gym.eval.run.resolve`): the shipped checkpoint where none is named,
+        fresh noise per chunk, the env's image size for a synthetic model."""
+        from cosmos3_gym.synthetic import view_size
+
+        changes: dict[str, Any] = {
+            **self.model_defaults(),
+            "image_size": view_size(self.env, self.synthetic, self.image_size)}
         if self.sampling.noise is None:
-            self.sampling = self.sampling.with_changes(noise="per_chunk")
-        for name in ("env_steps", "shard_steps", "num_envs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer of at least 1; found {value!r}")
-        self.check_runtime()
+            changes["sampling"] = self.sampling.with_changes(noise="per_chunk")
+        return dataclasses.replace(self, **changes)
+
+    def check_run(self, model: Any, env: Any, rank: Any) -> None:
+        """Rollouts' own checks of a resolved run: the success signal the env must report, and
+        LeRobot where the rollouts are to become a LeRobot dataset."""
+        if self.format == "lerobot":
+            from cosmos3_gym.integrations.lerobot_dataset import check_lerobot_dataset
+
+            check_lerobot_dataset()
+        env.check_success()
 
     def identity(self) -> dict[str, Any]:
         """The settings that decide the rollouts (the folder's ``rollout.json`` keeps them)."""
@@ -93,58 +113,27 @@ def check_rollout_folder(out: Path, command: dict[str, Any]) -> None:
 
 
 def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
-    """``cosmos3-gym rollout``: the env, the policy, then :func:`collect_rollouts`."""
-    from cosmos3_gym.synthetic import view_size
+    """``cosmos3-gym rollout``: the run resolved (every check before the model loads), the
+    folder checked against the stored command, then :func:`collect_rollouts`."""
+    from cosmos3_gym.eval.run import resolve
 
-    cfg, out = config, Path(out)
-    # The run's identity; checked against the folder before the env and the model load.
+    out = Path(out)
+    run = resolve(config, out, kind="rollouts")
+    cfg = run.settings
     command = cfg.identity()
-    if cfg.synthetic is None:
-        from cosmos3_gym.checkpoint import (
-            check_action_stats,
-            check_files,
-            checkpoint_policy,
-            resolve_checkpoint,
-        )
-
-        check_files(resolve_checkpoint(cfg.checkpoint), vae=cfg.vae, tokenizer=cfg.tokenizer)
-        # The head's statistics (the checkpoint's own, or --action-stats) for its mode.
-        head = checkpoint_policy(cfg.checkpoint, **cfg.checkpoint_options())
-        if head is not None and head.denormalizes:
-            check_action_stats(head.stats, head,
-                               f"--checkpoint {cfg.checkpoint}'s action statistics")
+    if run.model.revision is not None:  # the weights themselves: the identity's weights hash
+        command["checkpoint_revision"] = run.model.revision
     check_rollout_folder(out, command)
-    image_size = view_size(cfg.env, cfg.synthetic, cfg.image_size)
-    eval_env = cfg.make_env(image_size=image_size)
-    # The env's own checks (a gym:ID env is built and reset once here), before the model loads.
-    space = eval_env.single_action_space()
-    eval_env.check_success()
     # Every check above needs no model: torch loads from here on.
-    from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions
-    from cosmos3_gym.policy import VectorPolicy, get_adapter
-    from cosmos3_gym.policy.adapters import action_map_of, adapter_for_contract, with_action_map
+    from cosmos3_gym.policy import VectorPolicy
     from cosmos3_gym.runner import collect_rollouts
-    from cosmos3_gym.synthetic import synthetic_adapter, synthetic_pipeline
 
-    device, dtype, fp8 = cfg.resolve_runtime()
-    options = InferenceOptions(fp8=fp8)
-    if cfg.synthetic is not None:
-        pipeline = synthetic_pipeline(cfg.synthetic, device=device, dtype=dtype, options=options,
-                                      eval_env=eval_env)
-        adapter = synthetic_adapter(eval_env)
-    else:
-        pipeline = Cosmos3ActionPipeline.from_pretrained(
-            cfg.checkpoint, **cfg.checkpoint_options(), device=device, dtype=dtype,
-            options=options)
-        contract = pipeline.contract  # the checkpoint's declared conventions, else the env's
-        adapter = (adapter_for_contract(contract) if contract is not None
-                   else get_adapter(eval_env.adapter, **eval_env.adapter_options))
-    adapter = with_action_map(adapter, action_map_of(cfg.action_map, eval_env), space)
-    policy = VectorPolicy(pipeline, adapter=adapter, n_action_steps=cfg.n_action_steps,
+    pipeline = run.load()
+    policy = VectorPolicy(pipeline, adapter=run.adapter, n_action_steps=cfg.n_action_steps,
                           seed=cfg.seed, sampling=cfg.sampling)
-    runtime = {"device": str(device), "dtype": str(dtype).removeprefix("torch."),
+    runtime = {"device": str(run.runtime.device), "dtype": run.runtime.record()["dtype"],
                "synthetic": cfg.synthetic, "options": asdict(pipeline.options)}
-    out = collect_rollouts(policy, eval_env, cfg.env_steps, out, num_envs=cfg.num_envs,
+    out = collect_rollouts(policy, run.env, cfg.env_steps, out, num_envs=cfg.num_envs,
                            async_envs=cfg.async_envs, seed=cfg.seed,
                            shard_steps=cfg.shard_steps, progress=cfg.progress,
                            overlap=cfg.overlap, env_timeout=cfg.env_timeout,
@@ -154,7 +143,7 @@ def run_rollout_command(config: RolloutConfig, out: str | Path) -> Path:
     if cfg.format == "lerobot":
         from cosmos3_gym.integrations.lerobot_dataset import write_lerobot_dataset
 
-        envs = eval_env.make(1, False)
+        envs = run.env.make(1, False)
         fps = float(envs.metadata.get("render_fps") or 20)
         envs.close()
         write_lerobot_dataset(out, out / "lerobot", fps=fps)

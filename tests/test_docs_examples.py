@@ -176,7 +176,7 @@ def cli_words(words: list[str]) -> list[str] | None:
 
 
 def check_command(argv: list[str], where: str) -> None:
-    from cosmos3_gym.eval.cli import _settings_classes, build_parser, command_settings
+    from cosmos3_gym.eval.cli import build_parser, command_settings, settings_classes
 
     if "..." in argv:  # an elided command: its flags must still exist
         name = argv[0]
@@ -190,8 +190,8 @@ def check_command(argv: list[str], where: str) -> None:
     except SystemExit as exit_info:
         pytest.fail(f"{where}: cosmos3-gym {shlex.join(argv)} does not parse ({exit_info})")
     command = args.command if args.command != "rl" else f"rl {args.algorithm}"
-    if command in _settings_classes() and getattr(args, "config", None) is None:
-        command_settings(args, _settings_classes()[command])  # values checked as a run would
+    if command in settings_classes() and getattr(args, "config", None) is None:
+        command_settings(args, settings_classes()[command])  # values checked as a run would
 
 
 def test_the_command_checker_fails_on_a_renamed_flag() -> None:
@@ -245,3 +245,49 @@ def test_the_readmes_links_name_files_that_exist() -> None:
     assert local, "the README links into the docs"
     missing = [t for t in local if not (ROOT / t.split("#")[0]).exists()]
     assert missing == []
+
+
+# -- one folder per run -------------------------------------------------------------------------
+
+
+def _run_settings(argv: list[str]) -> tuple[str, str, dict] | None:
+    """``(command, out, settings)`` of a docs command that writes a run folder (eval, rollout,
+    rl grpo) at a concrete ``--out``, its settings without those that never change which run a
+    folder holds; None for any other command."""
+    from cosmos3_gym.eval import evaluate, rollout
+    from cosmos3_gym.eval.cli import _settings_classes, build_parser, command_settings
+    from cosmos3_gym.train import config as train_config
+
+    if "..." in argv or "--config" in argv:
+        return None
+    args = build_parser().parse_args(argv)
+    command = args.command if args.command != "rl" else f"rl {args.algorithm}"
+    run_only = {"eval": evaluate.RUN_ONLY, "rollout": rollout.RUN_ONLY,
+                "rl grpo": train_config.RUN_ONLY}.get(command)
+    out = getattr(args, "out", None)
+    if run_only is None or out is None or not out.startswith("runs/"):
+        return None
+    settings = dataclasses.asdict(command_settings(args, _settings_classes()[command]))
+    return command, out, {k: v for k, v in settings.items() if k not in (*run_only, "out")}
+
+
+def test_every_docs_run_has_its_own_out() -> None:
+    """Following the pages in order runs every command: two different runs that share an
+    ``--out`` make the second refused ("holds a different run"). Three pages once used
+    ``--out runs/pusht`` for three different runs."""
+    runs: dict[str, list[tuple[str, dict]]] = {}
+    for block in every_block():
+        if block.lang != "bash":
+            continue
+        for words in commands(block.code):
+            while words and re.match(r"^\w+=", words[0]):  # MUJOCO_GL=egl cosmos3-gym ...
+                words = words[1:]
+            argv = cli_words(words) if words else None
+            found = None if argv is None else _run_settings(argv)
+            if found is not None:
+                command, out, settings = found
+                runs.setdefault(out, []).append((block.where(), (command, settings)))
+    assert len(runs) > 10
+    shared = {out: [where for where, _ in seen] for out, seen in runs.items()
+              if len({repr(run) for _, run in seen}) > 1}
+    assert not shared, f"different runs share an --out: {shared}"

@@ -279,7 +279,7 @@ def test_hung_env_worker_is_killed_restarted_and_its_episode_rerun(
 def test_videos_are_named_by_task_trial_seed_and_outcome_and_never_overwritten(
     checkpoint: Path, pipeline, tmp_path: Path
 ) -> None:
-    evaluate(small_config(checkpoint, videos=True, trials=1), tmp_path, pipeline=pipeline)
+    evaluate(small_config(checkpoint, videos="env", trials=1), tmp_path, pipeline=pipeline)
     records = read_episode_records(tmp_path)
     names = sorted(p.name for p in (tmp_path / "videos").iterdir())
     expected = sorted(
@@ -290,10 +290,14 @@ def test_videos_are_named_by_task_trial_seed_and_outcome_and_never_overwritten(
     # The same episodes again into a folder whose videos/ already holds those names (as after
     # a resume or a fault re-run): the old files stay byte for byte, the new ones get a suffix.
     again = tmp_path / "again"
+    from cosmos3_gym.runner import RunFolder
+
+    with RunFolder(again, kind="evaluation"):  # a folder a run opened (it holds its lock file)
+        pass
     (again / "videos").mkdir(parents=True)
     for name in names:
         (again / "videos" / name).write_bytes(b"earlier video")
-    evaluate(small_config(checkpoint, videos=True, trials=1), again, pipeline=pipeline)
+    evaluate(small_config(checkpoint, videos="env", trials=1), again, pipeline=pipeline)
     for name in names:
         assert (again / "videos" / name).read_bytes() == b"earlier video"
         assert (again / "videos" / name.replace(".gif", "__1.gif")).stat().st_size > 0
@@ -449,22 +453,25 @@ def test_a_pipeline_of_another_action_width_is_refused_before_any_env_runs(
     class LiberoAdapted(ColorReachEval):
         adapter = "libero"  # takes 10-D raw actions; the fixture pipeline makes 2-D ones
 
-    message = (r"the pipeline's checkpoint makes 2-D actions \(domain 'libero'\), which the "
+    message = (r"the pipeline given makes 2-D actions \(domain 'libero'\), which the "
                r"'libero' adapter cannot take .*--env color_reach's action space is Box")
     with pytest.raises(ValueError, match=message):
         evaluate(small_config(checkpoint), tmp_path / "out", pipeline=pipeline,
                  eval_env=LiberoAdapted(TASKS, image_size=32, max_episode_steps=6))
     assert not (tmp_path / "out").exists()
-    # A checkpoint folder that does not describe its head (no action_policy.json) is checked
-    # once loaded, still before any env runs.
-    import cosmos3_gym.checkpoint as layout
+    # The same checkpoint named by its folder: its head is read from the folder, so it is
+    # refused before any weight loads, too.
     from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
-    monkeypatch.setattr(layout, "checkpoint_policy", lambda *a, **kw: None)
-    monkeypatch.setattr(Cosmos3ActionPipeline, "from_pretrained", lambda *a, **kw: pipeline)
-    with pytest.raises(ValueError, match=message):
+    def not_loaded(*args, **kwargs):
+        raise AssertionError("a mismatched checkpoint must be refused before it loads")
+
+    monkeypatch.setattr(Cosmos3ActionPipeline, "from_pretrained", not_loaded)
+    with pytest.raises(ValueError, match=message.replace("the pipeline given",
+                                                         f"--checkpoint {checkpoint}")):
         evaluate(small_config(checkpoint), tmp_path / "loaded",
                  eval_env=LiberoAdapted(TASKS, image_size=32, max_episode_steps=6))
+    assert not (tmp_path / "loaded").exists()
 
 
 @pytest.mark.libero

@@ -26,7 +26,7 @@ def _record(suite: str, task: str, trial: int, success: bool) -> dict:
 def test_libero_4_names_the_four_standard_suites_and_each_suite_counts_once() -> None:
     assert canonical_suites("libero_4") == ",".join(FOUR)
     assert canonical_suites("libero_10, libero_goal") == "libero_10,libero_goal"
-    assert EvalConfig(env="libero", suite="libero_4").suite == ",".join(FOUR)
+    assert EvalConfig(env="libero", suite="libero_4").resolved().suite == ",".join(FOUR)
     with pytest.raises(ValueError, match=r"each suite once; found \['libero_10'\]"):
         canonical_suites("libero_4,libero_10")
 
@@ -58,8 +58,9 @@ def test_the_suite_average_is_the_mean_of_suite_rates_with_an_interval(tmp_path:
 
 def test_the_official_protocol_refuses_options_that_change_its_rules() -> None:
     official = dict(env="libero", suite="libero_10", protocol="official")
-    assert EvalConfig(**official).trials == 50 and EvalConfig(env="libero").trials == 10
-    assert EvalConfig(**official, trials=3).trials == 3
+    assert EvalConfig(**official).resolved().trials == 50
+    assert EvalConfig(env="libero").resolved().trials == 10
+    assert EvalConfig(**official, trials=3).resolved().trials == 3
     for option, message in (
         ({"n_action_steps": 4}, "--n-action-steps 4 (official: whole chunks)"),
         ({"sampling": SamplerConfig(num_inference_steps=10)},

@@ -62,8 +62,10 @@ def test_the_library_imports_nothing_from_the_commands() -> None:
 
 
 # What training may take from the evaluator: its held-out measurement is an evaluation (the same
-# episodes, records and intervals as `cosmos3-gym eval`), sharded over torchrun's ranks as eval's.
-TRAINING_MEASURES_WITH = ("cosmos3_gym.eval.evaluate", "cosmos3_gym.eval.distributed")
+# episodes, records and intervals as `cosmos3-gym eval`), sharded over torchrun's ranks as eval's,
+# and a GRPO run is resolved as every command's run is (cosmos3_gym/eval/run.py).
+TRAINING_MEASURES_WITH = ("cosmos3_gym.eval.evaluate", "cosmos3_gym.eval.distributed",
+                          "cosmos3_gym.eval.run")
 
 
 def test_the_benchmarks_import_nothing_from_the_evaluator_and_training_only_its_measure() -> None:

@@ -17,9 +17,9 @@ from cosmos3_gym.checkpoint import (
     SAMPLER_FIELDS,
     SCHEDULER_SOURCE,
     PolicyConfig,
-    resolve_checkpoint,
     resolve_policy,
 )
+from cosmos3_gym.formats import resolve_checkpoint
 from cosmos3_gym.recipes import COLUMNS, RECIPES, SOURCES, recipe_table
 from cosmos3_gym.tiny import write_tiny_checkpoint, write_tiny_diffusers_folder
 

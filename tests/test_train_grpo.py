@@ -424,7 +424,7 @@ def test_color_reach_takes_its_speed_from_env_kwargs_and_other_keys_are_refused(
     ({"precision": "fp8"}, "for inference"),
     ({"group_size": 1}, "GRPO compares a group"),
     ({"microbatch": 65}, "between 1 and minibatch"),
-    ({"sampler": "flow_unipc"}, "stochastic sampler"),
+    ({"sampler": "flow_unipc"}, r"sampler must be one of \['flow_sde', 'flow_cps'\]"),
     ({"synthetic": "tiny", "checkpoint": "tiny"}, "random weights"),
 ])
 def test_bad_settings_are_refused_before_anything_runs(settings, message) -> None:

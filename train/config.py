@@ -13,7 +13,9 @@ from cosmos3_gym.settings import (
     EnvSettings,
     ModelSettings,
     RuntimeSettings,
+    check_settings,
     positive_int,
+    seed_value,
     setting,
 )
 
@@ -125,12 +127,14 @@ def transformer_overrides(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def policy_overrides(cfg: TrainConfig) -> dict[str, Any]:
-    """``action_policy.json`` of the trained checkpoint: ColorReach's 2-D velocities in [-1, 1]."""
+    """``action_policy.json`` of the trained checkpoint: ColorReach's 2-D velocities in [-1, 1],
+    where the expert's saturate, so its samples are clipped to that range (``clip_actions``)."""
     return {
         "domain_name": DOMAIN_NAME, "domain_id": DOMAIN_ID, "raw_action_dim": 2,
         "action_horizon": cfg.action_horizon, "normalization": "none", "stats": None,
         "fps": 20.0, "resolution_tier": 256, "view_point": VIEW_POINT,
         "num_inference_steps": cfg.num_inference_steps, "flow_shift": cfg.flow_shift,
+        "clip_actions": True,
     }
 
 
@@ -183,7 +187,7 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         parse=positive_int)
     seed: int = setting(
         0, "the run's root seed; the training episodes, their noise and the minibatch order "
-        "derive from it and the iteration", group="rl", parse=int)
+        "derive from it and the iteration", group="rl", parse=seed_value)
     iterations: int = setting(200, "GRPO iterations (collect, then update)", group="rl",
                               parse=positive_int)
     group_size: int = setting(
@@ -236,7 +240,7 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         20, "held-out episodes per task, with the deterministic sampler (the family's own "
         "evaluation episodes under --eval-seed)", group="rl", parse=positive_int)
     eval_seed: int = setting(1_000_000, "the held-out evaluation's root seed (not --seed)",
-                             group="rl", parse=int)
+                             group="rl", parse=seed_value)
     eval_every: int = setting(10, "iterations between held-out measurements", group="rl",
                               parse=positive_int)
     save_every: int = setting(
@@ -250,29 +254,19 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         "machine is", group="runtime", parse=positive_int)
 
     def __post_init__(self) -> None:
-        from cosmos3_gym.envs.libero_eval import canonical_suites
-        from cosmos3_gym.seeding import check_seed
-
+        """Each setting against its declared rule (``check_settings``) and the rules that tie
+        settings together; nothing rewritten (:meth:`resolved`)."""
+        check_settings(self)
         self.check_model_source()
-        self.check_runtime()
-        self.suite = canonical_suites(self.suite)
-        self.train = parse_train(self.train)
-        for name in ("iterations", "group_size", "groups", "epochs", "minibatch", "eval_trials",
-                     "eval_every", "save_every", "n_action_steps", "num_envs", "lora_rank"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1; found {value!r}")
+        if parse_train(self.train) != self.train:
+            raise ValueError(f"train must be written {parse_train(self.train)!r}; found "
+                             f"{self.train!r}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (GRPO compares a group); found "
                              f"{self.group_size}")
         if self.microbatch is not None and not 1 <= self.microbatch <= self.minibatch:
             raise ValueError(f"microbatch must be between 1 and minibatch ({self.minibatch}); "
                              f"found {self.microbatch}")
-        if self.reward not in REWARDS:
-            raise ValueError(f"reward must be one of {REWARDS}; found {self.reward!r}")
-        if self.sampler not in ("flow_sde", "flow_cps"):
-            raise ValueError(f"GRPO needs a stochastic sampler (flow_sde or flow_cps) for the "
-                             f"chunks' log-probabilities; found {self.sampler!r}")
         if self.precision == "fp8":
             raise ValueError("--precision fp8 is for inference (FP8 weights are copies autograd "
                              "does not reach); train in bf16 (auto on CUDA) or fp32")
@@ -282,44 +276,52 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         if self.kl_coef < 0 or self.time_budget_s < 0:
             raise ValueError(f"kl_coef and time_budget_s must be >= 0; found {self.kl_coef}, "
                              f"{self.time_budget_s}")
-        check_seed(self.seed)
-        check_seed(self.eval_seed)
         if self.eval_seed == self.seed:
             raise ValueError(f"eval_seed ({self.eval_seed}) must differ from seed: held-out "
                              "episodes would repeat the training episodes' seeds")
-        if self.overlap and self.num_envs < 2:
+        if self.overlap and self.num_envs < 2:  # the runner's rule (cosmos3_gym.runner)
             raise ValueError(f"overlap needs num_envs >= 2; found {self.num_envs}")
+
+    def resolved(self) -> GRPOConfig:
+        """These settings with the run's defaults filled in (once, by
+        :func:`~cosmos3_gym.eval.run.resolve`): the shipped checkpoint where none is named,
+        canonical suite names, the env's image size for a synthetic model."""
+        from cosmos3_gym.envs import canonical_suites
         from cosmos3_gym.synthetic import view_size
 
-        self.image_size = view_size(self.env, self.synthetic, self.image_size)
+        return dataclasses.replace(
+            self, **self.model_defaults(), suite=canonical_suites(self.suite),
+            image_size=view_size(self.env, self.synthetic, self.image_size))
 
-    def preflight(self) -> Any:
-        """Every check that needs no model, before torch loads: the starting checkpoint's
-        files, the env family (built; its success signal where the reward is success), one
-        group per rank at least, the run folder free. Returns the env family."""
-        from cosmos3_gym.eval.distributed import RankInfo
-        from cosmos3_gym.runner.folder import RunFolder
+    def check_run(self, model: Any, env: Any, rank: Any) -> None:
+        """GRPO's own checks of a resolved run: the env's success signal where the reward is
+        success, one group per rank at least."""
+        if model.head is not None:
+            from cosmos3_gym.pipeline.sampling import unscorable
 
-        if self.synthetic is None:
-            from cosmos3_gym.checkpoint import check_files, resolve_checkpoint
-
-            try:
-                check_files(resolve_checkpoint(self.checkpoint), vae=self.vae,
-                            tokenizer=self.tokenizer)
-            except FileNotFoundError as err:
-                raise FileNotFoundError(
-                    f"--checkpoint {self.checkpoint}: {err}; give a checkpoint folder (one "
-                    "written by `cosmos3-gym train --out DIR`, or a released Cosmos3 policy) or "
-                    "a shipped name (tiny)") from None
-        eval_env = self.make_env()
+            head = model.head
+            cannot = unscorable(head, state_rows=head.history_length > 0,
+                                guidance_interval=head.guidance_interval,
+                                guidance_scale=head.guidance_scale)
+            if cannot:
+                raise ValueError(
+                    f"{model.label}: GRPO's training episodes sample with {self.sampler}, which "
+                    f"cannot score chunks of a head with {' and '.join(cannot)} yet; fine-tune "
+                    "a checkpoint whose head samples with the official FlowUniPC, no state rows "
+                    "and guidance on every step (docs/rl.md)")
         if self.reward == "success":
-            eval_env.check_success()  # no signal to score: refused now, not after the load
-        rank = RankInfo.from_env()
+            env.check_success()  # no signal to score: refused now, not after the load
         if self.groups < rank.world_size:
             raise ValueError(f"--groups {self.groups}: each of the {rank.world_size} ranks needs "
                              "at least one group per iteration")
-        RunFolder(self.out, rank=rank.rank, world_size=rank.world_size).check_free()
-        return eval_env
+
+    def preflight(self) -> Any:
+        """The run resolved (:func:`~cosmos3_gym.eval.run.resolve`): every check that needs no
+        model, before torch loads (the starting checkpoint read once, the env family built, its
+        success signal, the ranks, the run folder free and no other kind of run's)."""
+        from cosmos3_gym.eval.run import resolve
+
+        return resolve(self, self.out, kind="GRPO run")
 
     def identity(self) -> dict[str, Any]:
         """The settings that decide what the run computes (``grpo.json`` keeps them)."""

@@ -394,18 +394,19 @@ def eval_config(cfg: GRPOConfig, **changes: Any) -> Any:
                       **changes)
 
 
-def held_out(learner: Learner, cfg: GRPOConfig, eval_env: Any, out: Path, iteration: int,
-             rank: Any) -> dict[str, Any] | None:
+def held_out(learner: Learner, run: Any, iteration: int) -> dict[str, Any] | None:
     """Success on the held-out episodes as ``cosmos3-gym eval`` records them, into
-    ``evals/iter-{iteration:06d}/`` (resumable); rank 0 gets the summary."""
+    ``evals/iter-{iteration:06d}/`` (resumable); rank 0 gets the summary. The evaluation is
+    derived from the GRPO run (:meth:`~cosmos3_gym.eval.run.Run.derive`): the same env and the
+    same adapter as the training episodes, the weights as they are now."""
     from cosmos3_gym.eval.evaluate import Evaluator
 
-    folder = out / EVALS / f"iter-{iteration:06d}"
+    folder = run.out / EVALS / f"iter-{iteration:06d}"
     was = learner.model.training
     learner.model.eval()
     try:
-        results = Evaluator(eval_config(cfg), folder, pipeline=learner.pipe, eval_env=eval_env,
-                            rank=rank).run()
+        results = Evaluator(run.derive("evaluation", eval_config(run.settings), folder,
+                                       pipeline=learner.pipe)).run()
     finally:
         learner.model.train(was)
     if results is None:
@@ -419,42 +420,38 @@ def held_out(learner: Learner, cfg: GRPOConfig, eval_env: Any, out: Path, iterat
 # ---------------------------------------------------------------------- the run
 
 
-def run_grpo(cfg: GRPOConfig, progress: bool = True, eval_env: Any = None
+def run_grpo(cfg: GRPOConfig, progress: bool = True, run: Any = None
              ) -> dict[str, Any] | None:
     """Run (or resume) ``cfg`` into ``cfg.out``; rank 0 returns the run's summary (the curve,
-    before and after) and prints the command that evaluates the result. ``eval_env``: the env
-    family :meth:`~cosmos3_gym.train.config.GRPOConfig.preflight` returned (it runs here if
-    not given)."""
-    from cosmos3_gym.eval.distributed import RankInfo, destroy_process_group, init_process_group
-    from cosmos3_gym.runner import RunFolder
+    before and after) and prints the command that evaluates the result. ``run``: the run
+    :meth:`~cosmos3_gym.train.config.GRPOConfig.preflight` resolved (resolved here if not
+    given)."""
+    from cosmos3_gym.eval.distributed import destroy_process_group, init_process_group
 
-    if eval_env is None:
-        eval_env = cfg.preflight()
-    rank = RankInfo.from_env()
-    device, dtype, _ = cfg.resolve_runtime()
+    run = run if run is not None else cfg.preflight()
+    cfg, rank, device = run.settings, run.rank, run.runtime.device
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    budget = episode_steps(eval_env)
-    out = Path(cfg.out)
-    folder = RunFolder(out, rank=rank.rank, world_size=rank.world_size)
-    with folder:
+    budget = episode_steps(run.env)
+    with run.folder() as folder:
         backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
         owns_group = init_process_group(rank, backend)
         try:
-            return _run(cfg, progress, rank, device, dtype, eval_env, budget, out, folder)
+            return _run(run, progress, budget, folder)
         finally:
             if owns_group:
                 destroy_process_group(rank)
 
 
-def _run(cfg: GRPOConfig, progress: bool, rank: Any, device: Any, dtype: Any, eval_env: Any,
-         budget: int, out: Path, folder: Any) -> dict[str, Any] | None:
+def _run(run: Any, progress: bool, budget: int, folder: Any) -> dict[str, Any] | None:
     from cosmos3_gym.devices import dtype_name
     from cosmos3_gym.pipeline.sampling import SamplerConfig
     from cosmos3_gym.policy import VectorPolicy
     from cosmos3_gym.progress import progress_bar
     from cosmos3_gym.runner import GroupEpisodes, collect_on_policy, group_seed_rule
 
+    cfg, rank, eval_env, out = run.settings, run.rank, run.env, run.out
+    device, dtype = run.runtime.device, run.runtime.dtype
     start = time.perf_counter()
     dp = DataParallel(rank.rank, rank.world_size)
     if rank.is_main:  # a state a killed run was writing (the folder is ours: we hold its lock)
@@ -464,9 +461,16 @@ def _run(cfg: GRPOConfig, progress: bool, rank: Any, device: Any, dtype: Any, ev
     evals = out / EVALS
     recorded = bool(states) or (evals.is_dir() and any(evals.iterdir()))
     identity = {**cfg.identity(), "dtype": dtype_name(dtype)}
+    if run.model.revision is not None:
+        identity["checkpoint_revision"] = run.model.revision
+    weights = run.model.fingerprint()  # the starting checkpoint's
+    if weights is not None:
+        identity["weights"] = weights
     folder.bind(IDENTITY_FILE, identity, bound=recorded, extra={"session": asdict(cfg)},
-                what="a different GRPO run", upgrade=stored_model_source)
-    pipe, adapter = _pipeline(cfg, device, dtype, eval_env)
+                what="a different GRPO run",
+                upgrade=lambda stored: _upgrade_identity(stored, identity))
+    # The pipeline to train and the adapter of the held-out evaluations: one way for both.
+    pipe, adapter = run.load(trainable=True), run.adapter
     learner = Learner(pipe, cfg)
     dp.broadcast_parameters(learner.masters.params)
     learner.masters.sync_from_model()
@@ -493,7 +497,7 @@ def _run(cfg: GRPOConfig, progress: bool, rank: Any, device: Any, dtype: Any, ev
     try:
         if not curve:
             point = {"iteration": 0, "wall_s": 0.0}
-            point.update(held_out(learner, cfg, eval_env, out, 0, rank) or {})
+            point.update(held_out(learner, run, 0) or {})
             curve.append(point)
             if rank.is_main:
                 _report_held_out(point)
@@ -518,7 +522,7 @@ def _run(cfg: GRPOConfig, progress: bool, rank: Any, device: Any, dtype: Any, ev
                 time.perf_counter() - start > cfg.time_budget_s)
             if it % cfg.eval_every == 0 or it == cfg.iterations or over:
                 t3 = time.perf_counter()
-                point.update(held_out(learner, cfg, eval_env, out, it, rank) or {})
+                point.update(held_out(learner, run, it) or {})
                 point["eval_s"] = round(time.perf_counter() - t3, 2)
             point["wall_s"] = round(time.perf_counter() - start, 1)
             curve.append(point)
@@ -694,27 +698,14 @@ def episode_steps(eval_env: Any) -> int:
     return int(steps)
 
 
-def _pipeline(cfg: GRPOConfig, device: Any, dtype: Any, eval_env: Any) -> tuple[Any, Any]:
-    """The trainable pipeline (projections unfused, FP8 off) and the env's adapter."""
-    from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions
-    from cosmos3_gym.policy import get_adapter
-    from cosmos3_gym.policy.adapters import with_action_map
-
-    if cfg.synthetic is not None:
-        from cosmos3_gym.synthetic import synthetic_adapter, synthetic_pipeline
-
-        pipe = synthetic_pipeline(cfg.synthetic, device=device, dtype=dtype,
-                                  options=InferenceOptions(fuse_projections=False, fp8=False),
-                                  eval_env=eval_env)
-        adapter = synthetic_adapter(eval_env)
-    else:
-        pipe = Cosmos3ActionPipeline.from_pretrained(
-            cfg.checkpoint, device=device, dtype=dtype, domain=cfg.domain, recipe=cfg.recipe,
-            action_stats=cfg.action_stats, trainable=True)
-        adapter = get_adapter(eval_env.adapter)
-    if cfg.action_map is not None:
-        adapter = with_action_map(adapter, cfg.action_map, eval_env.single_action_space())
-    return pipe, adapter
+def _upgrade_identity(stored: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+    """A stored ``grpo.json`` identity in today's terms: a ``--synthetic`` run's unset
+    checkpoint (:func:`~cosmos3_gym.settings.stored_model_source`); a folder written before the
+    starting weights' fingerprint was recorded is taken as this run's."""
+    out = stored_model_source(dict(stored))
+    if "weights" not in out and "weights" in current:
+        out["weights"] = current["weights"]
+    return out
 
 
 def _check_memory(learner: Learner, cfg: GRPOConfig, eval_env: Any, envs: Any, adapter: Any,

@@ -64,6 +64,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cosmos3_gym.jsonio import write_text_atomic
 from cosmos3_gym.progress import progress_bar
 from cosmos3_gym.train.config import (
     VIDEO_NOISE,
@@ -251,19 +252,40 @@ def train_transformer(
     return curve
 
 
+TRAIN_LOG = "train_log.json"
+
+
 def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
     """Collect, encode, train and write the checkpoint to ``cfg.out``; returns the log.
 
+    The folder is written whole (:func:`~cosmos3_gym.jsonio.staged_folder`): built under a
+    temporary name beside ``cfg.out`` and renamed into place at the end, so an interrupted or
+    failed run leaves ``cfg.out`` as it was. A folder this command wrote (it holds
+    ``train_log.json``) is replaced; any other folder that is not empty is refused.
+
     ``progress`` shows a bar per phase (demos, encoding, training with its loss), on rank 0
     only; it changes nothing else."""
+    from cosmos3_gym.jsonio import staged_folder
+
+    check_recipe(cfg)
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file; train writes a checkpoint folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / TRAIN_LOG).is_file():
+        raise FileExistsError(
+            f"--out {out} is not empty and holds no checkpoint this command wrote (no "
+            f"{TRAIN_LOG}); give a new folder (train replaces only its own)")
+    with staged_folder(out, replace=True) as work:
+        return _train(cfg, work, progress)
+
+
+def _train(cfg: TrainConfig, out: Path, progress: bool) -> dict[str, Any]:
     from cosmos3_gym.model import Cosmos3Transformer
     from cosmos3_gym.model.weights import save_transformer
     from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions
     from cosmos3_gym.tiny import build_tiny_vae, write_tiny_checkpoint, write_tiny_vae
 
     options = InferenceOptions(frame_encoder=False)
-
-    check_recipe(cfg)
     start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
@@ -271,7 +293,6 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
     # Filling fresh tensors with NaN is a debugging aid of deterministic mode, not part of it;
     # on CPU it costs a third of a step.
     torch.utils.deterministic.fill_uninitialized_memory = False
-    out = Path(cfg.out)
     write_tiny_checkpoint(
         out, seed=cfg.seed, policy_overrides=policy_overrides(cfg), **transformer_overrides(cfg)
     )
@@ -339,13 +360,5 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
         "train_wall_s": round(wall - (vae_at - start), 2), "wall_s": round(wall, 2),
         "torch": torch.__version__,
     }
-    (out / "train_log.json").write_text(json.dumps(log, indent=2))
+    write_text_atomic(out / TRAIN_LOG, json.dumps(log, indent=2))
     return log
-
-
-def run_train_command(cfg: TrainConfig, progress: bool = True) -> int:
-    """``cosmos3-gym train``: train, then say what was written."""
-    log = train(cfg, progress=progress)
-    print(f"wrote {cfg.out}: {log['num_samples']} samples, {cfg.steps} steps, final loss "
-          f"{log['final_loss']:.4f}, {log['wall_s']:.0f}s")
-    return 0

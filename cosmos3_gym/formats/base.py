@@ -9,7 +9,9 @@ observation contract the folder declares. ``cosmos3-gym inspect`` prints it, the
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,15 +48,13 @@ def inside(root: Path, path: Path, what: str) -> Path:
     return path
 
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-
-
-def safetensors_files(folder: Path) -> list[Path]:
+def safetensors_files(folder: Path, headers: Headers) -> list[Path]:
     """The weight files of ``folder``: the index's shards if there is one, else every file.
 
     Every shard an index names must lie inside ``folder`` (an entry such as ``../x`` or an
     absolute path is refused: a checkpoint reads nothing outside itself), and every file must be
-    a complete safetensors file (its header read here, so a truncated download is named now).
+    a complete safetensors file (its header read here, into ``headers``, so a truncated download
+    is named now and no later step reads the header again).
     """
     indexes = sorted(folder.glob("*.safetensors.index.json"))
     if len(indexes) > 1:
@@ -78,10 +78,12 @@ def safetensors_files(folder: Path) -> list[Path]:
             raise FileNotFoundError(
                 f"{indexes[0].name} lists shards missing from {folder}: {missing}"
             )
-        return [check_safetensors(p) for p in files]
-    files = sorted(folder.glob("*.safetensors"))
+    else:
+        files = sorted(folder.glob("*.safetensors"))
     if files:
-        return [check_safetensors(p) for p in files]
+        for path in files:
+            headers(path)
+        return files
     pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickled:
         raise ValueError(
@@ -91,37 +93,136 @@ def safetensors_files(folder: Path) -> list[Path]:
     raise FileNotFoundError(f"no *.safetensors weights in {folder}")
 
 
-def check_safetensors(path: Path) -> Path:
-    """``path`` if it is a complete safetensors file: its header parses and the file is as long
-    as the header says; else a ``ValueError`` naming it (a cut download, a wrong file)."""
-    size = path.stat().st_size
+def read_header(path: Path) -> dict[str, dict[str, Any]]:
+    """The tensor table of a safetensors file (name -> ``{"dtype", "shape", "data_offsets"}``),
+    from one read of its header, which also checks the file complete: the header parses and the
+    file is as long as the header says; else a ``ValueError`` naming it (a cut download, a wrong
+    file). A run reads each header once, through :class:`Headers`."""
+    return _read_safetensors(path)[0]
+
+
+# Bytes of each tensor's start and end a file's digest covers (Headers.digests).
+DIGEST_SAMPLE = 4096
+# Bytes per element of the safetensors dtypes: a tensor's shape must fill its data exactly.
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
+               "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def _pickle_kind(head: bytes) -> str | None:
+    """What pickle a file that starts with ``head`` is (``torch.save``'s zip archive, or a
+    plain pickle of protocol 2 to 5), else None.
+
+    >>> _pickle_kind(b"PK\\x03\\x04abcd"), _pickle_kind(b"\\x80\\x04\\x95..."), _pickle_kind(b"{}")
+    ('a torch.save archive (a zip of pickles)', 'a pickle', None)
+    """
+    if head.startswith(b"PK\x03\x04"):
+        return "a torch.save archive (a zip of pickles)"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return "a pickle"
+    return None
+
+
+class _BadEntry(Exception):
+    """A header entry that parses but cannot describe its bytes (its message is the error)."""
+
+
+def _check_entry(path: Path, name: str, entry: dict[str, Any]) -> None:
+    """A header entry whose shape fills its bytes (a shape of 2^62 x 2^62 elements in 4
+    bytes, which safetensors refuses only when the tensor is read, is named now)."""
+    start, stop = entry["data_offsets"]
+    shape = entry["shape"]
+    if start < 0 or stop < start or any(n < 0 for n in shape):
+        raise _BadEntry(f"{path}: tensor {name!r} has shape {shape} and data_offsets "
+                         f"{entry['data_offsets']}; expected sizes >= 0 and start <= end")
+    size = DTYPE_BYTES.get(entry["dtype"])
+    if size is None:
+        return  # a dtype newer than this table: safetensors checks it when it reads
+    need = size * math.prod(shape)
+    if need != stop - start:
+        raise _BadEntry(f"{path}: tensor {name!r} of shape {shape} ({entry['dtype']}) needs "
+                         f"{need} bytes; its header gives it {stop - start}; the file is "
+                         "damaged (download or copy it again)")
+
+
+def _read_safetensors(path: Path) -> tuple[dict[str, dict[str, Any]], str]:
+    """:func:`read_header`'s table, and a digest of the header and of each tensor's first and
+    last :data:`DIGEST_SAMPLE` bytes, from one open of the file."""
     try:
+        size = path.stat().st_size
         with open(path, "rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
+            head = f.read(8)
+            pickled = _pickle_kind(head)
+            if pickled is not None:
+                raise _BadEntry(
+                    f"{path} is {pickled}, not a safetensors file; cosmos3-gym never unpickles "
+                    "a file (unpickling can run code): convert it with safetensors' save_file, "
+                    "or fetch the folder's own file again")
+            header_len = int.from_bytes(head, "little")
             if size < 8 or header_len <= 0 or 8 + header_len > size:
                 raise ValueError("shorter than its header says")
-            header = json.loads(f.read(header_len))
-        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
-                  default=0)
-    except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as err:
+            raw = f.read(header_len)
+            header = json.loads(raw)
+            table = {k: {"dtype": v["dtype"], "shape": [int(n) for n in v["shape"]],
+                         "data_offsets": [int(n) for n in v["data_offsets"]]}
+                     for k, v in header.items() if k != "__metadata__"}
+            for name, entry in table.items():
+                _check_entry(path, name, entry)
+            end = max((entry["data_offsets"][1] for entry in table.values()), default=0)
+            if 8 + header_len + end > size:
+                raise EOFError(f"{path} is truncated: its header describes "
+                               f"{8 + header_len + end} bytes, the file has {size}; download "
+                               "or copy it again")
+            digest = hashlib.blake2b(raw, digest_size=8)
+            for entry in sorted(table.values(), key=lambda e: e["data_offsets"][0]):
+                start, stop = entry["data_offsets"]
+                for lo, hi in ((start, min(stop, start + DIGEST_SAMPLE)),
+                               (max(start, stop - DIGEST_SAMPLE), stop)):
+                    f.seek(8 + header_len + lo)
+                    digest.update(f.read(hi - lo))
+    except (EOFError, _BadEntry) as err:
+        raise ValueError(str(err)) from None
+    except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError,
+            AttributeError) as err:
         raise ValueError(f"{path} is not a complete safetensors file ({err}); expected the "
                          "whole file (download or copy it again)") from None
-    if 8 + header_len + end > size:
-        raise ValueError(f"{path} is truncated: its header describes {8 + header_len + end} "
-                         f"bytes, the file has {size}; download or copy it again")
-    return path
+    return table, digest.hexdigest()
 
 
-def read_header(path: Path) -> dict[str, dict[str, Any]]:
-    """The tensor table of a safetensors file (name -> ``{"dtype", "shape"}``), read from its
-    header alone; the file is checked complete first
-    (:func:`check_safetensors`)."""
-    check_safetensors(path)
-    with open(path, "rb") as f:
-        length = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(length))
-    return {k: {"dtype": v["dtype"], "shape": list(v["shape"])}
-            for k, v in header.items() if k != "__metadata__"}
+class Headers:
+    """The tensor tables of a checkpoint's safetensors files, each file's header read once:
+    one read of a folder (:func:`cosmos3_gym.formats.read_checkpoint`) makes one and hands it to
+    every part that needs a table (the weight files of each component, the check that every
+    tensor is claimed, ``inspect``'s summary).
+
+    >>> import tempfile, pathlib, json
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "w.safetensors"
+    >>> head = json.dumps({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    >>> _ = path.write_bytes(len(head).to_bytes(8, "little") + head + bytes(8))
+    >>> headers = Headers()
+    >>> headers(path)["a"]["shape"], headers(path) is headers(path), headers.reads
+    ([2], True, 1)
+    """
+
+    def __init__(self) -> None:
+        self._tables: dict[Path, dict[str, dict[str, Any]]] = {}
+        self._digests: dict[Path, str] = {}
+        self.reads = 0
+
+    def __call__(self, path: Path) -> dict[str, dict[str, Any]]:
+        path = Path(path)
+        table = self._tables.get(path)
+        if table is None:
+            table, self._digests[path] = _read_safetensors(path)
+            self._tables[path] = table
+            self.reads += 1
+        return table
+
+    def digests(self) -> dict[Path, str]:
+        """Each file read so far -> a digest of its header and of every tensor's first and
+        last bytes (what a run's weights fingerprint is made of: a fine-tune, which changes
+        every element of the tensors it trains, changes it; an edit confined to the middle of
+        one large tensor does not)."""
+        return dict(sorted(self._digests.items()))
 
 
 @dataclass(frozen=True)
@@ -138,13 +239,16 @@ class WeightFiles:
     files: tuple[Path, ...]
     rename: Callable[[str], str | None]
     mapping: str
+    # The headers of ``files``, read once for the whole checkpoint (components that share a file,
+    # as a LeRobot folder's transformer and VAE do, share its table).
+    headers: Headers = field(default_factory=Headers, compare=False, repr=False)
 
     def names(self) -> dict[str, tuple[Path, str]]:
         """Parameter name -> (file, the file's tensor name), from the headers alone; a name
         that two files (or two tensors) both give is an error naming both."""
         found: dict[str, tuple[Path, str]] = {}
         for path in self.files:
-            for key in read_header(path):
+            for key in self.headers(path):
                 name = self.rename(key)
                 if name is None:
                     continue
@@ -157,8 +261,8 @@ class WeightFiles:
 
     def shapes(self) -> dict[str, list[int]]:
         """Parameter name -> shape, from the headers alone."""
-        headers = {path: read_header(path) for path in self.files}
-        return {name: headers[path][key]["shape"] for name, (path, key) in self.names().items()}
+        return {name: self.headers(path)[key]["shape"]
+                for name, (path, key) in self.names().items()}
 
 
 @dataclass(frozen=True)
@@ -238,6 +342,10 @@ class CheckpointFolder:
     contract: ObservationContract | None = None
     ignored: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # The commit of a Hugging Face cache snapshot the folder is (None: a plain folder).
+    revision: str | None = None
+    # Every safetensors header the read parsed (the weights', the statistics'), each once.
+    headers: Headers = field(default_factory=Headers, compare=False, repr=False)
 
     def files(self) -> list[tuple[Path, int]]:
         """Every file of the folder (symbolic links followed, inside it only) with its size."""
@@ -250,7 +358,8 @@ class CheckpointFolder:
 
 
 def check_claimed(files: Iterable[Path], owners: Iterable[WeightFiles],
-                  ignore: Callable[[str], str | None], where: str) -> dict[str, int]:
+                  ignore: Callable[[str], str | None], where: str, headers: Headers
+                  ) -> dict[str, int]:
     """Every tensor of ``files`` belongs to one of ``owners`` or is one ``ignore`` names (it
     returns what the tensor is, or None); any other is an error naming the first ones. Returns
     the ignored tensors' counts by what they are."""
@@ -258,7 +367,7 @@ def check_claimed(files: Iterable[Path], owners: Iterable[WeightFiles],
     ignored: dict[str, int] = {}
     stray: list[str] = []
     for path in files:
-        for key in read_header(path):
+        for key in headers(path):
             if any(owner.rename(key) is not None for owner in owners):
                 continue
             what = ignore(key)

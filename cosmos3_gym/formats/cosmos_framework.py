@@ -23,7 +23,6 @@ exports"); in short (NVIDIA/cosmos-framework 5eee9ed, ``scripts/export_model.py`
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 from cosmos3_gym.formats.base import (
     PICKLE_SUFFIXES,
     CheckpointFolder,
+    Headers,
     WeightFiles,
     check_claimed,
     inside,
@@ -267,7 +267,8 @@ def transformer_config(shapes: dict[str, list[int]], model: dict[str, Any], wher
     return config, source
 
 
-def read(root: Path, *, vae: str | Path | None = None) -> CheckpointFolder:
+def read(root: Path, raw: dict[str, Any], headers: Headers, *, vae: str | Path | None = None
+         ) -> CheckpointFolder:
     """A cosmos-framework export, checked: the index's shards present and complete, every
     tensor mapped or knowingly skipped, the generator's config derived, a VAE given."""
     from cosmos3_gym.formats import SHIPPED
@@ -276,19 +277,19 @@ def read(root: Path, *, vae: str | Path | None = None) -> CheckpointFolder:
     from cosmos3_gym.model.config import Cosmos3Config
 
     path = inside(root, root / CONFIG, "config")
-    raw = read_json_object(path, what="cosmos-framework config.json")
     model = raw.get("model")
     if not isinstance(model, dict):
         raise ValueError(f"{path}: no \"model\" section (a cosmos-framework export's config.json "
                          "has one)")
-    files = tuple(inside(root, p, "weights") for p in safetensors_files(root))
+    files = tuple(inside(root, p, "weights") for p in safetensors_files(root, headers))
     weights = WeightFiles(files, diffusers_name,
-                          f"{PREFIX}* renamed as cosmos-framework's diffusers conversion does")
+                          f"{PREFIX}* renamed as cosmos-framework's diffusers conversion does",
+                          headers=headers)
 
     def skipped(key: str) -> str | None:
         return "vision tower (ViT)" if key.startswith(PREFIX + VISUAL) else None
 
-    ignored = check_claimed(files, (weights,), skipped, str(root))
+    ignored = check_claimed(files, (weights,), skipped, str(root), headers)
     config_raw, source = transformer_config(weights.shapes(), model, str(path))
     transformer = Cosmos3Config.from_dict(config_raw, source=f"{path} (derived)", strict=True)
     if vae is None:
@@ -309,7 +310,7 @@ def read(root: Path, *, vae: str | Path | None = None) -> CheckpointFolder:
     if not vae_path.is_dir():
         raise FileNotFoundError(f"--vae {vae}: no such folder (expected a diffusers "
                                 "AutoencoderKLWan folder)")
-    vae_config, vae_weights = vae_folder(vae_path, vae_path, "--vae")
+    vae_config, vae_weights = vae_folder(vae_path, vae_path, "--vae", headers)
     if int(vae_config.get("z_dim", 16)) != transformer.latent_channel:
         raise ValueError(f"--vae {vae}: its z_dim {vae_config.get('z_dim')} latent channels do "
                          f"not fit the export's {transformer.latent_channel} (the Wan2.2 VAE "
@@ -346,10 +347,9 @@ def write_export(directory: str | Path, *, transformer: Any, tokenizer_dir: Path
     root and, with ``vision_tower``, a few ``language_model.visual.*`` tensors as Nano's export
     carries its ViT. For tests and the GPU session; cosmos-framework's own exporter needs a
     training checkpoint and a GPU (docs/checkpoints.md)."""
-    import shutil
-
     import torch
-    from safetensors.torch import save_file
+
+    from cosmos3_gym.jsonio import copy_file_atomic, save_safetensors, write_json_atomic
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -379,8 +379,7 @@ def write_export(directory: str | Path, *, transformer: Any, tokenizer_dir: Path
                                      "mrope_interleaved": True}}}},
         },
     }
-    (directory / CONFIG).write_text(json.dumps({"model_type": MODEL_TYPE, "model": model},
-                                               indent=2))
+    write_json_atomic(directory / CONFIG, {"model_type": MODEL_TYPE, "model": model})
     state = {export_name(k): v.detach().contiguous().cpu()
              for k, v in transformer.state_dict().items()}
     state.setdefault(PREFIX + LM_HEAD + "weight", torch.zeros(c.vocab_size, c.hidden_size))
@@ -394,9 +393,9 @@ def write_export(directory: str | Path, *, transformer: Any, tokenizer_dir: Path
     for k in range(shards):
         part = names[k * per:(k + 1) * per]
         file = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
-        save_file({n: state[n] for n in part}, str(directory / file))
+        save_safetensors({n: state[n] for n in part}, directory / file)
         weight_map.update({n: file for n in part})
-    (directory / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    write_json_atomic(directory / INDEX, {"metadata": {}, "weight_map": weight_map})
     for file in sorted(Path(tokenizer_dir).iterdir()):
-        shutil.copy2(file, directory / file.name)
+        copy_file_atomic(file, directory / file.name)
     return directory

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cosmos3_gym.checkpoint import MODEL_INDEX, TEXT_TOKENIZER, TRANSFORMER, VAE
-from cosmos3_gym.formats.base import CheckpointFolder, WeightFiles, inside
+from cosmos3_gym.formats.base import CheckpointFolder, Headers, WeightFiles, inside
 from cosmos3_gym.formats.convert import CONTRACT, read_contract
 from cosmos3_gym.jsonio import read_json_object
 
@@ -26,16 +26,18 @@ def is_diffusers_folder(root: Path) -> bool:
         root / MODEL_INDEX).is_file()
 
 
-def component_weights(folder: Path, root: Path) -> WeightFiles:
+def component_weights(folder: Path, root: Path, headers: Headers) -> WeightFiles:
     """A diffusers component folder's safetensors, names as they are."""
     from cosmos3_gym.formats.base import safetensors_files
 
-    files = tuple(inside(root, p, "weights") for p in safetensors_files(folder))
+    files = tuple(inside(root, p, "weights") for p in safetensors_files(folder, headers))
     return WeightFiles(files, rename=lambda key: key,
-                       mapping=f"{folder.relative_to(root)}/*.safetensors, names as they are")
+                       mapping=f"{folder.relative_to(root)}/*.safetensors, names as they are",
+                       headers=headers)
 
 
-def vae_folder(folder: Path, root: Path, what: str) -> tuple[dict, WeightFiles]:
+def vae_folder(folder: Path, root: Path, what: str, headers: Headers
+               ) -> tuple[dict, WeightFiles]:
     """An ``AutoencoderKLWan`` folder's ``config.json`` and weights."""
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{what} {folder} has no config.json (expected a diffusers "
@@ -46,10 +48,10 @@ def vae_folder(folder: Path, root: Path, what: str) -> tuple[dict, WeightFiles]:
     if name is not None and name != "AutoencoderKLWan":
         raise ValueError(f"{folder / 'config.json'}: _class_name is {name!r}; expected "
                          "'AutoencoderKLWan' (the Wan VAE Cosmos3 uses)")
-    return config, component_weights(folder, root)
+    return config, component_weights(folder, root, headers)
 
 
-def read(root: Path) -> CheckpointFolder:
+def read(root: Path, headers: Headers) -> CheckpointFolder:
     """A diffusers-layout folder, checked: every component present, configs and weights
     complete, nothing read from outside the folder."""
     from cosmos3_gym.model.config import Cosmos3Config
@@ -60,7 +62,7 @@ def read(root: Path) -> CheckpointFolder:
                                 f"{TRANSFORMER}/, {VAE}/ and {TEXT_TOKENIZER}/)")
     config_path = inside(root, root / TRANSFORMER / "config.json", "transformer config")
     transformer = Cosmos3Config.from_json_file(config_path)
-    vae_config, vae_weights = vae_folder(root / VAE, root, "the VAE folder")
+    vae_config, vae_weights = vae_folder(root / VAE, root, "the VAE folder", headers)
     kind = None
     if (root / MODEL_INDEX).is_file():
         kind = read_json_object(inside(root, root / MODEL_INDEX, "model index"),
@@ -74,7 +76,7 @@ def read(root: Path) -> CheckpointFolder:
     return CheckpointFolder(
         root=root, format="diffusers", kind=kind, transformer=transformer,
         transformer_source=f"{TRANSFORMER}/config.json",
-        transformer_weights=component_weights(root / TRANSFORMER, root),
+        transformer_weights=component_weights(root / TRANSFORMER, root, headers),
         vae_config=vae_config, vae_weights=vae_weights, vae_source=f"{VAE}/",
         tokenizer=tokenizer, tokenizer_source=f"{TEXT_TOKENIZER}/", contract=contract,
     )

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from cosmos3_gym.checkpoint import PolicyConfig
-from cosmos3_gym.formats.base import CheckpointFolder, read_header
+from cosmos3_gym.formats.base import CheckpointFolder
 
 
 def _size(nbytes: float) -> str:
@@ -26,7 +26,7 @@ def _parameters(folder: CheckpointFolder) -> str:
 def _dtypes(folder: CheckpointFolder) -> str:
     counts: dict[str, int] = {}
     for path in folder.transformer_weights.files:
-        for key, entry in read_header(path).items():
+        for key, entry in folder.transformer_weights.headers(path).items():
             if folder.transformer_weights.rename(key) is not None:
                 counts[entry["dtype"]] = counts.get(entry["dtype"], 0) + 1
     return ", ".join(f"{n} {d}" for d, n in sorted(counts.items()))

@@ -14,16 +14,21 @@ import torch
 
 from cosmos3_gym import checkpoint as layout
 from cosmos3_gym.checkpoint import PolicyConfig
-from cosmos3_gym.formats import CheckpointFolder, ObservationContract, contract_of
+from cosmos3_gym.formats import (
+    CheckpointFolder,
+    ObservationContract,
+    contract_of,
+    resolve_checkpoint,
+)
 from cosmos3_gym.model import Cosmos3Transformer
-from cosmos3_gym.pipeline.admission import admit
+from cosmos3_gym.pipeline.admission import admit, nonfinite
 from cosmos3_gym.pipeline.normalization import ActionStats, normalize_actions
 from cosmos3_gym.pipeline.options import InferenceOptions
 from cosmos3_gym.pipeline.output import ActionOutput
 from cosmos3_gym.pipeline.preprocess import plan_canvas
 from cosmos3_gym.pipeline.prompt import load_tokenizer
 from cosmos3_gym.pipeline.prompt_cache import PromptCache
-from cosmos3_gym.pipeline.sampling import DETERMINISTIC_SAMPLER
+from cosmos3_gym.pipeline.sampling import DETERMINISTIC_SAMPLER, unscorable
 from cosmos3_gym.pipeline.sde import (
     StochasticRecord,
     stochastic_sampling,
@@ -93,6 +98,9 @@ class Cosmos3ActionPipeline:
             )
         self.transformer, self.vae, self.tokenizer = transformer, vae, tokenizer
         self.policy = policy
+        # The transformer's weights digest when it was loaded from ``checkpoint``
+        # (from_pretrained sets it): None, or for a pipeline made otherwise.
+        self.loaded_weights: str | None = None
         self.contract = contract
         self.checkpoint = checkpoint
         self.max_batch_size = max_batch_size
@@ -179,7 +187,7 @@ class Cosmos3ActionPipeline:
     @classmethod
     def from_pretrained(
         cls,
-        path: str | Path,
+        path: str | Path | CheckpointFolder,
         device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None,
         max_batch_size: int | None = None,
@@ -193,7 +201,10 @@ class Cosmos3ActionPipeline:
         vae: str | Path | None = None,
         tokenizer: str | Path | None = None,
     ) -> Cosmos3ActionPipeline:
-        """Load a Cosmos3 checkpoint folder as downloaded, or the name of a shipped checkpoint.
+        """Load a Cosmos3 checkpoint: a folder as downloaded, the name of a shipped checkpoint, a
+        Hugging Face repository id (``org/name[@revision]``, from the local cache first), or a
+        folder already read (:func:`cosmos3_gym.formats.read_checkpoint`), which is not read
+        again.
 
         The format is told from the files (:mod:`cosmos3_gym.formats`): a diffusers folder
         (``transformer/``, ``vae/``, ``text_tokenizer/``), a LeRobot policy folder
@@ -227,12 +238,19 @@ class Cosmos3ActionPipeline:
         :func:`~cosmos3_gym.pipeline.chunk_log_prob` run on those same weights.
         """
         from cosmos3_gym.devices import resolve_device, resolve_dtype
-        from cosmos3_gym.formats import read_checkpoint
-        from cosmos3_gym.model.weights import build_transformer, build_vae
+        from cosmos3_gym.formats import check_loads, read_checkpoint
+        from cosmos3_gym.model.weights import TensorFiles, build_transformer, build_vae
 
         # Everything that can be known without the weights, checked first: configs, files
         # complete, every tensor name accounted for, the policy and its statistics.
-        folder = read_checkpoint(path, vae=vae, tokenizer=tokenizer)
+        if isinstance(path, CheckpointFolder):
+            if vae is not None or tokenizer is not None:
+                raise ValueError("vae= and tokenizer= are read with the folder: pass them to "
+                                 "read_checkpoint, not with a folder already read")
+            folder = path
+        else:
+            folder = read_checkpoint(path, vae=vae, tokenizer=tokenizer)
+        check_loads(folder)  # what inspect and convert check: tokenizer files, tensor headers
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         options = options or InferenceOptions()
@@ -251,17 +269,24 @@ class Cosmos3ActionPipeline:
             policy = replace(policy, stats=action_stats)
         layout.check_statistics_present(policy, folder.format, folder.root)
         text_tokenizer = load_tokenizer(folder.tokenizer)
-        transformer = build_transformer(Cosmos3Transformer, folder.transformer,
-                                        folder.transformer_weights, device=device, dtype=dtype)
+        with TensorFiles(device) as files:  # a file two components share is opened once
+            transformer = build_transformer(Cosmos3Transformer, folder.transformer,
+                                            folder.transformer_weights, device=device,
+                                            dtype=dtype, files=files)
+            vae_model = build_vae(folder.vae_config, folder.vae_weights, device=device,
+                                  files=files)
         _prepare_transformer(transformer, options)
         if trainable:
             transformer.train().requires_grad_(True)
-        vae_model = build_vae(folder.vae_config, folder.vae_weights, device=device)
         contract = contract_of(folder, policy.domain_name)
-        return cls(
+        pipe = cls(
             transformer, vae_model, text_tokenizer, policy, max_batch_size=max_batch_size,
             options=options, contract=contract, checkpoint=folder,
         )
+        # The weights as loaded: while the transformer still holds them, a run names this
+        # pipeline's weights by its folder (cosmos3_gym.source.ModelSource.fingerprint).
+        pipe.loaded_weights = weights_digest(transformer)
+        return pipe
 
     @classmethod
     def from_preset(
@@ -293,7 +318,7 @@ class Cosmos3ActionPipeline:
         transformer = random_transformer(preset, device=device, dtype=dtype, seed=seed)
         _prepare_transformer(transformer, options)
         vae = random_vae(vae_preset(preset), device=device, seed=seed + 1)
-        tokenizer = load_tokenizer(layout.resolve_checkpoint("tiny") / layout.TEXT_TOKENIZER)
+        tokenizer = load_tokenizer(resolve_checkpoint("tiny") / layout.TEXT_TOKENIZER)
         return cls(
             transformer, vae, tokenizer, policy, max_batch_size=max_batch_size, options=options
         )
@@ -366,22 +391,15 @@ class Cosmos3ActionPipeline:
             state_rows = self._state_rows(state, count)
             interval = self.policy.guidance_interval if guidance_interval is None else (
                 layout.check_guidance_interval(guidance_interval))
-            # The log-probability recomputation (sde.chunk_log_prob) guides every step and
-            # knows no state rows, so a stochastic chunk with either could not be scored.
-            unscorable = [what for what, used in (
-                (f"state rows (history_length {self.history_length})", state_rows is not None),
-                (f"a guidance interval {interval}", interval is not None and float(
-                    self.policy.guidance_scale if guidance_scale is None else guidance_scale
-                ) != 1.0),
-            ) if used]
-            if self.policy.scheduler_config is not None:
-                unscorable.append("a diffusers scheduler (this checkpoint's scheduler_config; the "
-                                  "stochastic steps are defined on the official FlowUniPC)")
-            if sampler != DETERMINISTIC_SAMPLER and unscorable:
-                raise ValueError(
-                    f"sampler {sampler!r} does not take {' and '.join(unscorable)} yet; use the "
-                    f"deterministic {DETERMINISTIC_SAMPLER!r}"
-                )
+            if sampler != DETERMINISTIC_SAMPLER:
+                cannot = unscorable(
+                    self.policy, state_rows=state_rows is not None, guidance_interval=interval,
+                    guidance_scale=(self.policy.guidance_scale if guidance_scale is None
+                                    else guidance_scale))
+                if cannot:
+                    raise ValueError(
+                        f"sampler {sampler!r} does not take {' and '.join(cannot)} yet; use the "
+                        f"deterministic {DETERMINISTIC_SAMPLER!r}")
             params = SamplingParams(
                 num_inference_steps=_positive_int(
                     "num_inference_steps", num_inference_steps, self.policy.num_inference_steps
@@ -474,12 +492,13 @@ class Cosmos3ActionPipeline:
         if isinstance(state, torch.Tensor):
             state = state.detach().cpu().numpy()
         array = np.asarray(state)
-        if (array.dtype.kind != "f" or array.shape != (count, rows, width)
-                or not np.isfinite(array).all()):
+        if array.dtype.kind != "f" or array.shape != (count, rows, width):
             raise ValueError(
                 f"state: expected finite float [{count}, {rows}, {width}] (B, history_length, "
                 f"state width); found {array.dtype} {list(array.shape)}"
             )
+        if not np.isfinite(array).all():
+            raise ValueError(f"state: expected finite numbers; found {nonfinite(array)}")
         array = array.astype(np.float32)
         mode = self.policy.state_normalization
         if mode is None and self.decode.stats is not None:  # like the actions

@@ -159,15 +159,18 @@ def step_noise(seed: int, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.from_numpy(rng.standard_normal(shape).astype(np.float32))
 
 
-def weights_digest(model: torch.nn.Module) -> str:
+def weights_digest(model: torch.nn.Module, *, cached: bool = True) -> str:
     """SHA-256 (first 16 hex digits) over the model's parameters and buffers, by name, dtype,
     shape and bytes; cached until a tensor changes (``_version`` counters), so sampling pays it
-    once per weight update (reading every weight once: seconds for a multi-GB checkpoint)."""
+    once per weight update (reading every weight once: seconds for a multi-GB checkpoint).
+    ``cached=False`` reads every weight again: a change made through ``tensor.data`` does not
+    move the version counters, so what must not miss any change (a run folder's identity, once
+    per evaluation) computes it afresh."""
     tensors = [*model.named_parameters(), *model.named_buffers()]
     key = tuple((name, t.data_ptr(), t._version) for name, t in tensors)
-    cached = getattr(model, "_cosmos3_weights_digest", None)
-    if cached is not None and cached[0] == key:
-        return cached[1]
+    previous = getattr(model, "_cosmos3_weights_digest", None)
+    if cached and previous is not None and previous[0] == key:
+        return previous[1]
     h = hashlib.sha256()
     for name, t in sorted(tensors, key=lambda item: item[0]):
         data = t.detach().contiguous().cpu()

@@ -27,6 +27,7 @@ from cosmos3_gym.policy.adapters import (
 )
 from cosmos3_gym.policy.observations import (
     Observation,
+    as_env_batch,
     batch_size,
     shapes,
     take_envs,
@@ -283,8 +284,10 @@ class VectorPolicy:
         takes the policy's root ``seed`` for every env, so the chunk is a function of the
         observation, prompt and noise alone (what LeRobot's ``noise`` argument means). To replay
         a recorded chunk of every env, pass both from its record:
-        ``action_noise=record.action_noise, seeds=record.seeds``.
+        ``action_noise=record.action_noise, seeds=record.seeds``. One image ``[H, W, C]`` is
+        one env's observation (B = 1), as the pipeline reads it.
         """
+        obs = as_env_batch(obs)
         num_envs = self._check_num_envs(batch_size(obs))
         tasks = self._resolve_tasks(prompts, num_envs, obs)
         if action_noise is not None:
@@ -305,8 +308,10 @@ class VectorPolicy:
         observation is a stale final one (docs/design.md, "The policy"), or whose episode was ended
         with :meth:`end_episodes`, gets a zero placeholder and is not planned for. ``video``
         (one bool per env) asks the chunks planned for those envs to decode their predicted
-        future too (``last_chunk_record.video``); no action changes.
+        future too (``last_chunk_record.video``); no action changes. One image ``[H, W, C]``
+        is one env's observation (B = 1).
         """
+        obs = as_env_batch(obs)
         num_envs = self._check_num_envs(batch_size(obs))
         tasks = self._resolve_tasks(prompts, num_envs, obs)
         if video is not None:

@@ -99,18 +99,19 @@ def load_vector_policy(config: Cosmos3GymConfig) -> VectorPolicy:
     """The VectorPolicy ``config`` describes: its checkpoint loaded as ``cosmos3-gym eval``
     loads one (``--device``, ``--precision``, ``--domain``, ``--recipe``, ``--action-stats``)."""
     from cosmos3_gym.devices import resolve_device, resolve_precision
-    from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions
+    from cosmos3_gym.pipeline import InferenceOptions
+    from cosmos3_gym.settings import ModelSettings
+    from cosmos3_gym.source import read_model_source
 
     if config.checkpoint is None:
         raise ValueError("the cosmos3_gym policy needs a checkpoint (--policy.checkpoint=tiny or "
                          "a folder) or a VectorPolicy (make_lerobot_policy)")
+    source = read_model_source(ModelSettings(
+        checkpoint=config.checkpoint, domain=config.domain, recipe=config.recipe,
+        action_stats=config.action_stats))
     device = resolve_device(config.device or "auto")
     dtype, fp8 = resolve_precision(config.precision, device)
-    pipeline = Cosmos3ActionPipeline.from_pretrained(
-        config.checkpoint, device=device, dtype=dtype, domain=config.domain,
-        recipe=config.recipe, action_stats=config.action_stats,
-        options=InferenceOptions(fp8=fp8),
-    )
+    pipeline = source.load(device=device, dtype=dtype, options=InferenceOptions(fp8=fp8))
     adapter = {} if config.adapter is None else {"adapter": config.adapter}
     return VectorPolicy(pipeline, n_action_steps=config.n_action_steps, seed=config.seed,
                         **adapter, **config.sampler_settings())
