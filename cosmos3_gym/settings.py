@@ -116,7 +116,7 @@ def json_object(text: str) -> dict[str, Any]:
 
 def env_name(text: str) -> str:
     """A name of the env table (``EVAL_ENVS``), a benchmark preset, or ``gym:ID``."""
-    from cosmos3_gym.envs.families import check_env_name
+    from cosmos3_gym.envs.names import check_env_name
 
     return check_env_name(text)
 
@@ -430,7 +430,7 @@ class EnvSettings:
 
     def env_options(self) -> dict[str, Any]:
         """What :func:`~cosmos3_gym.envs.make_eval_env` takes of these settings."""
-        from cosmos3_gym.envs.families import GYM_OPTIONS
+        from cosmos3_gym.envs.names import GYM_OPTIONS
 
         base = ("suite", "tasks", "image_size", "max_episode_steps", "step_budget")
         return {name: getattr(self, name) for name in (*base, *GYM_OPTIONS)}
@@ -439,7 +439,7 @@ class EnvSettings:
         """The env family these settings name (:func:`~cosmos3_gym.envs.make_eval_env`), with
         ``changes`` over :meth:`env_options`: every command builds its env here, so none drops
         a setting."""
-        from cosmos3_gym.envs.families import make_eval_env
+        from cosmos3_gym.envs.names import make_eval_env
 
         return make_eval_env(self.env, **{**self.env_options(), **changes})
 

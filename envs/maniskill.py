@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from .families import GymEval
 from .gym import Variant, import_env_modules, per_env_prompts
+from .gym_eval import GymEval
 from .success import SuccessRule
 
 CPU_WRAPPER = "mani_skill.utils.wrappers.gymnasium:CPUGymWrapper"

@@ -6,7 +6,7 @@ a :class:`Preset` names its variants (each an env id with its instruction and bu
 modules that register them, the camera key(s), frame size and flips, the action map, the success
 rule, and the package versions CI runs it with. Every command that takes ``--env`` resolves
 these names here (:func:`split_preset_name`, :func:`preset_eval_env`, through
-:func:`~cosmos3_gym.envs.families.make_eval_env`); options given on the command line (``--prompt``,
+:func:`~cosmos3_gym.envs.names.make_eval_env`); options given on the command line (``--prompt``,
 ``--success``, ``--image-key``, ``--render-size``, ``--flip``, ``--action-map``,
 ``--max-episode-steps``, ``--tasks`` to pick variants) override the preset's.
 
@@ -18,12 +18,21 @@ entry of :data:`PRESETS`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .gym import Variant
-from .metaworld import METAWORLD_MT10, METAWORLD_TASK_DESCRIPTIONS, METAWORLD_TASKS
+from .gym_eval import GymEval
+from .maniskill import ManiSkillEval
+from .metaworld import (
+    METAWORLD_MT10,
+    METAWORLD_TASK_DESCRIPTIONS,
+    METAWORLD_TASKS,
+    MetaWorldEval,
+)
+from .success import parse_success
 
 # Meta-World's benchmark task lists (metaworld 3.0's ML10 / ML45 train and test classes; a test
 # checks them against the package).
@@ -77,7 +86,10 @@ class Preset:
         for v in self.variants:
             if v.task == task:
                 return v
-        raise ValueError(f"--env {self.name}:{task}: {self.name} has no variant {task!r}; "
+        choices = [*(v.task for v in self.variants), *self.sets]
+        close = difflib.get_close_matches(task, choices, n=1, cutoff=0.6)
+        hint = f" (did you mean {self.name}:{close[0]}?)" if close else ""
+        raise ValueError(f"--env {self.name}:{task}: {self.name} has no variant {task!r}{hint}; "
                          f"expected one of {[v.task for v in self.variants]}"
                          f"{' or a set: ' + ', '.join(self.sets) if self.sets else ''}")
 
@@ -268,12 +280,9 @@ def split_preset_name(text: str) -> tuple[Preset, str | None] | None:
 
 def preset_eval_env(text: str, *, suite: str | None = None, tasks: list[str] | None = None,
                     image_size: int | None = None, max_episode_steps: int | None = None,
-                    step_budget: str | None = None, **options: Any) -> Any:
+                    step_budget: str | None = None, **options: Any) -> GymEval | MetaWorldEval:
     """The env family ``--env NAME[:SELECTOR]`` names, with the command line's ``options``
-    (:data:`~cosmos3_gym.envs.families.GYM_OPTIONS`) over the preset's own."""
-    from .families import GymEval, MetaWorldEval
-    from .maniskill import ManiSkillEval
-
+    (:data:`~cosmos3_gym.envs.names.GYM_OPTIONS`) over the preset's own."""
     found = split_preset_name(text)
     if found is None:
         raise ValueError(f"--env {text!r}: no such preset; expected one of {list(PRESETS)}")
@@ -323,8 +332,6 @@ def preset_eval_env(text: str, *, suite: str | None = None, tasks: list[str] | N
 
 
 def _rule(preset: Preset) -> Any:
-    from .success import parse_success
-
     return parse_success(preset.success, f"preset {preset.name} ({preset.success_why})")
 
 
@@ -341,12 +348,6 @@ def _with_prompts(text: str, variants: list[Variant], prompt: str | dict[str, st
         raise ValueError(f"--prompt: --env {text} has no variants {unknown}; its variants: "
                          f"{[v.task for v in variants]}")
     return [dataclasses.replace(v, prompt=prompt.get(v.task, v.prompt)) for v in variants]
-
-
-def preset_command(preset: Preset) -> str:
-    """The one command that runs ``preset`` end to end on a CPU (docs/presets.md)."""
-    return (f"cosmos3-gym eval --env {preset.name} --synthetic tiny --trials 1 --num-envs 1 "
-            f"--max-episode-steps 8 --out runs/{preset.name}")
 
 
 def presets_markdown() -> str:

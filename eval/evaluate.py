@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from cosmos3_gym.envs import Episode, EvalEnv, canonical_suites
+from cosmos3_gym.envs.names import upgrade_env_identity
 from cosmos3_gym.eval import protocol as protocols
 from cosmos3_gym.eval import results as results_io
 from cosmos3_gym.eval.distributed import (
@@ -209,6 +210,8 @@ def upgrade_identity(stored: dict[str, Any], current: dict[str, Any]) -> dict[st
         out.setdefault(key, value)
     if str(out.get("env", "")).startswith("maniskill"):  # before GPU simulation was chosen
         out.setdefault("simulation", {"sim_backend": "physx_cpu", "vector_env": "sub_envs"})
+    if isinstance(out.get("eval_env"), dict):  # an env handed to evaluate(..., eval_env=...)
+        out["eval_env"] = upgrade_env_identity(out["eval_env"])
     return out
 
 
@@ -528,6 +531,7 @@ class Evaluator:
             "init_state_id": ep.init_state_id,
             "seed": ep.seed,
             "reset_options": self.eval_env.reset_options(ep),
+            "prompt": result.prompt,
             "obs_sha256": result.obs_sha256,
             "steps": result.steps,
             "return": result.total_reward,

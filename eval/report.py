@@ -196,7 +196,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
 
         stored = {}
         config = json.loads(config_path.read_text(encoding="utf-8"))["identity"]
-        from cosmos3_gym.envs.families import GYM_OPTIONS
+        from cosmos3_gym.envs.names import GYM_OPTIONS
 
         eval_env = make_eval_env(
             config["env"], suite=config["suite"], tasks=config["tasks"],

@@ -214,6 +214,32 @@ def test_no_module_imports_itself_through_others_when_it_loads() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+# The env families, each beside its env or in its own file; the base class every family
+# subclasses; the name table that knows them all (envs/names.py).
+ENVS_BASE = "cosmos3_gym.envs.base"
+ENVS_NAMES = "cosmos3_gym.envs.names"
+ENV_FAMILIES = ("cosmos3_gym.envs.color_reach", "cosmos3_gym.envs.libero_eval",
+                "cosmos3_gym.envs.metaworld", "cosmos3_gym.envs.gym_eval",
+                "cosmos3_gym.envs.maniskill", "cosmos3_gym.envs.presets")
+
+
+def test_the_envs_import_one_way_base_then_families_then_the_name_table() -> None:
+    """``base <- families (and presets) <- names``: the base class knows no family, no family or
+    preset imports the name table (at load time or later), and the name table imports every
+    family (a new one is an entry there, not an import back from it)."""
+    graph = import_graph()
+    found = modules("envs")
+    assert set(ENV_FAMILIES) | {ENVS_BASE, ENVS_NAMES} <= set(found)
+    envs_modules = {name for name in found if name != "cosmos3_gym.envs"}
+    assert sorted(graph[ENVS_BASE] & envs_modules) == ["cosmos3_gym.envs.success"]
+    for family in ENV_FAMILIES:
+        assert ENVS_BASE in graph[family] or "cosmos3_gym.envs.gym_eval" in graph[family], family
+    back = sorted(f"{name} imports {target}" for name in envs_modules - {ENVS_NAMES}
+                  for target in imports(name, found[name]) if target.startswith(ENVS_NAMES))
+    assert back == []
+    assert {f for f in ENV_FAMILIES if f != "cosmos3_gym.envs.maniskill"} <= graph[ENVS_NAMES]
+
+
 # The modules the command line imports before it has checked what it was given: none of them may
 # import torch, diffusers or transformers when it loads (tests/test_cli_answers_at_once.py runs
 # the commands themselves).

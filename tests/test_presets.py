@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cosmos3_gym.envs.families import GymEval, MetaWorldEval, check_env_name, make_eval_env
+from cosmos3_gym.envs.gym_eval import GymEval
+from cosmos3_gym.envs.metaworld import MetaWorldEval
+from cosmos3_gym.envs.names import check_env_name, make_eval_env
 from cosmos3_gym.envs.presets import PRESETS, presets_markdown, split_preset_name
 from cosmos3_gym.envs.robotics import robosuite_unavailable
 from cosmos3_gym.eval.cli import main
@@ -102,6 +104,28 @@ def test_names_selections_and_overrides_resolve_in_one_place() -> None:
         PRESETS["aloha"].select(None, ["x"])
     opened = PRESETS["maniskill"].select("PegInsertionSide-v1")
     assert opened[0].env_id == "PegInsertionSide-v1" and opened[0].prompt is None
+
+
+def test_a_mistyped_env_name_is_answered_with_the_closest_known_one(tmp_path, capsys) -> None:
+    """Families, presets and their variants and sets: the one known name closest to a typo,
+    before anything runs (the command line parses --env with check_env_name)."""
+    for typo, meant in (("colour_reach", "color_reach"), ("pushtt", "pusht"),
+                        ("libro", "libero"), ("alohaa:insertion", "aloha:insertion")):
+        with pytest.raises(ValueError, match=rf"^unknown env '{typo}' \(did you mean {meant}\?\); "
+                                             "expected one of color_reach, libero, metaworld"):
+            check_env_name(typo)
+    for typo, meant in (("aloha:insertoin", "aloha:insertion"),
+                        ("metaworld:mt1O", "metaworld:mt10"), ("panda:reach,stak", "panda:stack")):
+        with pytest.raises(ValueError, match=rf"has no variant '\w+' \(did you mean {meant}\?\)"):
+            check_env_name(typo)
+    with pytest.raises(ValueError, match=r"^unknown env 'mujoco'; expected one of"):  # none close
+        check_env_name("mujoco")
+    assert check_env_name("maniskill:PegInsertionSide-v1") == "maniskill:PegInsertionSide-v1"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--env", "pushtt", "--synthetic", "tiny", "--out", str(tmp_path / "out")])
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert exit_info.value.code == 2 and "unknown env 'pushtt' (did you mean pusht?)" in last
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.gym

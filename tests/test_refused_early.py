@@ -103,7 +103,7 @@ def test_maniskill_without_a_vulkan_driver_is_one_line_with_the_fix(tmp_path, ca
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert len(errors) == 1 and "ErrorIncompatibleDriver" in errors[0], done.stderr
         assert "mesa-vulkan-drivers" in errors[0] and not out.exists()
-    from cosmos3_gym.envs.families import GymEval
+    from cosmos3_gym.envs.gym_eval import GymEval
 
     def no_driver(self, *args, **kwargs):
         raise RuntimeError("vk::createInstanceUnique: ErrorIncompatibleDriver")

@@ -61,10 +61,6 @@ class ActionQueues:
             self._actions[env] = record.actions[row, :steps].copy()
             self._sources[env] = ActionSource(record, row, 0)
 
-    def peek(self, env: int) -> np.ndarray:
-        """The next action of ``env``, left in its queue."""
-        return self._actions[env][0]
-
     def pop(self, env: int) -> tuple[np.ndarray, ActionSource]:
         """The next action of ``env`` and where it came from."""
         action, self._actions[env] = self._actions[env][0], self._actions[env][1:]

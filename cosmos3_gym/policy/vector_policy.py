@@ -628,7 +628,7 @@ class PolicyFeed(ForwardingVectorWrapper):
         obs, info = self.env.reset(seed=seed, options=None if options is None else dict(options))
         self._refresh_tasks(mask)
         self._pending_reset[mask] = False
-        self.policy._begin_episodes(mask)
+        self.policy.reset(mask)
         return obs, info
 
     def step(self, actions: Any) -> tuple[Observation, Any, Any, Any, dict[str, Any]]:
@@ -638,14 +638,14 @@ class PolicyFeed(ForwardingVectorWrapper):
             restarted, self._pending_reset = self._pending_reset, done.copy()
             if restarted.any():  # this step was their reset step: obs is the new episode's
                 self._refresh_tasks(restarted)
-                self.policy._begin_episodes(restarted)
+                self.policy.reset(restarted)
             if done.any():  # obs is the final one; the next action is ignored
-                self.policy._end_episodes(done)
+                self.policy.end_episodes(done)
         elif self.autoreset_mode == AutoresetMode.SAME_STEP:
             if done.any():  # obs is already the new episode's
                 self._refresh_tasks(done)
-                self.policy._begin_episodes(done)
+                self.policy.reset(done)
         elif done.any():  # DISABLED: stale until the caller resets these envs
-            self.policy._end_episodes(done)
+            self.policy.end_episodes(done)
         return obs, rewards, terminations, truncations, info
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cosmos3_gym.envs.families import Episode, EvalEnv, derive_seed
+from cosmos3_gym.envs.base import Episode, EvalEnv, derive_seed
 from cosmos3_gym.policy.planner import SeedRule, chunk_seed
 
 
@@ -115,10 +115,6 @@ class TaskRotation:
         self.next_id = first_id
         self._rounds = [0] * num_envs
         self._groups: dict[tuple[int, int], int] = {}
-
-    @property
-    def groups_started(self) -> int:
-        return self.first_group + len(self._groups)
 
     def next(self, slot: int) -> EpisodeSpec:
         key = (slot // self.group_size, self._rounds[slot])
