@@ -147,16 +147,9 @@ class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
         the defaults, once, when the run is resolved)."""
         check_settings(self)
         self.check_model_source()
-        if not self.env_timeout > 0:
-            raise ValueError(f"env_timeout must be a positive number of seconds; found "
-                             f"{self.env_timeout!r}")
-        for name in ("max_episode_restarts", "max_consecutive_faults", "video_trials"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must be an integer >= 0; found {value!r}")
-        if self.overlap and self.num_envs < 2:
-            raise ValueError(f"overlap needs num_envs >= 2 (two groups of env slots); found "
-                             f"{self.num_envs}")
+        self.runner_options()  # the runner's own rules (restarts, timeouts, overlap), its home
+        if self.video_trials is not None and self.video_trials < 0:
+            raise ValueError(f"video_trials must be an integer >= 0; found {self.video_trials!r}")
         if self.repeat < 0:
             raise ValueError(f"repeat must be an integer >= 0; found {self.repeat!r}")
         robustness.check(self)
@@ -164,6 +157,19 @@ class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
             raise ValueError(f"sampling must be a SamplerConfig; found "
                              f"{type(self.sampling).__name__}")
         protocols.check(self)
+
+    def runner_options(self, num_envs: int | None = None) -> RunnerOptions:
+        """How the episode runner steps this evaluation's envs (``num_envs``: the slots this
+        session runs, at most the setting's). Made when the settings are, so the runner's rules
+        refuse a bad value before anything runs."""
+        # A session with one slot left to run (a resume's last episode) cannot take turns.
+        slots = self.num_envs if num_envs is None else num_envs
+        overlap = self.overlap if num_envs is None else self.overlap and slots >= 2
+        return RunnerOptions(
+            num_envs=slots, async_envs=self.async_envs, env_timeout=self.env_timeout,
+            max_episode_restarts=self.max_episode_restarts,
+            max_consecutive_faults=self.max_consecutive_faults, out_of_range=self.out_of_range,
+            faults="restart", overlap=overlap)
 
     def resolved(self) -> EvalConfig:
         """These settings with every default the run takes filled in: the shipped checkpoint
@@ -468,11 +474,7 @@ class Evaluator:
         queue = list(itertools.islice(pending, cfg.num_envs))
         pending = itertools.chain(queue, pending)
         num_slots = len(queue)
-        options = RunnerOptions(
-            num_envs=num_slots, async_envs=cfg.async_envs, env_timeout=cfg.env_timeout,
-            max_episode_restarts=cfg.max_episode_restarts,
-            max_consecutive_faults=cfg.max_consecutive_faults, out_of_range=cfg.out_of_range,
-            faults="restart", overlap=cfg.overlap and num_slots >= 2)
+        options = cfg.runner_options(num_slots)
         runner = EpisodeRunner(
             self.policy_for_run(), lambda n: self.eval_env.make(n, cfg.async_envs),
             EpisodeList(self.spec(k) for k in pending), options, _Recorder(self, bar))

@@ -357,7 +357,7 @@ def test_up_front_checks_fail_before_anything_is_written(checkpoint, tmp_path, c
     for extra, message in (
         (("--n-action-steps", "100"), "plans chunks of 4 actions; expected at most 4"),
         (("--async-envs", "--env-timeout", "-1"),
-         "env_timeout must be a positive number of seconds; found -1.0"),
+         "env_timeout must be a positive number of seconds or None; found -1.0"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             main(eval_args(checkpoint, out, *extra))

@@ -277,7 +277,7 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         if self.eval_seed == self.seed:
             raise ValueError(f"eval_seed ({self.eval_seed}) must differ from seed: held-out "
                              "episodes would repeat the training episodes' seeds")
-        if self.overlap and self.num_envs < 2:
+        if self.overlap and self.num_envs < 2:  # the runner's rule (cosmos3_gym.runner)
             raise ValueError(f"overlap needs num_envs >= 2; found {self.num_envs}")
 
     def resolved(self) -> GRPOConfig:
