@@ -160,7 +160,7 @@ def plot_arms(results: dict[str, Any], stem: Path, label: str) -> list[Path]:
         diffs.errorbar(d, y, xerr=[[d - lo], [hi - d]], fmt="o", color=RUN_COLOURS[1],
                        ecolor=RUN_COLOURS[1], elinewidth=1.6, capsize=4,
                        zorder=3)[0].set_gid(f"diff-arm-{y}")
-        diffs.text(hi + 0.03, y, f"{100 * d:+.0f} pts ({paired['pairs']} pairs)", va="center",
+        diffs.text(hi + 0.03, y, f"{100 * d:+.1f} ({paired['pairs']} pairs)", va="center",
                    fontsize=8)
     rates.set_yticks(range(len(names)), names)
     rates.set_ylim(len(names) - 0.5, -0.5)
@@ -170,7 +170,7 @@ def plot_arms(results: dict[str, Any], stem: Path, label: str) -> list[Path]:
     diffs.axvline(0.0, color="#888888", linewidth=0.8)
     diffs.set_xlim(-1.05, 1.45)
     diffs.set_xticks([-1.0, -0.5, 0.0, 0.5, 1.0], ["-100", "-50", "0", "+50", "+100"])
-    diffs.set_xlabel(f"difference to {control} in points, paired 95% interval (dots: tasks)")
+    diffs.set_xlabel(f"vs {control}, points: paired 95% interval (dots: tasks)")
     for ax in (rates, diffs):
         ax.grid(axis="x", color="#dddddd", linewidth=0.6)
         ax.set_axisbelow(True)
