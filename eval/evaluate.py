@@ -132,9 +132,10 @@ class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
         "to it; all, or some of language,task,object,position,distractor (docs/libero.md, "
         "Robustness)", group="evaluation", parse=csv, metavar="DIMS")
     repeats: int | None = setting(
-        None, "the noise floor: every episode run K times, each time with the same env seed and "
-        "init state and fresh noise, reported as test-retest agreement and per-task spread "
-        "(K >= 2; with --noise fixed agreement must be 100%)", group="evaluation",
+        None, "how many times each measurement runs; here every episode, K >= 2 times, each "
+        "time with the same env seed and init state and fresh noise: the noise floor, reported "
+        "as test-retest agreement and per-task spread (with --noise fixed agreement must be "
+        "100%)", group="evaluation",
         parse=positive_int, metavar="K")
     repeat: int = setting(
         0, "the noise draw of the episodes: chunk noise seeds are mixed with it (0: the run's "
