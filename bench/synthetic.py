@@ -49,7 +49,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cosmos3_gym.bench.latency import PROMPTS, _paired, _peak_memory_mb, _stage_seconds
+from cosmos3_gym.bench.latency import PROMPTS
+from cosmos3_gym.bench.paired import paired, peak_memory_mb, stage_seconds
 from cosmos3_gym.settings import (
     SYNTHETIC_PRESETS,
     csv,
@@ -368,7 +369,7 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
     def call(p: Cosmos3ActionPipeline, b: int, n: int) -> dict[str, float]:
         out = p(images[:b], prompts[:b], seed=list(range(b)), num_inference_steps=n,
                 progress=False, **call_inputs(p, b))
-        return _stage_seconds(out.timings)
+        return stage_seconds(out.timings)
 
     def step_flops(b: int, n: int) -> float:
         """GEN FLOPs of a call: B rows per step, 2B on the guided steps."""
@@ -392,7 +393,7 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
                 "recipe": case.recipe, "guided_steps": guided_steps(pipe, n),
                 "denoise_tflops": flops / stages["denoise"] / 1e12,
                 **profile_call(lambda b=b, n=n: call(pipe, b, n), dev),
-                "stages_s": stages, "peak_memory_mb": _peak_memory_mb(dev),
+                "stages_s": stages, "peak_memory_mb": peak_memory_mb(dev),
                 "tokens": counts, "denoise_step_s": stages["denoise"] / n,
             })
             run.save()
@@ -413,7 +414,7 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
             try:
                 variant, _ = synthetic_pipeline(run.preset, case, device=dev, dtype=run.dtype,
                                                 options=flipped, components=run.components)
-                m = _paired(lambda v=variant, b=b: call(v, b, n), lambda b=b: call(pipe, b, n),
+                m = paired(lambda v=variant, b=b: call(v, b, n), lambda b=b: call(pipe, b, n),
                             run.warmup, run.repeats)
                 if variant.disabled_options:  # it ran, but without what was to be measured
                     raise RuntimeError("; ".join(f"{k} switched off: {v}"
@@ -624,7 +625,7 @@ class SizeConfig:
             raise ValueError(f"--cases: unknown {unknown}; expected some of {sorted(CASES)}")
 
 
-def run(config: SizeConfig) -> dict[str, Any]:
+def run_size_command(config: SizeConfig) -> dict[str, Any]:
     """``cosmos3-gym size``: measure, write the JSON as it goes, print the table."""
     if config.threads is not None:
         import torch

@@ -160,6 +160,11 @@ class PolicyConfig:
     # mode (NORMALIZATIONS); None: like the actions, with the action statistics.
     state_normalization: str | None = None
     state_stats: dict[str, Any] | None = None
+    # The sampled actions clipped to the normalised range [-1, 1] before un-normalisation, as
+    # Diffusion Policy clips its samples: a head trained on actions inside that range, whose
+    # samples of an action on its bound land on both sides of it (the tiny ColorReach head's
+    # saturated velocities). False: as sampled (the released heads, whose data reach past it).
+    clip_actions: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     # Where each sampler setting (SAMPLER_FIELDS) came from: "recipe NAME", "action_policy.json",
     # "scheduler/scheduler_config.json", "PolicyConfig default" or "PolicyConfig given"; filled

@@ -118,10 +118,7 @@ def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
     path = Path(path)
     line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
     if path.exists():
-        data = path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with path.open("r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
+        _cut_partial_line(path)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         start = os.lseek(fd, 0, os.SEEK_END)
@@ -140,6 +137,29 @@ def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def _cut_partial_line(path: Path, block: int = 1 << 16) -> None:
+    """Cut ``path`` back to the end of its last complete line. Only the tail is read (the last
+    byte, and back to the last newline if that byte is not one), so an append costs the same
+    at the millionth line as at the first."""
+    with path.open("r+b") as f:
+        end = f.seek(0, os.SEEK_END)
+        if end == 0:
+            return
+        f.seek(end - 1)
+        if f.read(1) == b"\n":
+            return
+        stop = end
+        while stop > 0:
+            start = max(0, stop - block)
+            f.seek(start)
+            newline = f.read(stop - start).rfind(b"\n")
+            if newline >= 0:
+                f.truncate(start + newline + 1)
+                return
+            stop = start
+        f.truncate(0)
 
 
 def check_types(cls: type, raw: dict[str, Any], source: str) -> None:

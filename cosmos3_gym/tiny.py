@@ -260,8 +260,10 @@ def build_tiny_transformer(vocab_size: int, seed: int = 0, **overrides: Any):
 
 
 # The policy head of a checkpoint for the built-in ColorReach env: 2-D velocities as the model
-# makes them (already in [-1, 1], no statistics), one camera. write_tiny_checkpoint(path,
-# policy_overrides=COLOR_REACH_POLICY) writes one; the shipped tiny checkpoint has this head.
+# makes them (in its normalised [-1, 1], no statistics), one camera. write_tiny_checkpoint(path,
+# policy_overrides=COLOR_REACH_POLICY) writes one (random weights: its actions stray past the
+# bounds, and runs report them); the shipped tiny checkpoint has this head, trained, with its
+# samples clipped to the range its demos lie in (clip_actions, train/config.py).
 COLOR_REACH_POLICY: dict[str, Any] = {
     "raw_action_dim": 2, "normalization": "none", "stats": None, "view_point": "ego_view",
 }

@@ -342,6 +342,8 @@ class Evaluator:
         # Whether the folder held every episode before this run (then it runs nothing).
         self.already_complete = False
         self.plot = ResultsPlot(self.out_dir)
+        # results.json kept one episode at a time from the folder's logs (every rank's).
+        self.tally = results_io.ResultsTally(self.eval_env.tasks, len(self.all_episodes))
         # The checkpoint's head as the run uses it (results.json records its sampler).
         self.head: Any = run.model.head
 
@@ -420,20 +422,18 @@ class Evaluator:
         return "throughput.json" if ws == 1 else f"throughput.rank{self.rank.rank}.json"
 
     def write_results(self, final: bool = False) -> dict[str, Any]:
-        """Recompute results.json from every log in the folder and replace it atomically."""
-        records = results_io.read_episode_records(self.out_dir)
+        """Bring results.json up to date with every log in the folder (the lines appended since
+        the last update) and replace it atomically."""
+        self.tally.follow(self.out_dir)
         throughput = None
         if final:
             parts = [read_json_object(p, what="throughput file")
                      for p in sorted(self.out_dir.glob("throughput*.json"))]
             throughput = results_io.merge_throughput(parts)
         simulation = self.eval_env.simulation
-        results = results_io.summarize(
-            records,
+        results = self.tally.results(
             config={**self.config.identity(),
                     **({"simulation": simulation} if simulation is not None else {})},
-            task_names=self.eval_env.tasks,
-            expected_episodes=len(self.all_episodes),
             incidents=results_io.read_incidents(self.out_dir),
             throughput=throughput,
             episode_budget=self.eval_env.episode_budget(),

@@ -167,7 +167,7 @@ def imagined_frames(
             step = chunk.start + t
             canvas = Image.new("RGB", (layout.frame_width, layout.frame_height), BACKGROUND)
             draw = ImageDraw.Draw(canvas)
-            font, line = _font(), _line_height()
+            font, line = caption_font(), _line_height()
             for k, text in enumerate(layout.caption_lines):
                 draw.text((PAD, PAD + k * line), text, fill=INK, font=font)
             labels = (f"what the model saw (step {chunk.start})",
@@ -295,7 +295,8 @@ def _fit(image: np.ndarray, layout: ImaginedLayout) -> np.ndarray:
     return np.asarray(Image.fromarray(image).resize(size, Image.Resampling.BILINEAR))
 
 
-def _font() -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+def caption_font() -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    """The font of the videos' captions and labels (PIL's own, ``FONT_SIZE`` pixels)."""
     return ImageFont.load_default(size=FONT_SIZE)
 
 
@@ -305,7 +306,7 @@ def _line_height() -> int:
 
 def _wrap(text: str, width: int) -> list[str]:
     """Greedy word wrap of ``text`` into lines at most ``width`` pixels wide."""
-    font = _font()
+    font = caption_font()
     lines: list[str] = []
     for word in text.split():
         if lines and font.getlength(f"{lines[-1]} {word}") <= width:

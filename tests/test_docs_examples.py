@@ -176,7 +176,7 @@ def cli_words(words: list[str]) -> list[str] | None:
 
 
 def check_command(argv: list[str], where: str) -> None:
-    from cosmos3_gym.eval.cli import _settings_classes, build_parser, command_settings
+    from cosmos3_gym.eval.cli import build_parser, command_settings, settings_classes
 
     if "..." in argv:  # an elided command: its flags must still exist
         name = argv[0]
@@ -190,8 +190,8 @@ def check_command(argv: list[str], where: str) -> None:
     except SystemExit as exit_info:
         pytest.fail(f"{where}: cosmos3-gym {shlex.join(argv)} does not parse ({exit_info})")
     command = args.command if args.command != "rl" else f"rl {args.algorithm}"
-    if command in _settings_classes() and getattr(args, "config", None) is None:
-        command_settings(args, _settings_classes()[command])  # values checked as a run would
+    if command in settings_classes() and getattr(args, "config", None) is None:
+        command_settings(args, settings_classes()[command])  # values checked as a run would
 
 
 def test_the_command_checker_fails_on_a_renamed_flag() -> None:

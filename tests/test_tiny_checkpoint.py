@@ -3,6 +3,7 @@ right, and the training entry point that produced it is reproducible."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -14,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from cosmos3_gym.eval.cli import main as cli_main
+from cosmos3_gym.eval.results import format_table
 from cosmos3_gym.formats import resolve_checkpoint
 from cosmos3_gym.jsonio import read_jsonl
 from cosmos3_gym.pipeline import Cosmos3ActionPipeline
@@ -111,6 +113,71 @@ def test_the_demo_imagined_frames_show_the_scene(demo_imagined) -> None:
     assert imagined["chunks"] == sum(r["chunks"] for r in records)
     assert imagined["reconstruction_psnr_db"] >= VAE_PSNR_FLOOR_DB, imagined
     assert all(math.isfinite(v) for v in imagined["psnr_db"].values()), imagined
+
+
+def test_the_demo_shows_no_out_of_range_actions(demo_imagined) -> None:
+    """``make demo`` printed "out-of-range actions: 18 of 20 episodes sent an action outside the
+    action space": the head's samples of the expert's saturated velocities landed up to 0.05
+    past ColorReach's [-1, 1]. The shipped head clips its samples to the range it was trained
+    in (clip_actions), so the demo's episodes send none, and nothing is clipped after it."""
+    results, records = demo_imagined
+    assert results["success_rate"] == 1.0 and results["episodes"] == 4
+    assert results["out_of_range_episodes"] == results["clipped_episodes"] == 0
+    assert all(r["max_action_excess"] == 0 for r in records)
+    table = format_table(results)
+    assert "out-of-range" not in table and "clipped" not in table
+
+
+def test_the_shipped_head_clips_its_samples_to_its_training_range(
+    tiny_pipe: Cosmos3ActionPipeline,
+) -> None:
+    """The sampled (normalised) actions stay as sampled, for a learner; the actions are those
+    clipped into [-1, 1]. The same head unclipped gives them as sampled."""
+    from cosmos3_gym.envs.color_reach import ColorReachEnv, prompt_for
+
+    assert tiny_pipe.policy.clip_actions
+    env = ColorReachEnv()
+    images = np.stack([env.reset(seed=s, options={"target": "red"})[0] for s in range(8)])
+    out = tiny_pipe(images, prompt_for("red"), seed=list(range(8)), progress=False)
+    sampled = out.normalized_actions
+    assert np.abs(sampled).max() > 1.0  # the saturated velocity, sampled past the bound
+    np.testing.assert_array_equal(out.actions, np.clip(sampled, -1.0, 1.0))
+    unclipped = Cosmos3ActionPipeline.from_pretrained(
+        "tiny", policy=dataclasses.replace(tiny_pipe.policy, clip_actions=False))
+    again = unclipped(images, prompt_for("red"), seed=list(range(8)), progress=False)
+    np.testing.assert_array_equal(again.normalized_actions, sampled)
+    np.testing.assert_array_equal(again.actions, sampled)
+
+
+@pytest.mark.slow
+def test_the_demo_run_is_the_same_episodes_without_out_of_range_actions(tmp_path) -> None:
+    """``make demo``'s evaluation (20 episodes): every task at 100%, no out-of-range or clipped
+    action in its summary; the head unclipped runs the very same episodes (the env clipped
+    those actions itself) and reports them out of range."""
+    from cosmos3_gym.eval.evaluate import evaluate
+
+    argv = [a for a in _dev_script().DEMO_EVAL if a != "--videos"]
+    argv[argv.index("--out") + 1] = str(tmp_path / "demo")
+    assert cli_main([*argv, "--no-progress"]) == 0
+    results = json.loads((tmp_path / "demo" / "results.json").read_text())
+    assert results["episodes"] == 20
+    assert all(task["success_rate"] == 1.0 for task in results["per_task"].values())
+    table = format_table(results)
+    assert "out-of-range" not in table and "clipped" not in table
+    config = json.loads((tmp_path / "demo" / "config.json").read_text())["session"]
+    pipe = Cosmos3ActionPipeline.from_pretrained("tiny")
+    unclipped = Cosmos3ActionPipeline.from_pretrained(
+        "tiny", policy=dataclasses.replace(pipe.policy, clip_actions=False))
+    from cosmos3_gym.eval.cli import settings_from
+    from cosmos3_gym.eval.evaluate import EvalConfig
+
+    before = evaluate(settings_from(EvalConfig, config), tmp_path / "unclipped",
+                      pipeline=unclipped, summary=False)
+    assert before["out_of_range_episodes"] > 0
+    hashes = {(r["task"], r["trial"]): r["obs_sha256"]
+              for r in read_jsonl(tmp_path / "demo" / "episodes.jsonl")}
+    assert hashes == {(r["task"], r["trial"]): r["obs_sha256"]
+                      for r in read_jsonl(tmp_path / "unclipped" / "episodes.jsonl")}
 
 
 # How much nearer its own step's env frame a predicted frame must be than each baseline.

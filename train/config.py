@@ -127,12 +127,14 @@ def transformer_overrides(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def policy_overrides(cfg: TrainConfig) -> dict[str, Any]:
-    """``action_policy.json`` of the trained checkpoint: ColorReach's 2-D velocities in [-1, 1]."""
+    """``action_policy.json`` of the trained checkpoint: ColorReach's 2-D velocities in [-1, 1],
+    where the expert's saturate, so its samples are clipped to that range (``clip_actions``)."""
     return {
         "domain_name": DOMAIN_NAME, "domain_id": DOMAIN_ID, "raw_action_dim": 2,
         "action_horizon": cfg.action_horizon, "normalization": "none", "stats": None,
         "fps": 20.0, "resolution_tier": 256, "view_point": VIEW_POINT,
         "num_inference_steps": cfg.num_inference_steps, "flow_shift": cfg.flow_shift,
+        "clip_actions": True,
     }
 
 
@@ -294,6 +296,19 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
     def check_run(self, model: Any, env: Any, rank: Any) -> None:
         """GRPO's own checks of a resolved run: the env's success signal where the reward is
         success, one group per rank at least."""
+        if model.head is not None:
+            from cosmos3_gym.pipeline.sampling import unscorable
+
+            head = model.head
+            cannot = unscorable(head, state_rows=head.history_length > 0,
+                                guidance_interval=head.guidance_interval,
+                                guidance_scale=head.guidance_scale)
+            if cannot:
+                raise ValueError(
+                    f"{model.label}: GRPO's training episodes sample with {self.sampler}, which "
+                    f"cannot score chunks of a head with {' and '.join(cannot)} yet; fine-tune "
+                    "a checkpoint whose head samples with the official FlowUniPC, no state rows "
+                    "and guidance on every step (docs/rl.md)")
         if self.reward == "success":
             env.check_success()  # no signal to score: refused now, not after the load
         if self.groups < rank.world_size:

@@ -341,11 +341,3 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
     }
     (out / "train_log.json").write_text(json.dumps(log, indent=2))
     return log
-
-
-def run_train_command(cfg: TrainConfig, progress: bool = True) -> int:
-    """``cosmos3-gym train``: train, then say what was written."""
-    log = train(cfg, progress=progress)
-    print(f"wrote {cfg.out}: {log['num_samples']} samples, {cfg.steps} steps, final loss "
-          f"{log['final_loss']:.4f}, {log['wall_s']:.0f}s")
-    return 0

@@ -28,7 +28,7 @@ from cosmos3_gym.pipeline.output import ActionOutput
 from cosmos3_gym.pipeline.preprocess import plan_canvas
 from cosmos3_gym.pipeline.prompt import load_tokenizer
 from cosmos3_gym.pipeline.prompt_cache import PromptCache
-from cosmos3_gym.pipeline.sampling import DETERMINISTIC_SAMPLER
+from cosmos3_gym.pipeline.sampling import DETERMINISTIC_SAMPLER, unscorable
 from cosmos3_gym.pipeline.sde import (
     StochasticRecord,
     stochastic_sampling,
@@ -390,22 +390,15 @@ class Cosmos3ActionPipeline:
             state_rows = self._state_rows(state, count)
             interval = self.policy.guidance_interval if guidance_interval is None else (
                 layout.check_guidance_interval(guidance_interval))
-            # The log-probability recomputation (sde.chunk_log_prob) guides every step and
-            # knows no state rows, so a stochastic chunk with either could not be scored.
-            unscorable = [what for what, used in (
-                (f"state rows (history_length {self.history_length})", state_rows is not None),
-                (f"a guidance interval {interval}", interval is not None and float(
-                    self.policy.guidance_scale if guidance_scale is None else guidance_scale
-                ) != 1.0),
-            ) if used]
-            if self.policy.scheduler_config is not None:
-                unscorable.append("a diffusers scheduler (this checkpoint's scheduler_config; the "
-                                  "stochastic steps are defined on the official FlowUniPC)")
-            if sampler != DETERMINISTIC_SAMPLER and unscorable:
-                raise ValueError(
-                    f"sampler {sampler!r} does not take {' and '.join(unscorable)} yet; use the "
-                    f"deterministic {DETERMINISTIC_SAMPLER!r}"
-                )
+            if sampler != DETERMINISTIC_SAMPLER:
+                cannot = unscorable(
+                    self.policy, state_rows=state_rows is not None, guidance_interval=interval,
+                    guidance_scale=(self.policy.guidance_scale if guidance_scale is None
+                                    else guidance_scale))
+                if cannot:
+                    raise ValueError(
+                        f"sampler {sampler!r} does not take {' and '.join(cannot)} yet; use the "
+                        f"deterministic {DETERMINISTIC_SAMPLER!r}")
             params = SamplingParams(
                 num_inference_steps=_positive_int(
                     "num_inference_steps", num_inference_steps, self.policy.num_inference_steps
