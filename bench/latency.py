@@ -337,7 +337,9 @@ class BenchConfig(ModelSettings, RuntimeSettings):
     input_size: str = setting("256x512", "the synthetic observations' size HxW in pixels",
                               group="bench", metavar="HxW")
     warmup: int = setting(1, "untimed pairs before each comparison", group="bench", parse=int)
-    repeats: int = setting(5, "timed pairs per comparison", group="bench", parse=positive_int)
+    repeats: int = setting(
+        5, "how many times each measurement runs; here the timed pairs of each comparison",
+        group="bench", parse=positive_int)
     compare_batch: int = setting(8, "batch size of the on/off comparisons", group="bench",
                                  parse=positive_int)
     overlap_env: str | None = setting(

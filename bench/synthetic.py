@@ -610,7 +610,9 @@ class SizeConfig:
         True, "time diffusers' reference forward beside ours (it needs a second copy of the "
         "weights in memory)", group="bench", flag="no-reference")
     warmup: int = setting(1, "untimed pairs before each comparison", group="bench", parse=int)
-    repeats: int = setting(3, "timed pairs per comparison", group="bench", parse=positive_int)
+    repeats: int = setting(
+        3, "how many times each measurement runs; here the timed pairs of each comparison",
+        group="bench", parse=positive_int)
     device: str = device_setting()
     precision: str = precision_setting()
     threads: int | None = threads_setting()

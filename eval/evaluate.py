@@ -25,6 +25,7 @@ from cosmos3_gym.envs import Episode, EvalEnv, canonical_suites
 from cosmos3_gym.envs.names import upgrade_env_identity
 from cosmos3_gym.eval import protocol as protocols
 from cosmos3_gym.eval import results as results_io
+from cosmos3_gym.eval import robustness
 from cosmos3_gym.eval.distributed import (
     RankInfo,
     barrier,
@@ -65,6 +66,7 @@ from cosmos3_gym.settings import (
     ModelSettings,
     RuntimeSettings,
     check_settings,
+    csv,
     positive_int,
     seed_value,
     setting,
@@ -80,6 +82,9 @@ from cosmos3_gym.source import ModelSource
 RUN_ONLY = ("num_envs", "async_envs", "env_timeout", "overlap", "videos", "video_trials",
             "max_episode_restarts", "max_consecutive_faults", "device", "progress", "precision",
             "allow_normalized_actions")
+# The settings that make one run several arms (eval/arms.py): an arm's own settings hold none of
+# them, so each arm is the evaluation its settings alone would make.
+ARM_SETTINGS = ("perturbations", "repeats")
 # --videos: the env's frames, or the model's input and predicted future beside them.
 VIDEO_KINDS = ("env", "imagined")
 
@@ -131,6 +136,20 @@ class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
     allow_normalized_actions: bool = setting(
         False, "run a checkpoint without action statistics in an env with real units (LIBERO); "
         "its actions then stay in the model's normalised space", group="evaluation")
+    perturbations: tuple[str, ...] | None = setting(
+        None, "robustness: LIBERO-PRO's perturbations of --suite, each run as an arm beside the "
+        "suite itself (the control) on the same episodes and reported as its paired difference "
+        "to it; all, or some of language,task,object,position,distractor (docs/libero.md, "
+        "Robustness)", group="evaluation", parse=csv, metavar="DIMS")
+    repeats: int | None = setting(
+        None, "how many times each measurement runs; here every episode, K >= 2 times, each "
+        "time with the same env seed and init state and fresh noise: the noise floor, reported "
+        "as test-retest agreement and per-task spread (with --noise fixed agreement must be "
+        "100%)", group="evaluation",
+        parse=positive_int, metavar="K")
+    repeat: int = setting(
+        0, "the noise draw of the episodes: chunk noise seeds are mixed with it (0: the run's "
+        "own draw; --repeats runs 0..K-1)", group="evaluation", parse=int, cli=False)
     sampling: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
 
     def __post_init__(self) -> None:
@@ -142,6 +161,9 @@ class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
         self.runner_options()  # the runner's own rules (restarts, timeouts, overlap), its home
         if self.video_trials is not None and self.video_trials < 0:
             raise ValueError(f"video_trials must be an integer >= 0; found {self.video_trials!r}")
+        if self.repeat < 0:
+            raise ValueError(f"repeat must be an integer >= 0; found {self.repeat!r}")
+        robustness.check(self)
         if not isinstance(self.sampling, SamplerConfig):
             raise ValueError(f"sampling must be a SamplerConfig; found "
                              f"{type(self.sampling).__name__}")
@@ -171,11 +193,17 @@ class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
         changes: dict[str, Any] = {
             **self.model_defaults(), "protocol": protocol, "suite": canonical_suites(self.suite),
             "trials": self.trials or protocols.default_trials(protocol),
-            "image_size": view_size(self.env, self.synthetic, self.image_size)}
+            "image_size": view_size(self.env, self.synthetic, self.image_size),
+            "perturbations": robustness.canonical_perturbations(self)}
         if self.sampling.noise is None:  # the protocol's rule
             changes["sampling"] = self.sampling.with_changes(
                 noise="fixed" if protocol == "official" else "per_chunk")
         return dataclasses.replace(self, **changes)
+
+    def for_arm(self, changes: dict[str, Any]) -> EvalConfig:
+        """The settings of one arm of this run (:func:`~cosmos3_gym.eval.arms.run_arms`):
+        these with ``changes``, without the settings that made the arms (:data:`ARM_SETTINGS`)."""
+        return dataclasses.replace(self, **{name: None for name in ARM_SETTINGS}, **changes)
 
     def check_run(self, model: ModelSource, env: EvalEnv, rank: RankInfo) -> None:
         """An evaluation's own checks of a resolved run (:func:`~cosmos3_gym.eval.run.resolve`):
@@ -206,7 +234,8 @@ def upgrade_identity(stored: dict[str, Any], current: dict[str, Any]) -> dict[st
         out["precision"] = {"float32": "fp32", "bfloat16": "bf16"}.get(out["dtype"])
     out.setdefault("noise", "fixed" if out.get("protocol") == "official" else "per_chunk")
     out.setdefault("shard", None)  # before shards: the whole run
-    for key, value in (("sampler", "flow_unipc"), ("noise_level", 0.5), ("sde_steps", "random")):
+    for key, value in (("sampler", "flow_unipc"), ("noise_level", 0.5), ("sde_steps", "random"),
+                       ("perturbations", None), ("repeats", None), ("repeat", 0)):
         out.setdefault(key, value)
     if str(out.get("env", "")).startswith("maniskill"):  # before GPU simulation was chosen
         out.setdefault("simulation", {"sim_backend": "physx_cpu", "vector_env": "sub_envs"})
@@ -472,7 +501,7 @@ class Evaluator:
         """The policy the runner drives: the env's adapter, the evaluation's seed rule."""
         cfg = self.config
         rule = episode_seed_rule(cfg.seed, self.all_episodes.__getitem__,
-                                 fresh=cfg.sampling.fresh_noise)
+                                 fresh=cfg.sampling.fresh_noise, repeat=cfg.repeat)
         return VectorPolicy(self.pipeline, adapter=self.adapter,
                             n_action_steps=cfg.n_action_steps, sampling=cfg.sampling,
                             seed_rule=rule)
@@ -576,19 +605,35 @@ class Evaluator:
 
 
 def run_eval_command(config: EvalConfig, out: str | Path) -> int:
-    """``cosmos3-gym eval``: checks, the evaluation, then its summary table."""
-    from cosmos3_gym.eval.results import format_table
-
+    """``cosmos3-gym eval``: checks, the evaluation (or its arms), then its summary table."""
     # Every check that needs no model runs first (resolve): the device is resolved, and torch
     # imported, only after them, before anything is written.
-    evaluator = Evaluator(resolve(config, out, kind="evaluation"))
-    results = evaluator.run()
-    if evaluator.rank.is_main:
-        if evaluator.already_complete:
-            print(f"{out} is complete: its {results['episodes']} episodes were recorded before, "
-                  "nothing to run. Its results:")
-        print(format_table(results))
+    run_resolved(resolve(config, out, kind="evaluation"), summary=True)
     return 0
+
+
+def run_resolved(run: Run, *, summary: bool) -> dict[str, Any] | None:
+    """Run a resolved evaluation: one, or the arms its settings make (``--perturbations``,
+    ``--repeats``: :mod:`~cosmos3_gym.eval.robustness`); rank 0 returns its results.json
+    document and, with ``summary``, prints its table."""
+    from cosmos3_gym.eval.arms import format_arms_table, run_arms
+    from cosmos3_gym.eval.results import format_table
+
+    planned = robustness.arms_of(run.settings)
+    if planned is not None:
+        arms, control, noise_floor = planned
+        results = run_arms(run, arms, control=control, noise_floor=noise_floor)
+        if summary and run.rank.is_main and results is not None:
+            print(format_arms_table(results))
+        return results
+    evaluator = Evaluator(run)
+    results = evaluator.run()
+    if summary and run.rank.is_main:
+        if evaluator.already_complete:
+            print(f"{run.out} is complete: its {results['episodes']} episodes were recorded "
+                  "before, nothing to run. Its results:")
+        print(format_table(results))
+    return results
 
 
 def evaluate(
@@ -598,24 +643,21 @@ def evaluate(
     pipeline: Any = None,
     eval_env: EvalEnv | None = None,
     summary: bool = True,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """Run (or resume) an evaluation into ``out_dir`` and return its results.json document
     (every rank of a torchrun launch); with ``summary`` rank 0 prints its table (the one
-    ``cosmos3-gym eval`` prints). From a training loop, :func:`cosmos3_gym.evaluate` takes the
-    model and the env themselves and keeps the caller's state.
+    ``cosmos3-gym eval`` prints). Settings that make arms (``perturbations``, ``repeats``) run
+    them all into ``out_dir`` (:mod:`~cosmos3_gym.eval.arms`; rank 0 returns their document).
+    From a training loop, :func:`cosmos3_gym.evaluate` takes the model and the env themselves
+    and keeps the caller's state.
 
     ``pipeline`` defaults to ``config.checkpoint`` loaded with
     :meth:`~cosmos3_gym.pipeline.Cosmos3ActionPipeline.from_pretrained` (only if episodes
     remain); ``eval_env`` defaults to the env ``config`` names.
     """
-    from cosmos3_gym.eval.results import format_table
-
     if out_dir is None:
         raise ValueError("out_dir is None: this call records into a run folder; for an "
                          "evaluation that keeps nothing on disk, call "
                          "cosmos3_gym.evaluate(policy, env, out=None)")
     run = resolve(config, out_dir, kind="evaluation", pipeline=pipeline, eval_env=eval_env)
-    results = Evaluator(run).run()
-    if summary and run.rank.is_main:
-        print(format_table(results))
-    return results
+    return run_resolved(run, summary=summary)
