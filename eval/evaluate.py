@@ -211,6 +211,12 @@ class EvalConfig(ModelSettings, RuntimeSettings, EnvSettings):
         check_action_units(self, model, env)
         env.check_success()
         check_shard(self.shard, len(env.tasks), self.trials)
+        arms = [f"--{name}" for name in ARM_SETTINGS if getattr(self, name) is not None]
+        if self.shard is not None and arms:
+            raise ValueError(f"--shard {self.shard} with {' and '.join(arms)}: a shard is a share "
+                             "of one run's episodes, and merge joins single runs, not arms; "
+                             "shard each arm's own command instead (the arm's settings without "
+                             f"{' and '.join(arms)})")
 
     def identity(self) -> dict[str, Any]:
         """The settings that decide which episodes a run folder holds (the model's precision is

@@ -181,3 +181,16 @@ def test_more_shards_than_episodes_is_refused_before_anything_runs(
     assert err == ("cosmos3-gym eval: error: --shard 2/3: the run has 2 episodes (1 task, 2 "
                    "trials each); expected at most 2 shards")
     assert not out.exists()
+
+
+def test_a_shard_of_a_run_of_arms_is_refused_before_anything_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--tasks", "red", "--trials", "2", "--repeats", "2", "--shard", "0/2",
+              "--out", str(out)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("cosmos3-gym eval: error: --shard 0/2 with --repeats: a shard is a "
+                          "share of one run's episodes") and "\n" not in err
+    assert not out.exists()
