@@ -221,6 +221,15 @@ def read_model_source(model: Any, eval_env: EvalEnv | None = None) -> ModelSourc
     checkpoint = model.checkpoint if model.checkpoint is not None else "tiny"
     label = f"--checkpoint {checkpoint}"
     folder = read_checkpoint(checkpoint, vae=model.vae, tokenizer=model.tokenizer)
+    policy = read_head(folder, model, label)
+    return ModelSource(label=label, checkpoint=str(checkpoint), folder=folder, head=policy)
+
+
+def read_head(folder: CheckpointFolder, model: Any, label: str) -> PolicyConfig:
+    """The head a run of ``folder`` uses under ``model``'s settings (its ``domain``, ``recipe``
+    and ``action_stats``), its statistics checked against it: what a run, ``inspect`` and
+    ``convert`` all take. A head nothing names is a :class:`FileNotFoundError` naming the fix;
+    ``label`` names the checkpoint in errors."""
     policy = resolve_policy(folder.root, domain=model.domain, recipe=model.recipe,
                             declared=folder.policy)
     if model.action_stats is not None:
@@ -230,7 +239,7 @@ def read_model_source(model: Any, eval_env: EvalEnv | None = None) -> ModelSourc
     elif policy.denormalizes:  # the checkpoint's own statistics, for its head's mode
         check_action_stats(policy.stats, policy, f"{label}'s action statistics")
     check_statistics_present(policy, folder.format, folder.root)
-    return ModelSource(label=label, checkpoint=str(checkpoint), folder=folder, head=policy)
+    return policy
 
 
 # How a run names a pipeline handed in that was not loaded from a checkpoint folder.

@@ -56,30 +56,18 @@ def run_convert(model: ModelSettings, *, path: str, out: str) -> int:
 def _checkpoint_command(model: ModelSettings, path: str, out: str | None, as_json: bool) -> int:
     """Read the folder (no weights), resolve its head as a run would, then describe it
     (``out`` None: ``inspect``) or write it to ``out`` as a diffusers folder (``convert``)."""
-    from cosmos3_gym.checkpoint import (
-        check_action_stats,
-        check_statistics_present,
-        read_action_stats,
-        resolve_policy,
-    )
     from cosmos3_gym.formats import check_loads, contract_of, read_checkpoint
+    from cosmos3_gym.source import read_head
 
     folder = read_checkpoint(path, vae=model.vae, tokenizer=model.tokenizer)
     policy, why = None, None
-    try:
-        policy = resolve_policy(folder.root, domain=model.domain, recipe=model.recipe,
-                                declared=folder.policy)
+    try:  # the head a run would take (cosmos3_gym.source: one way for runs and these commands)
+        policy = read_head(folder, model, path)
     except FileNotFoundError as err:
         why = str(err)
         if out is not None:  # convert writes a head; inspect says why there is none
             raise
-    if policy is not None and model.action_stats is not None:
-        stats = read_action_stats(model.action_stats)
-        check_action_stats(stats, policy, f"action statistics {model.action_stats}")
-        policy = dataclasses.replace(policy, stats=stats)
     contract = contract_of(folder, policy.domain_name if policy else None)
-    if policy is not None:
-        check_statistics_present(policy, folder.format, folder.root)
     check_loads(folder)  # what a load checks before reading a weight: ok here means it loads
     if out is not None:
         from cosmos3_gym.formats.convert import convert
