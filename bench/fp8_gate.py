@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cosmos3_gym.jsonio import write_text_atomic
 from cosmos3_gym.model.fp8 import fp8_linear, quantize_rows
 from cosmos3_gym.model.kernels import TorchGenOps
 from cosmos3_gym.stats import mcnemar_p, wilson_interval
@@ -245,7 +246,7 @@ def run_gates(preset: str = "tiny", device: str = "cpu", batch: int = 4, steps: 
     def save() -> None:
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(result, indent=2))
+            write_text_atomic(out, json.dumps(result, indent=2))
 
     result["sqnr"] = layer_sqnr(preset, device, batch, steps)
     save()

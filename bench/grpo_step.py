@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from cosmos3_gym.jsonio import write_text_atomic
+
 
 def run(preset: str, *, device: str, train: str, groups: int, group_size: int, steps: int,
         minibatch: int, microbatch: int, checkpointing: bool, episode_steps: int,
@@ -32,6 +34,8 @@ def run(preset: str, *, device: str, train: str, groups: int, group_size: int, s
     from cosmos3_gym.runner import GroupEpisodes, collect_on_policy, group_seed_rule
     from cosmos3_gym.source import load_policy, read_model_source
     from cosmos3_gym.train import grpo
+    from cosmos3_gym.train.data_parallel import DataParallel
+    from cosmos3_gym.train.memory import run_estimate
 
     dev = resolve_device(device)
     cfg = grpo.GRPOConfig(synthetic=preset, device=str(dev), train=train, groups=groups,
@@ -46,7 +50,7 @@ def run(preset: str, *, device: str, train: str, groups: int, group_size: int, s
                               "episode_steps": episode_steps}
 
     def save() -> None:
-        out.write_text(json.dumps(result, indent=2))
+        write_text_atomic(out, json.dumps(result, indent=2))
 
     def peak() -> float | None:
         if dev.type != "cuda":
@@ -65,8 +69,7 @@ def run(preset: str, *, device: str, train: str, groups: int, group_size: int, s
     result["trained_parameters"] = learner.trainable.count
     result["parameters"] = sum(p.numel() for p in learner.model.parameters())
     envs = eval_env.make(groups * group_size, False)
-    estimate = grpo._check_memory(learner, cfg, eval_env, envs, adapter, device_,
-                                  groups * group_size)
+    estimate = run_estimate(learner, cfg, eval_env, envs, adapter, device_, groups * group_size)
     result["estimate_gib"] = {k: round(v / 2**30, 2) for k, v in vars(estimate).items()}
     result["estimate_gib"]["total"] = round(estimate.total / 2**30, 2)
     result["loaded_gib"] = peak()
@@ -94,7 +97,7 @@ def run(preset: str, *, device: str, train: str, groups: int, group_size: int, s
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     t1 = time.perf_counter()
-    sums = grpo.update(learner, batch, signal, 1, cfg, grpo.DataParallel(0, 1))
+    sums = grpo.update(learner, batch, signal, 1, cfg, DataParallel(0, 1))
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     result["update_s"] = round(time.perf_counter() - t1, 2)

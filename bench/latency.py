@@ -18,10 +18,11 @@ the median of each side and the median of the per-pair ratios, so that a shared 
 drift moves both sides of a ratio together.
 
 A busy machine can still make a ratio meaningless, so every comparison is checked before it is
-shown: its per-pair ratios must agree within ``MAX_PAIR_SPREAD``, and at B=1, where batched and
-serial are the same call, the two sides must agree within ``SAME_CALL_TOLERANCE``. A comparison
-that fails is listed under ``unstable`` in the JSON (with its per-pair ratios, ``stable`` false)
-and its ratio is replaced by ``unstable`` in the table, with the reason below it.
+shown (:func:`~cosmos3_gym.bench.paired.why_unstable`): its per-pair ratios must agree within
+``MAX_PAIR_SPREAD``, and at B=1, where batched and serial are the same call, the two sides must
+agree within ``SAME_CALL_TOLERANCE``. A comparison that fails is listed under ``unstable`` in
+the JSON (with its per-pair ratios, ``stable`` false) and its ratio is replaced by ``unstable``
+in the table, with the reason below it.
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import platform
-import resource
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -40,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from cosmos3_gym.bench.paired import Stages, paired, peak_memory_mb, stage_seconds, why_unstable
+from cosmos3_gym.jsonio import write_text_atomic
 from cosmos3_gym.pipeline.sampling import SamplerConfig
 from cosmos3_gym.settings import (
     ModelSettings,
@@ -73,77 +74,6 @@ SWITCHES = {
     "frame_encoder": "frame_encoder",
     "prompt_cache": "prompt_cache",
 }
-
-
-Stages = dict[str, float]
-
-# A quiet machine repeats a comparison's ratio to within a few percent from pair to pair; pairs
-# whose ratios differ by more than this factor (largest over smallest) measured the machine.
-MAX_PAIR_SPREAD = 1.5
-# At B=1 "batched" and "serial" are one and the same call: sides further apart than this factor
-# mean the timing is noise, and so is every other ratio of the run.
-SAME_CALL_TOLERANCE = 1.2
-
-
-def _timed(fn: Callable[[], Stages]) -> tuple[float, Stages]:
-    start = time.perf_counter()
-    stages = fn()
-    return time.perf_counter() - start, stages
-
-
-def _paired(
-    run_a: Callable[[], Stages], run_b: Callable[[], Stages], warmup: int, repeats: int
-) -> dict[str, Any]:
-    """Time ``a`` and ``b`` alternately (a, b, a, b, ...) after ``warmup`` untimed pairs.
-
-    Returns each side's median seconds and median per-stage seconds, and the median of the
-    per-pair ratios ``a / b`` (whole call and denoising stage). Pairing the two sides in time
-    keeps a shared machine's drift out of the ratio.
-    """
-    for _ in range(warmup):
-        run_a()
-        run_b()
-    pairs = [(_timed(run_a), _timed(run_b)) for _ in range(repeats)]
-
-    def median_stages(side: int) -> Stages:
-        keys = pairs[0][side][1].keys()
-        return {k: statistics.median(p[side][1][k] for p in pairs) for k in keys}
-
-    ratios = [a[0] / b[0] for a, b in pairs]
-    denoise_ratios = [a[1]["denoise"] / b[1]["denoise"] for a, b in pairs]
-    return {
-        "a_s": statistics.median(a[0] for a, _ in pairs),
-        "b_s": statistics.median(b[0] for _, b in pairs),
-        "a_stages_s": median_stages(0),
-        "b_stages_s": median_stages(1),
-        "ratio": statistics.median(ratios),
-        "denoise_ratio": statistics.median(denoise_ratios),
-        "pair_ratios": ratios,
-        "pair_denoise_ratios": denoise_ratios,
-    }
-
-
-def _unstable(m: dict[str, Any], same_call: bool = False) -> str | None:
-    """Why the ratios of a :func:`_paired` measurement cannot be trusted, or None if they can.
-
-    ``same_call``: both sides ran the same call, so their ratio must be 1.
-
-    >>> _unstable({"pair_ratios": [1.0, 3.1, 1.1], "pair_denoise_ratios": [1.0, 1.0, 1.0]})
-    'its paired ratios range from 1.00x to 3.10x'
-    """
-    for ratios in (m["pair_ratios"], m["pair_denoise_ratios"]):
-        if max(ratios) / min(ratios) > MAX_PAIR_SPREAD:
-            return f"its paired ratios range from {min(ratios):.2f}x to {max(ratios):.2f}x"
-    if same_call:
-        for what, ratio in (("paired ratio", m["ratio"]),
-                            ("ratio of their median seconds", m["a_s"] / m["b_s"])):
-            if not 1 / SAME_CALL_TOLERANCE <= ratio <= SAME_CALL_TOLERANCE:
-                return f"both sides are the same call, yet the {what} is {ratio:.2f}x"
-    return None
-
-
-def _stage_seconds(timings: dict[str, float]) -> Stages:
-    return {k[:-2]: v for k, v in timings.items() if k.endswith("_s") and k != "total_s"}
 
 
 def kernel_microbench(device: str = "cpu", batch: int = 8, repeats: int = 10) -> dict[str, Any]:
@@ -194,14 +124,6 @@ def kernel_microbench(device: str = "cpu", batch: int = 8, repeats: int = 10) ->
         }
 
 
-def _peak_memory_mb(device: torch.device) -> float:
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
 def run_benchmark(
     source: ModelSource,
     *,
@@ -241,7 +163,7 @@ def run_benchmark(
     def call(p: Cosmos3ActionPipeline, items: range, prompts: list[str]) -> Stages:
         out = p(images[items.start : items.stop], prompts[items.start : items.stop],
                 seed=list(items), progress=False, **sampling.call_kwargs(None))
-        return _stage_seconds(out.timings)
+        return stage_seconds(out.timings)
 
     def serial(b: int) -> Stages:
         """The b items as b separate B=1 calls; stage seconds summed over the calls."""
@@ -255,7 +177,7 @@ def run_benchmark(
     unstable: dict[str, str] = {}  # comparison -> why its ratio is not shown
 
     def check(name: str, m: dict[str, Any], same_call: bool = False) -> bool:
-        reason = _unstable(m, same_call)
+        reason = why_unstable(m, same_call)
         if reason is not None:
             unstable[name] = reason
         return reason is None
@@ -263,7 +185,7 @@ def run_benchmark(
     for b in batch_sizes:
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
-        m = _paired(lambda b=b: serial(b), lambda b=b: call(pipe, range(b), mixed),
+        m = paired(lambda b=b: serial(b), lambda b=b: call(pipe, range(b), mixed),
                     warmup, repeats)
         per_batch[str(b)] = {
             "stable": check(f"B={b} vs serial", m, same_call=b == 1),
@@ -278,7 +200,7 @@ def run_benchmark(
             "serial_stages_s": m["a_stages_s"],
             # The model's share alone: the denoising loop, batched vs b serial loops.
             "denoise_speedup_vs_serial": m["denoise_ratio"],
-            "peak_memory_mb": _peak_memory_mb(dev),
+            "peak_memory_mb": peak_memory_mb(dev),
         }
 
     b = compare_batch
@@ -301,12 +223,12 @@ def run_benchmark(
     optimisations = {}
     for name, option in SWITCHES.items():
         variant = switched_off(option)
-        m = _paired(lambda v=variant: call(v, range(b), mixed),
+        m = paired(lambda v=variant: call(v, range(b), mixed),
                     lambda: call(pipe, range(b), mixed), warmup, repeats)
         optimisations[name] = {"total": m["ratio"], "denoise": m["denoise_ratio"],
                                "stable": check(name, m), "pair_ratios": m["pair_ratios"]}
         del variant
-    m = _paired(lambda: call(pipe, range(b), mixed),
+    m = paired(lambda: call(pipe, range(b), mixed),
                 lambda: call(pipe, range(b), [EQUAL_PROMPT] * max_b), warmup, repeats)
     mixed_vs_equal = m["ratio"]
     check("mixed/equal prompt lengths", m)
@@ -415,7 +337,9 @@ class BenchConfig(ModelSettings, RuntimeSettings):
     input_size: str = setting("256x512", "the synthetic observations' size HxW in pixels",
                               group="bench", metavar="HxW")
     warmup: int = setting(1, "untimed pairs before each comparison", group="bench", parse=int)
-    repeats: int = setting(5, "timed pairs per comparison", group="bench", parse=positive_int)
+    repeats: int = setting(
+        5, "how many times each measurement runs; here the timed pairs of each comparison",
+        group="bench", parse=positive_int)
     compare_batch: int = setting(8, "batch size of the on/off comparisons", group="bench",
                                  parse=positive_int)
     overlap_env: str | None = setting(
@@ -439,7 +363,7 @@ class BenchConfig(ModelSettings, RuntimeSettings):
         self.image_hw = (height, width)
 
 
-def run(config: BenchConfig) -> dict[str, Any]:
+def run_bench_command(config: BenchConfig) -> dict[str, Any]:
     """``cosmos3-gym bench``: run, write the JSON and the plot, print the table."""
     config.resolve_runtime()
     if config.threads is not None:
@@ -456,7 +380,7 @@ def run(config: BenchConfig) -> dict[str, Any]:
     )
     out = Path(config.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    write_text_atomic(out, json.dumps(result, indent=2))
     print(format_table(result))
     from cosmos3_gym.bench.plots import plot_bench
     from cosmos3_gym.plotting import PlottingUnavailable

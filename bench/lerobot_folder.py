@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cosmos3_gym.jsonio import write_text_atomic
+
 
 def _sync(device: Any) -> None:
     import torch
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="the JSON result")
     args = parser.parse_args(argv)
     result = run(args.preset, args.layers, args.device, Path(args.folder), args.repeats)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_text_atomic(args.out, json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     return 0
 

@@ -49,7 +49,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cosmos3_gym.bench.latency import PROMPTS, _paired, _peak_memory_mb, _stage_seconds
+from cosmos3_gym.bench.latency import PROMPTS
+from cosmos3_gym.bench.paired import paired, peak_memory_mb, stage_seconds
+from cosmos3_gym.jsonio import write_text_atomic
 from cosmos3_gym.settings import (
     SYNTHETIC_PRESETS,
     csv,
@@ -368,7 +370,7 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
     def call(p: Cosmos3ActionPipeline, b: int, n: int) -> dict[str, float]:
         out = p(images[:b], prompts[:b], seed=list(range(b)), num_inference_steps=n,
                 progress=False, **call_inputs(p, b))
-        return _stage_seconds(out.timings)
+        return stage_seconds(out.timings)
 
     def step_flops(b: int, n: int) -> float:
         """GEN FLOPs of a call: B rows per step, 2B on the guided steps."""
@@ -392,7 +394,7 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
                 "recipe": case.recipe, "guided_steps": guided_steps(pipe, n),
                 "denoise_tflops": flops / stages["denoise"] / 1e12,
                 **profile_call(lambda b=b, n=n: call(pipe, b, n), dev),
-                "stages_s": stages, "peak_memory_mb": _peak_memory_mb(dev),
+                "stages_s": stages, "peak_memory_mb": peak_memory_mb(dev),
                 "tokens": counts, "denoise_step_s": stages["denoise"] / n,
             })
             run.save()
@@ -413,7 +415,7 @@ def _measure_case(run: _Run, case: Case, batch_sizes: tuple[int, ...], steps: tu
             try:
                 variant, _ = synthetic_pipeline(run.preset, case, device=dev, dtype=run.dtype,
                                                 options=flipped, components=run.components)
-                m = _paired(lambda v=variant, b=b: call(v, b, n), lambda b=b: call(pipe, b, n),
+                m = paired(lambda v=variant, b=b: call(v, b, n), lambda b=b: call(pipe, b, n),
                             run.warmup, run.repeats)
                 if variant.disabled_options:  # it ran, but without what was to be measured
                     raise RuntimeError("; ".join(f"{k} switched off: {v}"
@@ -486,7 +488,7 @@ def run_synthetic(
     def save() -> None:
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(result, indent=2))
+            write_text_atomic(out, json.dumps(result, indent=2))
 
     run = _Run(preset, dev, dtype, options, warmup, repeats, save, flips)
     result["self_check"] = check_options(run, CASES[cases[0]])
@@ -608,7 +610,9 @@ class SizeConfig:
         True, "time diffusers' reference forward beside ours (it needs a second copy of the "
         "weights in memory)", group="bench", flag="no-reference")
     warmup: int = setting(1, "untimed pairs before each comparison", group="bench", parse=int)
-    repeats: int = setting(3, "timed pairs per comparison", group="bench", parse=positive_int)
+    repeats: int = setting(
+        3, "how many times each measurement runs; here the timed pairs of each comparison",
+        group="bench", parse=positive_int)
     device: str = device_setting()
     precision: str = precision_setting()
     threads: int | None = threads_setting()
@@ -622,7 +626,7 @@ class SizeConfig:
             raise ValueError(f"--cases: unknown {unknown}; expected some of {sorted(CASES)}")
 
 
-def run(config: SizeConfig) -> dict[str, Any]:
+def run_size_command(config: SizeConfig) -> dict[str, Any]:
     """``cosmos3-gym size``: measure, write the JSON as it goes, print the table."""
     if config.threads is not None:
         import torch

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cosmos3_gym.jsonio import check_types, read_json_object
+from cosmos3_gym.jsonio import check_range, check_types, read_json_object, write_text_atomic
 from cosmos3_gym.recipes import RECIPES, get_recipe
 
 TRANSFORMER = "transformer"
@@ -80,6 +80,13 @@ GIVEN_SOURCE = "PolicyConfig given"
 SCHEDULER_SOURCE = f"{SCHEDULER}/scheduler_config.json"
 
 NORMALIZATIONS = ("quantile", "quantile_rot", "meanstd", "minmax", "quantile10", "none")
+# The largest values a policy may declare (docs/checkpoints.md, "What is checked"): far above
+# every published recipe (30 steps, guidance 1 to 7, shift 1 to 10, chunks of 16 to 32), low
+# enough that a typo is refused when the folder is read instead of surfacing as an allocation
+# of terabytes (a chunk of 2^30 actions) or a run that never ends (10^9 denoising steps).
+POLICY_BOUNDS = {"num_inference_steps": 1000, "action_horizon": 1024, "guidance_scale": 100.0,
+                 "flow_shift": 100.0, "fps": 1000.0, "action_fps": 1000.0,
+                 "history_length": 64, "max_sequence_length": 131072}
 VIEW_POINTS = ("concat_view", "ego_view", "third_person_view", None)
 # How a task becomes the caption (pipeline/prompt.py): cosmos-framework's JSON caption, or
 # LeRobot's plain-text one.
@@ -160,6 +167,11 @@ class PolicyConfig:
     # mode (NORMALIZATIONS); None: like the actions, with the action statistics.
     state_normalization: str | None = None
     state_stats: dict[str, Any] | None = None
+    # The sampled actions clipped to the normalised range [-1, 1] before un-normalisation, as
+    # Diffusion Policy clips its samples: a head trained on actions inside that range, whose
+    # samples of an action on its bound land on both sides of it (the tiny ColorReach head's
+    # saturated velocities). False: as sampled (the released heads, whose data reach past it).
+    clip_actions: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     # Where each sampler setting (SAMPLER_FIELDS) came from: "recipe NAME", "action_policy.json",
     # "scheduler/scheduler_config.json", "PolicyConfig default" or "PolicyConfig given"; filled
@@ -174,21 +186,35 @@ class PolicyConfig:
                     f"one of {sorted(DOMAINS)}"
                 )
             self.domain_id = DOMAINS[self.domain_name].embodiment_id
-        if self.action_horizon < 1 or self.action_horizon % 4:
+        bounds = POLICY_BOUNDS
+        check_range("action_horizon", self.action_horizon, 1, bounds["action_horizon"],
+                    integer=True, why="actions per chunk")
+        if self.action_horizon % 4:
             raise ValueError(
                 f"action_horizon must be a positive multiple of 4 (num_frames = H + 1 must fit "
                 f"the VAE's 4x temporal compression), got {self.action_horizon}"
             )
-        if not 1 <= self.raw_action_dim <= 64:
-            raise ValueError(f"raw_action_dim must be in [1, 64], got {self.raw_action_dim}")
+        check_range("raw_action_dim", self.raw_action_dim, 1, 64, integer=True,
+                    why="the action channels of the head")
+        check_range("num_inference_steps", self.num_inference_steps, 1,
+                    bounds["num_inference_steps"], integer=True, why="denoising steps per chunk")
+        check_range("guidance_scale", self.guidance_scale, 0, bounds["guidance_scale"],
+                    why="1 runs no classifier-free guidance")
+        check_range("flow_shift", self.flow_shift, 0, bounds["flow_shift"], above=True)
+        check_range("fps", self.fps, 0, bounds["fps"], above=True)
+        if self.action_fps is not None:
+            check_range("action_fps", self.action_fps, 0, bounds["action_fps"], above=True)
+        check_range("max_sequence_length", self.max_sequence_length, 1,
+                    bounds["max_sequence_length"], integer=True, why="prompt tokens")
+        for name in ("eos_token_id", "vision_start_token_id"):
+            if getattr(self, name) is not None:
+                check_range(name, getattr(self, name), 0, 2**31, integer=True)
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(
                 f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}"
             )
         if self.stats is not None:  # finite vectors of one length, checked once, here
-            from cosmos3_gym.pipeline.normalization import ActionStats
-
-            ActionStats.from_dict(self.stats, source="stats")
+            _check_statistics(self.stats, self.normalization, "action statistics")
         widths = _stats_widths(self.stats) if self.normalization != "none" else {}
         wrong = sorted({n for n in widths.values() if n != self.raw_action_dim})
         if wrong:
@@ -200,10 +226,8 @@ class PolicyConfig:
             )
         if self.guidance_interval is not None:
             self.guidance_interval = check_guidance_interval(self.guidance_interval)
-        if isinstance(self.history_length, bool) or not isinstance(self.history_length, int) or (
-            self.history_length < 0
-        ):
-            raise ValueError(f"history_length must be an int >= 0, got {self.history_length!r}")
+        check_range("history_length", self.history_length, 0, bounds["history_length"],
+                    integer=True, why="state rows")
         for name, allowed in (("caption_format", CAPTION_FORMATS), ("resize", RESIZES),
                               ("canvas_bins", CANVAS_BINS)):
             if getattr(self, name) not in allowed:
@@ -212,9 +236,8 @@ class PolicyConfig:
             raise ValueError(f"state_normalization must be None or one of {NORMALIZATIONS}, got "
                              f"{self.state_normalization!r}")
         if self.state_stats is not None:
-            from cosmos3_gym.pipeline.normalization import ActionStats
-
-            ActionStats.from_dict(self.state_stats, source="state_stats")
+            _check_statistics(self.state_stats, self.state_normalization or "none",
+                              "state statistics")
         if self.state_normalization not in (None, "none") and self.state_stats is None:
             raise ValueError(f"state_normalization {self.state_normalization!r} needs "
                              "state_stats (the state's own statistics)")
@@ -347,8 +370,24 @@ class PolicyConfig:
         path = Path(path)
         fields = dataclasses.asdict(self)
         del fields["sampler_sources"]  # where the settings came from is not a setting
-        path.write_text(json.dumps(fields, indent=2))
+        write_text_atomic(path, json.dumps(fields, indent=2))
         return path
+
+
+def _check_statistics(stats: dict[str, Any], mode: str, noun: str) -> None:
+    """Statistics as a head of normalisation ``mode`` reads them: every block finite and of
+    one length, and the block the mode reads holding its two vectors with a spread data can have
+    (:meth:`~cosmos3_gym.pipeline.normalization.ActionStats.block_for`); errors begin with
+    ``noun`` (``action statistics``, ``state statistics``), so a state block is not blamed on
+    the actions."""
+    from cosmos3_gym.pipeline.normalization import ActionStats
+
+    try:
+        parsed = ActionStats.from_dict(stats, source="stats")
+        if mode != "none":
+            parsed.block_for(mode)
+    except ValueError as err:
+        raise ValueError(f"{noun}: {err}") from None
 
 
 def check_guidance_interval(interval: Any) -> tuple[float, float]:

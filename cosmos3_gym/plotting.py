@@ -7,9 +7,10 @@ atomically so that a viewer open on a running evaluation's plot never reads half
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from cosmos3_gym.jsonio import atomic_write
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -42,8 +43,7 @@ def save_figure(fig: Figure, stem: Path) -> list[Path]:
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "cosmos3-gym"}):
         for suffix, metadata in ((".png", {"Software": None}), (".svg", {"Date": None})):
             path = stem.with_name(stem.name + suffix)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{suffix}")
-            fig.savefig(tmp, metadata=metadata, facecolor="white")
-            os.replace(tmp, path)
+            atomic_write(path, lambda f, suffix=suffix, metadata=metadata: fig.savefig(
+                f, format=suffix[1:], metadata=metadata, facecolor="white"))
             paths.append(path)
     return paths

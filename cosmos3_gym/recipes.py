@@ -132,9 +132,9 @@ class Published:
         """
         if self.rate is None:
             return None
-        from cosmos3_gym.stats import _wilson
+        from cosmos3_gym.stats import wilson_interval_of_rate
 
-        return _wilson(self.rate, episodes)
+        return wilson_interval_of_rate(self.rate, episodes)
 
 
 @dataclass(frozen=True)

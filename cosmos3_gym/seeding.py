@@ -59,3 +59,27 @@ def check_noise(noise: np.ndarray, name: str, batch: int, item_shape: Sequence[i
         raise ValueError(f"{name} must be floating-point noise; found dtype {noise.dtype}")
     if not np.isfinite(noise).all():
         raise ValueError(f"{name} contains NaN or infinite values; expected finite noise")
+
+
+# Keeps a repeat's mixing apart from any other use of SeedSequence on the same seed.
+_REPEAT_TAG = 2
+
+
+def repeat_seed(seed: int, repeat: int) -> int:
+    """The noise seed of repeat ``repeat`` of a draw seeded ``seed`` (``--repeats``: the same
+    episodes rerun with fresh noise). Repeat 0 is the draw itself, so a run's first repeat is
+    the run without repeats, byte for byte; repeat ``r > 0`` mixes ``(seed, r)`` by
+    ``SeedSequence`` into another 31-bit seed.
+
+    >>> repeat_seed(12345, 0)
+    12345
+    >>> repeat_seed(12345, 1) != repeat_seed(12345, 2) != 12345
+    True
+    """
+    check_seed(seed)
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 0:
+        raise ValueError(f"repeat: expected an integer >= 0; found {repeat!r}")
+    if repeat == 0:
+        return int(seed)
+    words = [int(seed) & 0xFFFFFFFF, int(seed) >> 32, _REPEAT_TAG, repeat]
+    return int(np.random.SeedSequence(words).generate_state(1)[0] >> 1)

@@ -151,7 +151,7 @@ def json_object(text: str) -> dict[str, Any]:
 
 def env_name(text: str) -> str:
     """A name of the env table (``EVAL_ENVS``), a benchmark preset, or ``gym:ID``."""
-    from cosmos3_gym.envs.families import check_env_name
+    from cosmos3_gym.envs.names import check_env_name
 
     return check_env_name(text)
 
@@ -170,6 +170,23 @@ def render_size(text: str) -> tuple[int, int]:
     if len(sizes) not in (1, 2) or min(sizes) < 1:
         raise ValueError(f"expected HxW with sizes >= 1 (e.g. 96x128); found {text!r}")
     return (sizes[0], sizes[-1])
+
+
+def shard_spec(text: str) -> str:
+    """``I/N``: shard ``I`` of ``N`` (``0 <= I < N``), written back without spaces.
+
+    >>> shard_spec(" 1 / 4 ")
+    '1/4'
+    """
+    index, slash, count = str(text).partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i = n = -1
+    if not slash or n < 1 or not 0 <= i < n:
+        raise ValueError(f"expected I/N with 0 <= I < N (shard I of N, e.g. 0/4); found "
+                         f"{text!r}")
+    return f"{i}/{n}"
 
 
 def text_or_json_object(text: str) -> str | dict[str, str]:
@@ -211,7 +228,18 @@ RULES: dict[Callable[[str], Any], tuple[Callable[[Any], bool], str]] = {
     json_object: (lambda v: isinstance(v, dict), "a JSON object"),
     render_size: (lambda v: isinstance(v, (list, tuple)) and len(v) == 2
                   and all(_is_int(x) and x >= 1 for x in v), "(height, width) >= 1"),
+    shard_spec: (lambda v: isinstance(v, str) and _holds(shard_spec, v),
+                 "'I/N' with 0 <= I < N (e.g. '0/4')"),
 }
+
+
+def _holds(reader: Callable[[str], Any], value: str) -> bool:
+    """Whether ``reader`` takes ``value`` as it is written (a value given from Python or a
+    config file must already be in the form the command line's reader writes)."""
+    try:
+        return reader(value) == value
+    except ValueError:
+        return False
 
 
 def check_settings(settings: Any) -> None:
@@ -437,7 +465,9 @@ class EnvSettings:
         metavar="RULE")
     image_key: list[str] | None = setting(
         None, "--env gym:ID and presets: the observation key(s) of the camera image, "
-        "comma-separated (several side by side)", group="env", parse=csv, metavar="KEYS")
+        "comma-separated (several side by side); with a checkpoint that declares its cameras "
+        "(a LeRobot folder), one key per camera, in the order inspect lists them",
+        group="env", parse=csv, metavar="KEYS")
     state_key: str | None = setting(
         None, "--env gym:ID and presets: the observation key of the robot state, for "
         "state-conditioned heads", group="env", metavar="KEY")
@@ -456,7 +486,7 @@ class EnvSettings:
 
     def env_options(self) -> dict[str, Any]:
         """What :func:`~cosmos3_gym.envs.make_eval_env` takes of these settings."""
-        from cosmos3_gym.envs.families import GYM_OPTIONS
+        from cosmos3_gym.envs.names import GYM_OPTIONS
 
         base = ("suite", "tasks", "image_size", "max_episode_steps", "step_budget")
         return {name: getattr(self, name) for name in (*base, *GYM_OPTIONS)}
@@ -465,7 +495,7 @@ class EnvSettings:
         """The env family these settings name (:func:`~cosmos3_gym.envs.make_eval_env`), with
         ``changes`` over :meth:`env_options`: every command builds its env here, so none drops
         a setting."""
-        from cosmos3_gym.envs.families import make_eval_env
+        from cosmos3_gym.envs.names import make_eval_env
 
         return make_eval_env(self.env, **{**self.env_options(), **changes})
 

@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cosmos3_gym.checkpoint import (
@@ -52,7 +53,8 @@ class ModelSource:
         label: how messages name it (``--checkpoint PATH``, ``--synthetic nano``, ``the pipeline
             given``).
         checkpoint: the checkpoint as the user named it (a folder, a shipped name, a Hugging
-            Face repository id); None for a synthetic model or a pipeline given.
+            Face repository id); for a pipeline given, the folder it was loaded from or
+            ``"in memory"`` (:func:`pipeline_checkpoint`); None for a synthetic model.
         folder: the checkpoint folder as read (None: synthetic, or a pipeline given without one).
         head: how the checkpoint's action head is used in this run (its
             :class:`~cosmos3_gym.checkpoint.PolicyConfig`; None only for a stand-in pipeline
@@ -108,8 +110,9 @@ class ModelSource:
     def adapter(self, eval_env: EvalEnv, action_map: str | None = None) -> Adapter:
         """The adapter a policy of this model drives ``eval_env`` with: a synthetic model's
         (:func:`~cosmos3_gym.synthetic.synthetic_adapter`), the one the checkpoint's contract
-        asks for, else the env family's (with its options); the action map (``action_map``,
-        else the env's own: :func:`~cosmos3_gym.policy.adapters.action_map_of`) over it."""
+        asks for (the env's cameras mapped onto its own), else the env family's (with its
+        options); the action map (``action_map``, else the env's own:
+        :func:`~cosmos3_gym.policy.adapters.action_map_of`) over it."""
         from cosmos3_gym.policy import get_adapter
         from cosmos3_gym.policy.adapters import (
             action_map_of,
@@ -122,7 +125,7 @@ class ModelSource:
 
             adapter = synthetic_adapter(eval_env)
         elif self.contract is not None:
-            adapter = adapter_for_contract(self.contract)
+            adapter = adapter_for_contract(self.contract, eval_env.adapter_options)
         else:
             adapter = get_adapter(eval_env.adapter, **eval_env.adapter_options)
         chosen = action_map_of(action_map, eval_env)
@@ -218,6 +221,15 @@ def read_model_source(model: Any, eval_env: EvalEnv | None = None) -> ModelSourc
     checkpoint = model.checkpoint if model.checkpoint is not None else "tiny"
     label = f"--checkpoint {checkpoint}"
     folder = read_checkpoint(checkpoint, vae=model.vae, tokenizer=model.tokenizer)
+    policy = read_head(folder, model, label)
+    return ModelSource(label=label, checkpoint=str(checkpoint), folder=folder, head=policy)
+
+
+def read_head(folder: CheckpointFolder, model: Any, label: str) -> PolicyConfig:
+    """The head a run of ``folder`` uses under ``model``'s settings (its ``domain``, ``recipe``
+    and ``action_stats``), its statistics checked against it: what a run, ``inspect`` and
+    ``convert`` all take. A head nothing names is a :class:`FileNotFoundError` naming the fix;
+    ``label`` names the checkpoint in errors."""
     policy = resolve_policy(folder.root, domain=model.domain, recipe=model.recipe,
                             declared=folder.policy)
     if model.action_stats is not None:
@@ -227,12 +239,33 @@ def read_model_source(model: Any, eval_env: EvalEnv | None = None) -> ModelSourc
     elif policy.denormalizes:  # the checkpoint's own statistics, for its head's mode
         check_action_stats(policy.stats, policy, f"{label}'s action statistics")
     check_statistics_present(policy, folder.format, folder.root)
-    return ModelSource(label=label, checkpoint=str(checkpoint), folder=folder, head=policy)
+    return policy
+
+
+# How a run names a pipeline handed in that was not loaded from a checkpoint folder.
+IN_MEMORY = "in memory"
+
+
+def pipeline_checkpoint(pipeline: Any) -> str:
+    """How a run names a pipeline handed in: the checkpoint folder it was loaded from (a shipped
+    checkpoint by its name, as ``--checkpoint tiny`` names it), else ``"in memory"``. Whether
+    its weights are still the folder's is the identity's ``weights`` (:meth:`ModelSource.
+    fingerprint`)."""
+    folder = getattr(pipeline, "checkpoint", None)
+    root = getattr(folder, "root", None)
+    if root is None:
+        return IN_MEMORY
+    from cosmos3_gym.formats import SHIPPED
+
+    root = Path(root)
+    return root.name if root.parent == SHIPPED else str(root)
 
 
 def pipeline_source(pipeline: Any) -> ModelSource:
-    """A pipeline already in memory as a model source (its policy and contract its own)."""
+    """A pipeline already in memory as a model source (its policy and contract its own; its
+    name :func:`pipeline_checkpoint`)."""
     return ModelSource(label="the pipeline given", pipeline=pipeline,
+                       checkpoint=pipeline_checkpoint(pipeline),
                        folder=getattr(pipeline, "checkpoint", None),
                        head=getattr(pipeline, "policy", None))
 

@@ -21,11 +21,16 @@ def wilson_interval(successes: int, trials: int, z: float = Z_95) -> tuple[float
         raise ValueError(f"expected 0 <= successes <= trials; found {successes} of {trials}")
     if trials == 0:
         return 0.0, 1.0
-    return _wilson(successes / trials, trials, z)
+    return wilson_interval_of_rate(successes / trials, trials, z)
 
 
-def _wilson(p: float, n: float, z: float = Z_95) -> tuple[float, float]:
-    """The Wilson score interval of a proportion ``p`` observed over ``n`` (> 0) trials."""
+def wilson_interval_of_rate(p: float, n: float, z: float = Z_95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion ``p`` observed over ``n`` (> 0) trials; ``n``
+    may be an effective count (a mean of suites' rates) or the episodes a run would have.
+
+    >>> [round(x, 4) for x in wilson_interval_of_rate(0.5, 10)]
+    [0.2366, 0.7634]
+    """
     z2 = z * z
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
@@ -73,8 +78,8 @@ def paired_difference(pairs: list[tuple[bool, bool]], z: float = Z_95) -> dict[s
     if n == 0:
         return {**out, "difference": None, "interval": [None, None]}
     p1, p2 = (both + arm_only) / n, (both + control_only) / n
-    l1, u1 = _wilson(p1, n, z)
-    l2, u2 = _wilson(p2, n, z)
+    l1, u1 = wilson_interval_of_rate(p1, n, z)
+    l2, u2 = wilson_interval_of_rate(p2, n, z)
     # The pairs' correlation (phi), with Newcombe's continuity correction of its numerator.
     margins = (both + arm_only) * (control_only + neither) * (both + control_only) * (
         arm_only + neither)

@@ -260,8 +260,10 @@ def build_tiny_transformer(vocab_size: int, seed: int = 0, **overrides: Any):
 
 
 # The policy head of a checkpoint for the built-in ColorReach env: 2-D velocities as the model
-# makes them (already in [-1, 1], no statistics), one camera. write_tiny_checkpoint(path,
-# policy_overrides=COLOR_REACH_POLICY) writes one; the shipped tiny checkpoint has this head.
+# makes them (in its normalised [-1, 1], no statistics), one camera. write_tiny_checkpoint(path,
+# policy_overrides=COLOR_REACH_POLICY) writes one (random weights: its actions stray past the
+# bounds, and runs report them); the shipped tiny checkpoint has this head, trained, with its
+# samples clipped to the range its demos lie in (clip_actions, train/config.py).
 COLOR_REACH_POLICY: dict[str, Any] = {
     "raw_action_dim": 2, "normalization": "none", "stats": None, "view_point": "ego_view",
 }
@@ -293,6 +295,7 @@ def write_tiny_checkpoint(
 
     from cosmos3_gym import checkpoint as layout
     from cosmos3_gym.checkpoint import PolicyConfig
+    from cosmos3_gym.jsonio import write_text_atomic
     from cosmos3_gym.model.weights import save_transformer
 
     root = Path(directory)
@@ -305,11 +308,13 @@ def write_tiny_checkpoint(
         root / layout.TRANSFORMER,
     )
     (root / layout.SCHEDULER).mkdir(exist_ok=True)
-    (root / layout.SCHEDULER / "scheduler_config.json").write_text(
+    write_text_atomic(
+        root / layout.SCHEDULER / "scheduler_config.json",
         json.dumps({"_class_name": "UniPCMultistepScheduler", "use_flow_sigmas": True,
                     "prediction_type": "flow_prediction", "flow_shift": 5.0})
     )
-    (root / layout.MODEL_INDEX).write_text(
+    write_text_atomic(
+        root / layout.MODEL_INDEX,
         json.dumps({
             "_class_name": "Cosmos3OmniPipeline",
             "transformer": ["diffusers", "Cosmos3OmniTransformer"],

@@ -4,7 +4,8 @@ It needs no simulator download and steps in microseconds, so it serves the tests
 and the shipped tiny checkpoint. The arena is the unit square seen from above; coloured targets
 sit at the centres of distinct cells of a 4x4 grid and a white agent square must reach the one the
 prompt names. Every target is drawn in every episode, so a policy that ignores the prompt (or
-reads another env's prompt) goes to the wrong target and fails.
+reads another env's prompt) goes to the wrong target and fails. :class:`ColorReachEval` is its
+env family (``--env color_reach``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from .base import Episode, EvalEnv
 from .chunking import make_held_env
 from .limits import OwnTimeLimit
 
@@ -287,3 +289,75 @@ def make_color_reach_vector_env(
     if async_:
         return gym.vector.AsyncVectorEnv(fns, autoreset_mode=autoreset_mode)
     return gym.vector.SyncVectorEnv(fns, autoreset_mode=autoreset_mode)
+
+
+class ColorReachEval(EvalEnv):
+    """The built-in env; a task is a target colour (``red``, ``green``, ``blue``, ``yellow``)."""
+
+    suite = "color_reach"
+    adapter = "generic"
+    domain = "color_reach"
+    control_hz = 10.0  # its render_fps; actions are velocities
+    hold = "still"
+    # A faster agent (0.28 instead of 0.08 arena units per step) makes the tiny policy overshoot:
+    # GRPO's reference benchmark (docs/rl.md).
+    env_kwargs_keys = ("max_speed",)
+
+    def __init__(
+        self, tasks: list[str] | None = None, *, image_size: int = 128, max_episode_steps: int = 40,
+        max_speed: float | None = None,
+    ) -> None:
+        if max_speed is not None and (isinstance(max_speed, bool)
+                                      or not isinstance(max_speed, (int, float))
+                                      or not max_speed > 0):
+            raise ValueError(f"color_reach max_speed must be a positive number of arena units "
+                             f"per step; found {max_speed!r}")
+        tasks = list(COLORS) if tasks is None else tasks
+        unknown = [t for t in tasks if t not in COLORS]
+        if unknown:
+            raise ValueError(
+                f"unknown color_reach tasks {unknown}; expected some of {list(COLORS)}"
+            )
+        super().__init__(tasks)
+        self.image_size = image_size
+        self.max_episode_steps = max_episode_steps
+        # Arena units per step at full action; None: the env's own (a harder setting: faster).
+        self.max_speed = max_speed
+
+    @classmethod
+    def from_cli(
+        cls, *, suite: str | None, tasks: list[str] | None, image_size: int | None,
+        max_episode_steps: int | None, step_budget: str | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+    ) -> ColorReachEval:
+        if suite not in (None, "color_reach"):
+            raise ValueError(f"--suite {suite!r} does not apply to --env color_reach")
+        if step_budget is not None:
+            raise ValueError(
+                f"--step-budget {step_budget!r} chooses between LIBERO clients' conventions and "
+                "applies to --env libero only; --env color_reach takes --max-episode-steps"
+            )
+        return cls(tasks, image_size=image_size or 128, max_episode_steps=max_episode_steps or 40,
+                   **(env_kwargs or {}))
+
+    def episode_budget(self) -> dict[str, Any]:
+        return {"step_budget": None, "settle_steps": 0,
+                "max_episode_steps": {self.suite: self.max_episode_steps}}
+
+    def reset_options(self, episode: Episode) -> dict[str, Any]:
+        return {"target": episode.task}
+
+    def task_prompt(self, task_index: int) -> str:
+        return prompt_for(self.tasks[task_index])
+
+    def make(
+        self, num_envs: int, async_: bool, autoreset_mode: AutoresetMode = AutoresetMode.DISABLED
+    ) -> VectorEnv:
+        return make_color_reach_vector_env(
+            num_envs,
+            async_=async_,
+            autoreset_mode=autoreset_mode,
+            image_size=self.image_size,
+            max_episode_steps=self.max_episode_steps,
+            **({} if self.max_speed is None else {"max_speed": self.max_speed}),
+        )

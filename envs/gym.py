@@ -436,24 +436,6 @@ def load_object(name: str) -> Any:
                          "installed package") from None
 
 
-def make_gym_sub_env(
-    env_id: str,
-    *,
-    prompt: str | None,
-    image: str = "auto",
-    success: SuccessRule | str = "auto",
-    wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
-    render_size: tuple[int, int] | None = None,
-    **env_kwargs: Any,
-) -> gym.Env:
-    """One sub-env as :func:`make_gym_vector_env` builds it (``gym.make`` then
-    :class:`SubEnvWrapping`, :class:`EpisodeEndHold` outermost). A module-level function, so
-    worker processes can unpickle a ``functools.partial`` of it."""
-    wrap = SubEnvWrapping(prompt, image, success, render_size, tuple(wrappers))
-    with foreign_env_errors(env_id, env_kwargs):
-        return wrap(gym.make(env_id, **env_kwargs))
-
-
 def make_gym_vector_env(
     env_id: str,
     num_envs: int = 1,

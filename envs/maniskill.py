@@ -19,19 +19,50 @@ on its final observation until it is reset alone, with its scheduled seed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from .families import GymEval
 from .gym import Variant, import_env_modules, per_env_prompts
+from .gym_eval import GymEval
 from .success import SuccessRule
 
 CPU_WRAPPER = "mani_skill.utils.wrappers.gymnasium:CPUGymWrapper"
 # Which vector env holds the sub-envs: ManiSkill3's own, or Gymnasium's over CPUGymWrapper envs.
 VECTOR_ENVS = ("maniskill", "sub_envs")
+
+
+# What to do where SAPIEN (ManiSkill3's renderer) finds no Vulkan driver it can use.
+VULKAN_FIX = ("install a Vulkan driver: the GPU's (NVIDIA's driver ships its Vulkan ICD) or, "
+              "without a GPU, Mesa's lavapipe 23 or newer (apt-get install mesa-vulkan-drivers; "
+              "Debian 12's Mesa 22.3 is too old: .ci/vulkan unpacks a newer one and prints the "
+              "VK_ICD_FILENAMES that selects it), then rerun")
+
+
+@contextlib.contextmanager
+def vulkan_errors(label: str) -> Iterator[None]:
+    """SAPIEN's failure to start Vulkan as one ``ValueError`` naming the fix. SAPIEN raises it
+    as a ``RuntimeError`` from the Vulkan call that failed (``vk::createInstanceUnique:
+    ErrorIncompatibleDriver`` where the driver is missing or too old, ``vk::...:
+    ErrorInitializationFailed``); any other error passes through unchanged.
+
+    >>> try:
+    ...     with vulkan_errors("maniskill"):
+    ...         raise RuntimeError("vk::createInstanceUnique: ErrorIncompatibleDriver")
+    ... except ValueError as err:
+    ...     print(str(err).split(" (")[0])
+    --env maniskill: ManiSkill3 renders through Vulkan and found no driver it can use
+    """
+    try:
+        yield
+    except RuntimeError as err:
+        if not str(err).startswith("vk::"):
+            raise
+        raise ValueError(f"--env {label}: ManiSkill3 renders through Vulkan and found no driver "
+                         f"it can use ({err}); {VULKAN_FIX}") from None
 
 
 def is_gpu_backend(sim_backend: str) -> bool:
@@ -259,17 +290,23 @@ class ManiSkillEval(GymEval):
         self._open: ManiSkillHold | None = None  # the vector env made last, if any
 
     def single_action_space(self) -> Any:
-        if self._probe is None:
-            return super().single_action_space()
-        return self._probe.single_action_space()
+        with vulkan_errors(self.label):
+            if self._probe is None:
+                return super().single_action_space()
+            return self._probe.single_action_space()
 
     def check_success(self) -> None:
-        if self._probe is None:
-            return super().check_success()
-        self._probe.check_success()
+        with vulkan_errors(self.label):
+            if self._probe is None:
+                return super().check_success()
+            self._probe.check_success()
 
     def make(self, num_envs: int, async_: bool,
              autoreset_mode: AutoresetMode = AutoresetMode.DISABLED) -> VectorEnv:
+        with vulkan_errors(self.label):
+            return self._make(num_envs, async_, autoreset_mode)
+
+    def _make(self, num_envs: int, async_: bool, autoreset_mode: AutoresetMode) -> VectorEnv:
         if self.vector_env == "sub_envs":
             return super().make(num_envs, async_, autoreset_mode)
         if async_:

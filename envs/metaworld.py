@@ -8,7 +8,8 @@ Meta-World's own conventions, kept: the 4-D action ``Box(-1, 1)`` (hand-target x
 1 cm per unit, and the gripper effort, +1 closes), ``info["success"]`` at every step, episodes of
 at most 500 steps, and a layout (object and goal positions) that is one of the 50 that
 ``metaworld.MT1(task, seed=...)`` draws. Meta-World ships no language; the one-sentence
-instructions in :data:`METAWORLD_TASK_DESCRIPTIONS` are ours.
+instructions in :data:`METAWORLD_TASK_DESCRIPTIONS` are ours. :class:`MetaWorldEval` is its env
+family (``--env metaworld``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from .base import Episode, EvalEnv
 from .chunking import make_held_env
 from .limits import OwnTimeLimit
 
@@ -105,6 +107,15 @@ def _check_task(task: str) -> str:
         raise ValueError(
             f"unknown Meta-World task {task!r}; expected one of {list(METAWORLD_TASKS)}")
     return task
+
+
+def check_metaworld_runs() -> None:
+    """Before a run: the ``metaworld`` extra is installed and MuJoCo renders here
+    (``MUJOCO_GL``); a ``ValueError`` naming the fix otherwise."""
+    from .requirements import require_mujoco_rendering, require_package
+
+    require_package("metaworld", env="metaworld", extra="metaworld")
+    require_mujoco_rendering("metaworld")
 
 
 @functools.cache
@@ -368,3 +379,64 @@ def make_metaworld_vector_env(
     if async_:
         return gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=autoreset_mode, context=context)
     return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=autoreset_mode)
+
+
+class MetaWorldEval(EvalEnv):
+    """Meta-World; a task is its name (``reach-v3``); trial ``t`` runs layout ``t % 50`` of the
+    task's 50 (``metaworld.MT1(task, seed=42)``, LeRobot's set), seen from the corner2 camera.
+    Default tasks: MT10's."""
+
+    suite = "metaworld"
+    adapter = "metaworld"
+    domain = "metaworld"
+    control_hz = 80.0  # frame_skip 5 x 2.5 ms; position deltas + gripper effort
+    hold = "still-gripper"
+
+    def __init__(self, tasks: list[str] | None = None, *, image_size: int = 224,
+                 max_episode_steps: int | None = None) -> None:
+        tasks = list(METAWORLD_MT10) if tasks is None else tasks
+        check_metaworld_runs()  # the extra and a renderer: a worker would fault on each
+        unknown = [t for t in tasks if t not in METAWORLD_TASKS]
+        if unknown:
+            raise ValueError(f"unknown Meta-World tasks {unknown}; expected some of "
+                             f"{list(METAWORLD_TASKS)}")
+        super().__init__(tasks)
+        self.image_size = image_size
+        self.max_episode_steps = max_episode_steps or 500
+
+    @classmethod
+    def from_cli(
+        cls, *, suite: str | None, tasks: list[str] | None, image_size: int | None,
+        max_episode_steps: int | None, step_budget: str | None = None,
+    ) -> MetaWorldEval:
+        if suite not in (None, "metaworld"):
+            raise ValueError(f"--suite {suite!r} does not apply to --env metaworld; name its "
+                             "tasks with --tasks (e.g. reach-v3,push-v3)")
+        if step_budget is not None:
+            raise ValueError(f"--step-budget {step_budget!r} applies to --env libero only; "
+                             "--env metaworld takes --max-episode-steps (at most 500)")
+        return cls(tasks, image_size=image_size or 224, max_episode_steps=max_episode_steps)
+
+    def episode_budget(self) -> dict[str, Any]:
+        return {"step_budget": None, "settle_steps": 0,
+                "max_episode_steps": {self.suite: self.max_episode_steps}}
+
+    def init_state_id(self, trial: int) -> int | None:
+        return trial % METAWORLD_LAYOUTS_PER_TASK
+
+    def task_prompt(self, task_index: int) -> str:
+        return METAWORLD_TASK_DESCRIPTIONS[self.tasks[task_index]]
+
+    def reset_options(self, episode: Episode) -> dict[str, Any]:
+        return {"task": episode.task, "layout_id": episode.init_state_id}
+
+    def single_action_space(self) -> spaces.Space:
+        return spaces.Box(-1.0, 1.0, (4,), np.float32)
+
+    def make(
+        self, num_envs: int, async_: bool, autoreset_mode: AutoresetMode = AutoresetMode.DISABLED
+    ) -> VectorEnv:
+        return make_metaworld_vector_env(
+            self.tasks, num_envs, async_=async_, image_size=self.image_size,
+            max_episode_steps=self.max_episode_steps, autoreset_mode=autoreset_mode,
+        )

@@ -6,7 +6,7 @@ a :class:`Preset` names its variants (each an env id with its instruction and bu
 modules that register them, the camera key(s), frame size and flips, the action map, the success
 rule, and the package versions CI runs it with. Every command that takes ``--env`` resolves
 these names here (:func:`split_preset_name`, :func:`preset_eval_env`, through
-:func:`~cosmos3_gym.envs.families.make_eval_env`); options given on the command line (``--prompt``,
+:func:`~cosmos3_gym.envs.names.make_eval_env`); options given on the command line (``--prompt``,
 ``--success``, ``--image-key``, ``--render-size``, ``--flip``, ``--action-map``,
 ``--max-episode-steps``, ``--tasks`` to pick variants) override the preset's.
 
@@ -18,12 +18,21 @@ entry of :data:`PRESETS`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .gym import Variant
-from .metaworld import METAWORLD_MT10, METAWORLD_TASK_DESCRIPTIONS, METAWORLD_TASKS
+from .gym_eval import GymEval
+from .maniskill import ManiSkillEval
+from .metaworld import (
+    METAWORLD_MT10,
+    METAWORLD_TASK_DESCRIPTIONS,
+    METAWORLD_TASKS,
+    MetaWorldEval,
+)
+from .success import parse_success
 
 # Meta-World's benchmark task lists (metaworld 3.0's ML10 / ML45 train and test classes; a test
 # checks them against the package).
@@ -69,6 +78,9 @@ class Preset:
     # (:class:`~cosmos3_gym.envs.EvalEnv`'s control_hz and hold).
     control_hz: float | None = None
     hold: str = "repeat"
+    # The width of the env's action Box: one for every variant, or per variant (a test checks
+    # them against the envs). What a checkpoint's head must give, after the action map.
+    action_dim: int | Mapping[str, int] = 0
     # The extra that installs it, and the versions CI runs it with (a test checks them).
     extra: str = "gym"
     versions: Mapping[str, str] = field(default_factory=dict)
@@ -78,7 +90,10 @@ class Preset:
         for v in self.variants:
             if v.task == task:
                 return v
-        raise ValueError(f"--env {self.name}:{task}: {self.name} has no variant {task!r}; "
+        choices = [*(v.task for v in self.variants), *self.sets]
+        close = difflib.get_close_matches(task, choices, n=1, cutoff=0.6)
+        hint = f" (did you mean {self.name}:{close[0]}?)" if close else ""
+        raise ValueError(f"--env {self.name}:{task}: {self.name} has no variant {task!r}{hint}; "
                          f"expected one of {[v.task for v in self.variants]}"
                          f"{' or a set: ' + ', '.join(self.sets) if self.sets else ''}")
 
@@ -105,11 +120,35 @@ class Preset:
             chosen = [v for v in chosen if v.task in tasks]
         return chosen
 
+    def action_dim_of(self, task: str) -> int:
+        """The width of variant ``task``'s action Box.
+
+        >>> PRESETS["panda"].action_dim_of("reach"), PRESETS["panda"].action_dim_of("stack")
+        (3, 4)
+        """
+        if isinstance(self.action_dim, int):
+            return self.action_dim
+        return self.action_dim[task]
+
+    def describe_action_dims(self) -> str:
+        """The action widths, as the presets table shows them (``3-D: reach, push; 4-D: stack``).
+
+        >>> PRESETS["aloha"].describe_action_dims()
+        '14-D'
+        """
+        widths: dict[int, list[str]] = {}
+        for v in self.variants:
+            widths.setdefault(self.action_dim_of(v.task), []).append(v.task)
+        if len(widths) == 1:
+            return f"{next(iter(widths))}-D"
+        return "; ".join(f"{d}-D: {', '.join(tasks)}" for d, tasks in widths.items())
+
     def as_dict(self) -> dict[str, Any]:
         """The preset as plain data (``cosmos3-gym inspect``)."""
         out = dataclasses.asdict(self)
         out["variants"] = [v.as_dict() for v in self.variants]
         out["sets"] = {k: list(v) for k, v in self.sets.items()}
+        out["action_dim"] = {v.task: self.action_dim_of(v.task) for v in self.variants}
         return out
 
 
@@ -124,7 +163,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         _variants({"pusht": ("gym_pusht/PushT-v0",
                              "push the T-shaped block onto the T-shaped target")}),
         import_modules=("gym_pusht",), env_kwargs={"obs_type": "pixels_agent_pos"},
-        image_key=("pixels",), state_key=None, action_map="box", success="auto",
+        image_key=("pixels",), state_key=None, action_map="box", action_dim=2, success="auto",
         success_why="gym-pusht's is_success (coverage above 95%, which also ends the episode)",
         control_hz=10.0,
         versions={"gym-pusht": "0.1.8"},
@@ -137,7 +176,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
             "transfer_cube": ("gym_aloha/AlohaTransferCube-v0",
                               "pick up the cube with the right arm and hand it to the left arm"),
         }),
-        import_modules=("gym_aloha",), image_key=("top",), success="auto",
+        import_modules=("gym_aloha",), image_key=("top",), action_dim=14, success="auto",
         success_why="gym-aloha's is_success (the task's full reward)", control_hz=50.0,
         versions={"gym-aloha": "0.1.5", "dm-control": "1.0.49", "mujoco": "3.16.0"},
         not_covered="the end-effector action mode; cameras other than top"),
@@ -151,7 +190,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                                "pick up the block and place it at the red target"),
         }),
         import_modules=("cosmos3_gym.envs.robotics",), image_key=("pixels",),
-        render_size=(224, 224), success="auto",
+        render_size=(224, 224), action_dim=4, success="auto",
         success_why="gymnasium-robotics' is_success (the goal within 5 cm), at the last step",
         control_hz=25.0, hold="still-gripper",
         versions={"gymnasium-robotics": "1.4.2", "mujoco": "3.16.0"},
@@ -171,6 +210,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         }),
         default=("reach", "push", "slide"), import_modules=("panda_gym",),
         image_key=("pixels",), render_size=(224, 224), success="auto",
+        action_dim={"reach": 3, "push": 3, "slide": 3, "pick_and_place": 4, "stack": 4,
+                    "flip": 4},
         success_why="panda-gym's is_success (the goal within 5 cm), at the last step",
         control_hz=25.0, hold="still",
         versions={"panda-gym": "3.0.7", "pybullet": "3.2.7"},
@@ -188,7 +229,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         }),
         default=("lift",), import_modules=("cosmos3_gym.envs.robotics",),
         image_key=("agentview_image", "robot0_eye_in_hand_image"), flip="vertical",
-        state_key=None, success="auto",
+        state_key=None, success="auto", action_dim=7,  # the Panda's OSC_POSE arm and gripper
         success_why="robosuite's _check_success(), which ends the episode; the horizon is a "
                     "truncation, never a success",
         control_hz=20.0, hold="still-gripper",
@@ -210,6 +251,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         env_kwargs={"obs_mode": "rgb", "sim_backend": "auto"},
         env_wrappers=("mani_skill.utils.wrappers.gymnasium:CPUGymWrapper",),
         image_key=("sensor_data/base_camera/rgb",), success="auto",
+        action_dim=8,  # the Panda's default pd_joint_delta_pos: 7 joints and the gripper
         success_why="ManiSkill3's info['success'] (which ends the episode)",
         control_hz=20.0, hold="still-gripper",
         versions={"mani-skill": "3.0.1"},
@@ -223,6 +265,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
               "ml10-train": METAWORLD_ML10_TRAIN, "ml10-test": METAWORLD_ML10_TEST,
               "ml45-train": METAWORLD_ML45_TRAIN, "ml45-test": METAWORLD_ML45_TEST},
         success="auto", success_why="Meta-World's info['success'], which ends the episode",
+        action_dim=4,
         extra="metaworld", versions={"metaworld": "3.0.0", "mujoco": "3.16.0"},
         not_covered="meta-RL adaptation (ML tasks run as plain tasks); Meta-World's own "
                     "Gymnasium ids"),
@@ -246,12 +289,9 @@ def split_preset_name(text: str) -> tuple[Preset, str | None] | None:
 
 def preset_eval_env(text: str, *, suite: str | None = None, tasks: list[str] | None = None,
                     image_size: int | None = None, max_episode_steps: int | None = None,
-                    step_budget: str | None = None, **options: Any) -> Any:
+                    step_budget: str | None = None, **options: Any) -> GymEval | MetaWorldEval:
     """The env family ``--env NAME[:SELECTOR]`` names, with the command line's ``options``
-    (:data:`~cosmos3_gym.envs.families.GYM_OPTIONS`) over the preset's own."""
-    from .families import GymEval, MetaWorldEval
-    from .maniskill import ManiSkillEval
-
+    (:data:`~cosmos3_gym.envs.names.GYM_OPTIONS`) over the preset's own."""
     found = split_preset_name(text)
     if found is None:
         raise ValueError(f"--env {text!r}: no such preset; expected one of {list(PRESETS)}")
@@ -301,8 +341,6 @@ def preset_eval_env(text: str, *, suite: str | None = None, tasks: list[str] | N
 
 
 def _rule(preset: Preset) -> Any:
-    from .success import parse_success
-
     return parse_success(preset.success, f"preset {preset.name} ({preset.success_why})")
 
 
@@ -321,16 +359,10 @@ def _with_prompts(text: str, variants: list[Variant], prompt: str | dict[str, st
     return [dataclasses.replace(v, prompt=prompt.get(v.task, v.prompt)) for v in variants]
 
 
-def preset_command(preset: Preset) -> str:
-    """The one command that runs ``preset`` end to end on a CPU (docs/presets.md)."""
-    return (f"cosmos3-gym eval --env {preset.name} --synthetic tiny --trials 1 --num-envs 1 "
-            f"--max-episode-steps 8 --out runs/{preset.name}")
-
-
 def presets_markdown() -> str:
     """The presets table of docs/presets.md, made from :data:`PRESETS`."""
-    lines = ["| `--env` | variants (default first) | camera(s) | action map | success | "
-             "extra | versions CI runs |", "|---|---|---|---|---|---|---|"]
+    lines = ["| `--env` | variants (default first) | camera(s) | action width | action map | "
+             "success | extra | versions CI runs |", "|---|---|---|---|---|---|---|---|"]
     for p in PRESETS.values():
         default = list(p.default) or [v.task for v in p.variants]
         others = [v.task for v in p.variants if v.task not in default]
@@ -348,6 +380,7 @@ def presets_markdown() -> str:
         if p.flip:
             camera += f", flipped {p.flip}"
         versions = ", ".join(f"{k} {v}" for k, v in p.versions.items())
-        lines.append(f"| `{p.name}` | {shown} | {camera} | {p.action_map or 'none'} | "
+        lines.append(f"| `{p.name}` | {shown} | {camera} | {p.describe_action_dims()} | "
+                     f"{p.action_map or 'none'} | "
                      f"`{p.success}`: {p.success_why} | `{p.extra}` | {versions} |")
     return "\n".join(lines)

@@ -34,6 +34,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 # Where benchmarks put success, in the order "auto" looks: Gymnasium-robotics / LeRobot's envs
 # (gym-pusht, gym-aloha, Meta-World) report "is_success"; ManiSkill3 and Meta-World "success".
 SUCCESS_KEYS = ("is_success", "success")
@@ -224,3 +226,24 @@ def _scalar(value: Any) -> Any:
 
 def _number(value: float | None) -> str:
     return f"{value:g}"
+
+
+def probe_action(space: Any) -> Any:
+    """The action a success probe steps an env with once, to read what its step info reports
+    (:meth:`~cosmos3_gym.envs.gym_eval.GymEval.check_success`, TorchRL's ``auto`` rule): a
+    ``Box``'s middle (its bounds where one is infinite), else the space's own seeded sample, so
+    the probe is the same on every run.
+
+    >>> from gymnasium.spaces import Box
+    >>> probe_action(Box(np.array([-1.0, 0.0]), np.array([3.0, np.inf]), dtype=np.float32))
+    array([1., 0.], dtype=float32)
+    """
+    from gymnasium.spaces import Box
+
+    if isinstance(space, Box):
+        low, high = np.asarray(space.low, np.float64), np.asarray(space.high, np.float64)
+        middle = np.where(np.isfinite(low) & np.isfinite(high), (low + high) / 2.0,
+                          np.clip(0.0, low, high))
+        return middle.astype(space.dtype)
+    space.seed(0)
+    return space.sample()

@@ -7,7 +7,9 @@ Each command runs one settings dataclass (``eval``: :class:`~cosmos3_gym.eval.ev
 :class:`~cosmos3_gym.train.TrainConfig`, ``rl grpo``: :class:`~cosmos3_gym.train.grpo.GRPOConfig`),
 and its parser is made from that class here (:func:`add_settings`): one option per field, its help
 the field's, grouped in ``--help`` (model, runtime, env, sampler, the command's own), so a
-setting is declared once. ``eval`` and ``rollout`` take ``--config FILE`` (JSON or YAML): a run
+setting is declared once. :data:`COMMANDS` is the table of commands: each one's settings class,
+the function that runs it (in the command's own module, imported only when it runs) and what an
+interrupt leaves behind. ``eval`` and ``rollout`` take ``--config FILE`` (JSON or YAML): a run
 folder's ``config.json`` (or ``rollout.json``) given back with a new ``--out`` runs the same
 episodes; options on the command line override the file.
 
@@ -26,6 +28,8 @@ Examples:
     cosmos3-gym train --out runs/tiny                              # the shipped tiny checkpoint
     cosmos3-gym rl grpo --env-kwargs '{"max_speed": 0.28}' --out runs/grpo   # GRPO, ColorReach
     cosmos3-gym report runs/right runs/shuffled --out compare.png  # two runs in one plot
+    cosmos3-gym eval --shard 0/2 --out runs/part0   # one of two jobs; then:
+    cosmos3-gym merge runs/part0 runs/part1 --out runs/whole
     cosmos3-gym inspect /models/Cosmos3-Nano-Policy-LIBERO_10       # format, head, sampler
     cosmos3-gym convert /models/export OUT --vae /models/Cosmos3-Nano \
         --recipe nano-libero10-export --action-stats stats.json    # a diffusers folder
@@ -35,50 +39,177 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
+import importlib
 import sys
 import types
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from cosmos3_gym.settings import GROUPS, ProgressSettings
+from cosmos3_gym.settings import GROUPS
 
-# The commands and the settings class each runs (imported when the parser is built).
-COMMAND_HELP = {
-    "eval": "success-rate evaluation: resumable, torchrun-shardable, one record per episode",
-    "rollout": "RL rollouts into .npz shards (resumable), or a LeRobot dataset",
-    "bench": "a checkpoint's latency and throughput: batched vs serial, each option on and off",
-    "size": "a published model shape with random weights: time and memory before the weights",
-    "train": "train the tiny checkpoint on ColorReach expert demos (CPU, deterministic)",
-    "rl": "reinforcement learning fine-tuning: rl grpo (GRPO on any env family, resumable, "
-          "LoRA, torchrun)",
-    "report": "print a run's results table and redraw its plot (finished or partial runs; "
-              "several runs side by side)",
-    "inspect": "what a checkpoint folder is and how it would run (any format), before any weight "
-               "loads; or, with --env NAME, a benchmark preset (variants, cameras, action map, "
-               "success rule, versions) as JSON",
-    "convert": "write a checkpoint of any format as a diffusers folder (+ action_policy.json and "
-               "its statistics)",
+# ---------------------------------------------------------------------- the commands
+
+
+def _imported(reference: str) -> Any:
+    """The object ``module:name`` names, its module imported now."""
+    module, _, name = reference.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def lazy(reference: str) -> Callable[..., Any]:
+    """The function ``module:name``, its module imported when it is called (so building the
+    table of commands imports none of them)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return _imported(reference)(*args, **kwargs)
+
+    call.__qualname__ = call.__name__ = reference
+    return call
+
+
+def _run_folder_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="settings from a file (JSON or YAML): a run folder's config.json or "
+                             "rollout.json reruns that run; options given here override it")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="where the command writes its results; the run folder (a new one, "
+                             "or one this command wrote: it resumes)")
+
+
+def _merge_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("shards", metavar="SHARD_DIR", nargs="+",
+                        help="the shard folders, every shard of the run once (any order)")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="where the command writes its results; the merged run folder "
+                             "(new): the run's identity, episodes, results.json, plot")
+
+
+def _renamed_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--init", action=Renamed, new="--checkpoint", help=argparse.SUPPRESS)
+
+
+def _finished_episodes(out: str | None) -> str:
+    from cosmos3_gym.eval.results import read_episode_records
+
+    folder = Path(str(out))
+    finished = len(read_episode_records(folder)) if folder.is_dir() else 0
+    return (f"{out} holds {finished} finished episode{'' if finished == 1 else 's'}; rerun the "
+            "same command to resume (finished episodes are not run again)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One command of the console script.
+
+    ``run`` is called with the command's settings (an instance of the first of ``settings``,
+    from its options and ``--config``) and, by name, those of the parsed arguments ``passes``
+    lists that the command line gave; a command without settings gets the parsed arguments.
+    An int it returns is the exit status; anything else (``None``, what it wrote) means 0.
+    The parser has ``arguments``' arguments (added first), then one option per field of each
+    ``settings`` class (``module:Class``) but ``exclude``. ``interrupted`` says, from the
+    run's output (``--out``, or the settings' default), what a Ctrl-C leaves behind and how to
+    go on.
+    """
+
+    help: str
+    run: Callable[..., Any]
+    interrupted: Callable[[str | None], str]
+    settings: tuple[str, ...] = ()
+    passes: tuple[str, ...] = ()
+    arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    exclude: tuple[str, ...] = ()
+    description: str | None = None
+
+
+RL_HELP = ("reinforcement learning fine-tuning: rl grpo (GRPO on any env family, resumable, LoRA, "
+           "torchrun)")
+MODEL = "cosmos3_gym.settings:ModelSettings"
+
+# Every command, in the order ``--help`` lists them (``rl grpo``: ``grpo`` under ``rl``).
+COMMANDS: dict[str, Command] = {
+    "eval": Command(
+        "success-rate evaluation: resumable, torchrun-shardable, one record per episode",
+        lazy("cosmos3_gym.eval.evaluate:run_eval_command"), _finished_episodes,
+        settings=("cosmos3_gym.eval.evaluate:EvalConfig",), passes=("out",),
+        arguments=_run_folder_arguments),
+    "rollout": Command(
+        "RL rollouts into .npz shards (resumable), or a LeRobot dataset",
+        lazy("cosmos3_gym.eval.rollout:run_rollout_command"),
+        lambda out: (f"the shards saved in {out} are kept; rerun the same command to collect "
+                     "the remaining steps"),
+        settings=("cosmos3_gym.eval.rollout:RolloutConfig",), passes=("out",),
+        arguments=_run_folder_arguments),
+    "bench": Command(
+        "a checkpoint's latency and throughput: batched vs serial, each option on and off",
+        lazy("cosmos3_gym.bench.latency:run_bench_command"),
+        lambda out: f"nothing written ({out} is written at the end)",
+        settings=("cosmos3_gym.bench.latency:BenchConfig",), exclude=("synthetic", "progress")),
+    "size": Command(
+        "a published model shape with random weights: time and memory before the weights",
+        lazy("cosmos3_gym.bench.synthetic:run_size_command"),
+        lambda out: f"nothing written ({out} is written at the end)",
+        settings=("cosmos3_gym.bench.synthetic:SizeConfig",)),
+    "train": Command(
+        "train the tiny checkpoint on ColorReach expert demos (CPU, deterministic)",
+        lazy("cosmos3_gym.train.commands:run_train_command"),
+        lambda out: (f"{out} is as it was (the checkpoint is written whole at the end; training "
+                     "does not resume); rerun the same command to train from the start"),
+        settings=("cosmos3_gym.train.config:TrainConfig", "cosmos3_gym.settings:ProgressSettings"),
+        passes=("progress",)),
+    "rl grpo": Command(
+        "GRPO fine-tuning of a Cosmos3 policy on any env family: groups of episodes from one "
+        "start state, group-relative advantages, PPO's clip",
+        lazy("cosmos3_gym.train.commands:run_grpo_command"),
+        lambda out: lazy("cosmos3_gym.train.grpo_state:interrupted_note")(Path(out)),
+        settings=("cosmos3_gym.train.config:GRPOConfig",), arguments=_renamed_options,
+        description="GRPO fine-tuning of a Cosmos3 policy (docs/rl.md): a run folder that "
+                    "resumes, full or LoRA training, data-parallel under torchrun."),
+    "merge": Command(
+        "join the folders of one evaluation's shards (eval --shard I/N) into the folder one run "
+        "writes",
+        lambda args: lazy("cosmos3_gym.eval.shards:run_merge_command")(args.shards, args.out),
+        lambda out: "it only reads the shards; rerun the same command to write the merged folder",
+        arguments=_merge_arguments),
+    "report": Command(
+        "print a run's results table and redraw its plot (finished or partial runs; several "
+        "runs side by side)",
+        lazy("cosmos3_gym.eval.report:run"),
+        lambda out: "it only reads runs; rerun the same command",
+        arguments=lazy("cosmos3_gym.eval.report:add_arguments")),
+    "inspect": Command(
+        "what a checkpoint folder is and how it would run (any format), before any weight "
+        "loads; or, with --env NAME, a benchmark preset (variants, cameras, action map, success "
+        "rule, versions) as JSON",
+        lazy("cosmos3_gym.eval.checkpoint_commands:run_inspect"),
+        lambda out: "it only reads; rerun the same command",
+        settings=(MODEL,), passes=("path", "env", "as_json"),
+        arguments=lazy("cosmos3_gym.eval.checkpoint_commands:add_inspect_arguments"),
+        exclude=("checkpoint", "synthetic")),
+    "convert": Command(
+        "write a checkpoint of any format as a diffusers folder (+ action_policy.json and its "
+        "statistics)",
+        lazy("cosmos3_gym.eval.checkpoint_commands:run_convert"),
+        lambda out: (f"nothing was written to {out} (it is written whole at the end); rerun "
+                     "the same command"),
+        settings=(MODEL,), passes=("path", "out"),
+        arguments=lazy("cosmos3_gym.eval.checkpoint_commands:add_convert_arguments"),
+        exclude=("checkpoint", "synthetic")),
 }
 
 
-def _settings_classes() -> dict[str, type]:
-    from cosmos3_gym.bench.latency import BenchConfig
-    from cosmos3_gym.bench.synthetic import SizeConfig
-    from cosmos3_gym.eval.evaluate import EvalConfig
-    from cosmos3_gym.eval.rollout import RolloutConfig
-    from cosmos3_gym.train.config import GRPOConfig, TrainConfig
-
-    return {"eval": EvalConfig, "rollout": RolloutConfig, "bench": BenchConfig,
-            "size": SizeConfig, "train": TrainConfig, "rl grpo": GRPOConfig}
+def settings_classes() -> dict[str, type]:
+    """Each command that runs a settings class of its own, and the class (imported now); not
+    inspect and convert, which take the model options alone."""
+    return {name: _imported(c.settings[0]) for name, c in COMMANDS.items()
+            if c.settings and c.settings[0] != MODEL}
 
 
 # ---------------------------------------------------------------------- the generator
 
 
-def _is_dataclass_type(hint: Any) -> bool:
+def is_dataclass_type(hint: Any) -> bool:
     return isinstance(hint, type) and dataclasses.is_dataclass(hint)
 
 
@@ -108,7 +239,7 @@ def _groups_of(cls: type, exclude: Sequence[str]) -> list[str]:
     for f in dataclasses.fields(cls):
         if f.name in exclude:
             continue
-        if _is_dataclass_type(hints[f.name]):
+        if is_dataclass_type(hints[f.name]):
             found.update(_groups_of(hints[f.name], exclude))
         elif f.metadata.get("cli", True) and "help" in f.metadata:
             found.add(f.metadata["group"])
@@ -130,7 +261,7 @@ def add_settings(parser: argparse.ArgumentParser, cls: type, *, required: Sequen
         if f.name in exclude:
             continue
         hint = hints[f.name]
-        if _is_dataclass_type(hint):
+        if is_dataclass_type(hint):
             add_settings(parser, hint, exclude=exclude, prefix=f"{prefix}{f.name}.",
                          groups=groups)
             continue
@@ -138,8 +269,8 @@ def add_settings(parser: argparse.ArgumentParser, cls: type, *, required: Sequen
         if not meta.get("cli", True) or "help" not in meta:
             continue
         group = groups[meta["group"]]
-        name = _flag_name(f)
-        default = _default_of(f)
+        name = flag_name(f)
+        default = default_of(f)
         dest = prefix + f.name
         read = _reader(hint, meta.get("parse"))
         help_text = meta["help"].replace("%", "%%")  # argparse formats help with %
@@ -153,7 +284,7 @@ def add_settings(parser: argparse.ArgumentParser, cls: type, *, required: Sequen
         elif "default" in help_text:
             text = help_text  # the help says what the default is
         else:
-            text = f"{help_text} (default: {_shown(default)})"
+            text = f"{help_text} (default: {shown(default)})"
         kwargs: dict[str, Any] = {"dest": dest, "type": read, "default": argparse.SUPPRESS,
                                   "help": text, "required": f.name in required,
                                   "metavar": meta.get("metavar") or name.upper().replace("-", "_")}
@@ -165,19 +296,20 @@ def add_settings(parser: argparse.ArgumentParser, cls: type, *, required: Sequen
         group.add_argument(f"--{name}", **kwargs)
 
 
-def _flag_name(f: dataclasses.Field) -> str:
+def flag_name(f: dataclasses.Field) -> str:
     """The option a field is given by, without its dashes (``flow-shift``)."""
     return f.metadata.get("flag") or f.name.replace("_", "-")
 
 
-def _default_of(f: dataclasses.Field) -> Any:
+def default_of(f: dataclasses.Field) -> Any:
     """A field's default value (its factory's value; ``None`` for a required field)."""
     if f.default is not dataclasses.MISSING:
         return f.default
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
+    """A default as the help and the settings tables show it (`none`, `1,2,4`)."""
     if isinstance(value, (list, tuple)):
         return ",".join(str(v) for v in value)
     return "none" if value is None else str(value)
@@ -202,7 +334,7 @@ def settings_from(cls: type, given: dict[str, Any], *, source: str = "the comman
     kwargs = {}
     for name, value in nested.items():
         hint = hints[name]
-        if _is_dataclass_type(hint) and isinstance(value, dict):
+        if is_dataclass_type(hint) and isinstance(value, dict):
             value = settings_from(hint, value, source=source)
         elif isinstance(value, list) and typing.get_origin(hint) in (typing.Union,
                                                                      types.UnionType):
@@ -241,64 +373,46 @@ def read_config_file(path: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------- the parser
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are two lines: the command's usage in brief (its
+    positionals and required options; ``--help`` lists the rest) and the error. argparse's own
+    print the whole usage above the error, ~30 lines for ``eval``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.brief_usage()}\n{self.prog}: error: {one_line(message)}\n")
+
+    def brief_usage(self) -> str:
+        """``usage: cosmos3-gym eval --out DIR [options]; cosmos3-gym eval --help lists them``."""
+        needed = [a for a in self._actions if a.required or not a.option_strings]
+        formatter = argparse.HelpFormatter(self.prog, width=sys.maxsize)
+        formatter.add_usage(None, needed, [])
+        return f"{formatter.format_help().strip()} [options]; {self.prog} --help lists them"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``cosmos3-gym`` argument parser, every command's options from its settings."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="cosmos3-gym",
         description="Cosmos3 action policies in Gymnasium envs, in one process:\n"
                     "success-rate evaluation, RL rollouts, benchmarks and training.",
         epilog=__doc__[__doc__.index("Examples:"):],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    classes = _settings_classes()
-    for name in ("eval", "rollout"):
-        p = sub.add_parser(name, help=COMMAND_HELP[name], description=COMMAND_HELP[name])
-        p.add_argument("--config", default=None, metavar="FILE",
-                       help="settings from a file (JSON or YAML): a run folder's config.json or "
-                            "rollout.json reruns that run; options given here override it")
-        p.add_argument("--out", required=True, metavar="DIR",
-                       help="where the command writes its results; the run folder (a new one, "
-                            "or one this command wrote: it resumes)")
-        add_settings(p, classes[name])
-    for name in ("bench", "size"):
-        p = sub.add_parser(name, help=COMMAND_HELP[name], description=COMMAND_HELP[name])
-        add_settings(p, classes[name], exclude=("synthetic", "progress") if name == "bench"
-                     else ())
-    train = sub.add_parser("train", help=COMMAND_HELP["train"], description=COMMAND_HELP["train"])
-    add_settings(train, classes["train"])
-    add_settings(train, ProgressSettings)
-    rl = sub.add_parser("rl", help=COMMAND_HELP["rl"], description=COMMAND_HELP["rl"])
-    algorithms = rl.add_subparsers(dest="algorithm", required=True, metavar="ALGORITHM")
-    grpo = algorithms.add_parser(
-        "grpo", help="GRPO fine-tuning of a Cosmos3 policy on any env family: groups of "
-                     "episodes from one start state, group-relative advantages, PPO's clip",
-        description="GRPO fine-tuning of a Cosmos3 policy (docs/rl.md): a run folder that "
-                    "resumes, full or LoRA training, data-parallel under torchrun.")
-    add_settings(grpo, classes["rl grpo"])
-    grpo.add_argument("--init", action=Renamed, new="--checkpoint", help=argparse.SUPPRESS)
-    from cosmos3_gym.eval import report
-
-    report.add_arguments(sub.add_parser("report", help=COMMAND_HELP["report"],
-                                        description=COMMAND_HELP["report"]))
-    from cosmos3_gym.settings import EnvSettings, ModelSettings, meaning
-
-    env_help = meaning(next(f for f in dataclasses.fields(EnvSettings)
-                            if f.name == "env").metadata["help"])
-    for name in ("inspect", "convert"):
-        p = sub.add_parser(name, help=COMMAND_HELP[name], description=COMMAND_HELP[name])
-        if name == "convert":
-            p.add_argument("path", metavar="PATH", help="the checkpoint folder (any format), or "
-                                                         "a shipped name")
-            p.add_argument("out", metavar="OUT", help="the diffusers folder to write (new)")
-        else:
-            p.add_argument("path", metavar="PATH", nargs="?", default=None,
-                           help="the checkpoint folder (any format), or a shipped name")
-            p.add_argument("--env", metavar="ENV", default=None,
-                           help=f"{env_help}; inspect shows a benchmark preset, NAME or "
-                                "NAME:VARIANT (instead of a checkpoint)")
-            p.add_argument("--json", action="store_true", help="print the rows as JSON")
-        add_settings(p, ModelSettings, exclude=("checkpoint", "synthetic"))
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    algorithms = None
+    for name, command in COMMANDS.items():
+        sub, description = commands, command.description or command.help
+        if name.startswith("rl "):
+            if algorithms is None:
+                rl = commands.add_parser("rl", help=RL_HELP, description=RL_HELP)
+                algorithms = rl.add_subparsers(dest="algorithm", required=True,
+                                               metavar="ALGORITHM")
+            sub = algorithms
+        p = sub.add_parser(name.split()[-1], help=command.help, description=description)
+        if command.arguments is not None:
+            command.arguments(p)
+        for settings in command.settings:
+            add_settings(p, _imported(settings), exclude=command.exclude)
     return parser
 
 
@@ -331,72 +445,12 @@ def parsers(parser: argparse.ArgumentParser | None = None) -> dict[str, argparse
     return found
 
 
-def cli_reference() -> str:
-    """The command line's reference page (``docs/cli.md``), generated from the parsers: every
-    command's ``--help``, as the command prints it."""
-    parser = build_parser()
-    width = {"COLUMNS": "100"}
-    old = {k: os.environ.get(k) for k in width}
-    os.environ.update(width)  # argparse wraps help to $COLUMNS: the same page on any terminal
-    try:
-        pages = [("cosmos3-gym", parser.format_help())]
-        pages += [(f"cosmos3-gym {name}", child.format_help())
-                  for name, child in parsers(parser).items()]
-    finally:
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    lines = ["# Command-line reference", "",
-             "Generated from the parsers (`python scripts/cli_reference.py`; a test checks it is "
-             "current). Every option is a field of the command's settings class "
-             "(`cosmos3_gym/settings.py`, `SamplerConfig`, and each command's config), so its "
-             "default and help live in one place.", ""]
-    for title, text in pages:
-        lines += [f"## `{title}`", "", "```text", text.rstrip(), "```", ""]
-    return "\n".join(lines)
-
-
-def settings_rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """``(field, flag, default, meaning)`` of every setting of ``cls``, nested ones dotted
-    (``sampling.flow_shift``); a field without a flag shows ``-``."""
-    hints = typing.get_type_hints(cls)
-    rows = []
-    for f in dataclasses.fields(cls):
-        if _is_dataclass_type(hints[f.name]):
-            rows += settings_rows(hints[f.name], f"{prefix}{f.name}.")
-            continue
-        if "help" not in f.metadata:
-            continue
-        flag = f"--{_flag_name(f)}" if f.metadata.get("cli", True) else "-"
-        rows.append((prefix + f.name, flag, _shown(_default_of(f)), f.metadata["help"]))
-    return rows
-
-
-def settings_reference() -> str:
-    """The settings classes' reference page (``docs/settings.md``): each command's settings as
-    a table of field, flag, default and meaning, generated from the same fields as the options.
-    """
-    lines = ["# Settings reference", "",
-             "Generated from the settings classes (`python scripts/cli_reference.py`; a test "
-             "checks it is current). Each command runs one settings dataclass; its fields are the "
-             "command's options (docs/cli.md) and the keywords of the class in Python "
-             "(`EvalConfig(env=\"libero\", suite=\"libero_10\", trials=50)`). A run folder's "
-             "`config.json` holds them under `session`, and `--config FILE` takes them back.", ""]
-    for command, cls in _settings_classes().items():
-        lines += [f"## `{cls.__name__}`", "",
-                  f"`{cls.__module__}.{cls.__name__}`: `cosmos3-gym {command}`.", "",
-                  "| field | flag | default | meaning |", "|---|---|---|---|"]
-        for name, flag, default, text in settings_rows(cls):
-            cell = text.replace("|", "\\|")
-            lines.append(f"| `{name}` | `{flag}` | `{default}` | {cell} |")
-        lines.append("")
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------------- running
 
+
+# Commands whose output folder is written whole at the end (renamed into place): a failure or
+# an interrupt leaves the previous state.
+WRITTEN_WHOLE = ("convert", "train")
 
 # Entries of a parsed command line that are the parser's own, not the command's settings.
 PARSER_ENTRIES = ("command", "algorithm", "config")
@@ -444,20 +498,49 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except KeyboardInterrupt:  # while the parser is built: nothing ran
         sys.exit("cosmos3-gym: interrupted before anything ran")
-    command = args.command if args.command != "rl" else f"rl {args.algorithm}"
+    name = command_name(args)
     from cosmos3_gym.runner.folder import FolderInUse
     from cosmos3_gym.runner.loop import TooManyFaults
 
     try:
-        return _run(args, command)
+        return run_command(name, args)
     except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError,
             FolderInUse) as err:
-        parser.exit(2, f"cosmos3-gym {command}: error: {err}\n")
+        parser.exit(2, f"cosmos3-gym {name}: error: {one_line(str(err))}\n")
     except (OSError, TooManyFaults) as err:
-        parser.exit(1, f"cosmos3-gym {command}: error: {_failure(err)}; the run's folder keeps "
-                       "what was saved: fix the cause and rerun the same command to go on\n")
+        kept = ("nothing was written" if name in WRITTEN_WHOLE else
+                "the run's folder keeps what was saved")
+        parser.exit(1, f"cosmos3-gym {name}: error: {_failure(err)}; {kept}: fix the cause "
+                       "and rerun the same command to go on\n")
     except KeyboardInterrupt:
-        parser.exit(130, f"cosmos3-gym {command}: interrupted; {_interrupted(command, args)}\n")
+        parser.exit(130, f"cosmos3-gym {name}: interrupted; {interrupted_line(name, args)}\n")
+
+
+def command_name(args: argparse.Namespace) -> str:
+    """The command a parsed command line runs (``rl grpo`` for an algorithm of ``rl``)."""
+    return args.command if args.command != "rl" else f"rl {args.algorithm}"
+
+
+def run_command(name: str, args: argparse.Namespace) -> int:
+    """Run command ``name`` (:data:`COMMANDS`) on its parsed arguments; its exit status."""
+    command = COMMANDS[name]
+    if not command.settings:
+        code = command.run(args)
+    else:
+        settings = command_settings(args, _imported(command.settings[0]))
+        code = command.run(settings, **{k: getattr(args, k) for k in command.passes
+                                        if hasattr(args, k)})
+    return code if isinstance(code, int) else 0
+
+
+def interrupted_line(name: str, args: argparse.Namespace) -> str:
+    """What an interrupted command leaves behind and how to go on, in one line."""
+    command = COMMANDS[name]
+    out = getattr(args, "out", None)
+    if out is None and command.settings:  # the settings' default
+        fields = dataclasses.fields(_imported(command.settings[0]))
+        out = next((f.default for f in fields if f.name == "out"), None)
+    return command.interrupted(out)
 
 
 def check_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
@@ -487,159 +570,23 @@ def check_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
         sub.error(f"unrecognized argument {flag}{hint}")
 
 
+def one_line(text: str) -> str:
+    """An error's text on one line: a message that quotes another's (a YAML parser's, which
+    points at the column on lines of its own) has its lines joined.
+
+    >>> one_line("--config c.yaml: not valid YAML (while scanning\\n  in line 1\\n    ^)")
+    '--config c.yaml: not valid YAML (while scanning / in line 1 / ^)'
+    """
+    return " / ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
 def _failure(err: BaseException) -> str:
     """An error during a run in one line: an ``OSError`` with its file and what the system
     said (``No space left on device: runs/x/shard-00003.npz (OSError, errno 28)``)."""
     if isinstance(err, OSError) and err.strerror:
         where = f": {err.filename}" if err.filename else ""
         return f"{err.strerror}{where} ({type(err).__name__}, errno {err.errno})"
-    return str(err)
-
-
-def _interrupted(command: str, args: argparse.Namespace) -> str:
-    """What an interrupted command leaves behind and how to go on, in one line."""
-    out = getattr(args, "out", None)
-    if out is None and command in _settings_classes():  # the class's default
-        out = next(f.default for f in dataclasses.fields(_settings_classes()[command])
-                   if f.name == "out")
-    if command == "train":
-        return (f"the checkpoint in {out} is incomplete (training does not resume); rerun the "
-                "same command to train from the start")
-    if command == "report":
-        return "it only reads runs; rerun the same command"
-    if command == "inspect":
-        return "it only reads; rerun the same command"
-    if command == "convert":
-        return (f"{args.out} may hold a partial conversion: delete it and rerun the same "
-                "command")
-    if command == "eval":
-        from cosmos3_gym.eval.results import read_episode_records
-
-        folder = Path(args.out)
-        finished = len(read_episode_records(folder)) if folder.is_dir() else 0
-        return (f"{args.out} holds {finished} finished episode{'' if finished == 1 else 's'}; "
-                "rerun the same command to resume (finished episodes are not run again)")
-    if command == "rollout":
-        return (f"the shards saved in {args.out} are kept; rerun the same command to collect "
-                "the remaining steps")
-    if command == "rl grpo":
-        return (f"{out} keeps its newest saved state (state-*/) and held-out evaluations; rerun "
-                "the same command to resume from that state")
-    return f"nothing written ({out} is written at the end)"
-
-
-def _run(args: argparse.Namespace, command: str) -> int:
-    classes = _settings_classes()
-    if command == "report":
-        from cosmos3_gym.eval import report
-
-        return report.run(args)
-    if command == "inspect" and args.env is not None:
-        if args.path is not None:
-            raise ValueError("inspect shows a checkpoint (PATH) or a preset (--env NAME); give one")
-        return _inspect(args.env)
-    if command in ("inspect", "convert"):
-        if args.path is None:
-            raise ValueError("inspect: give a checkpoint PATH (or --env NAME for a preset)")
-        return _checkpoint_command(args, command)
-    config = command_settings(args, classes[command])
-    if command == "eval":
-        from cosmos3_gym.eval.evaluate import run_eval_command
-
-        return run_eval_command(config, args.out)
-    if command == "rollout":
-        from cosmos3_gym.eval.rollout import run_rollout_command
-
-        run_rollout_command(config, args.out)
-        return 0
-    if command == "bench":
-        from cosmos3_gym.bench.latency import run as run_bench
-
-        run_bench(config)
-        return 0
-    if command == "size":
-        from cosmos3_gym.bench.synthetic import run as run_size
-
-        run_size(config)
-        return 0
-    progress = getattr(args, "progress", True)
-    if command == "train":
-        from cosmos3_gym.runner.folder import RunFolder
-
-        # A folder of another kind of run is refused before torch loads.
-        RunFolder(config.out, kind="checkpoint").check_free()
-        from cosmos3_gym.train.trainer import run_train_command
-
-        return run_train_command(config, progress=progress)
-    run = config.preflight()  # every check that needs no model, before torch loads
-    from cosmos3_gym.train.grpo import run_grpo
-
-    run_grpo(config, progress=config.progress, run=run)
-    return 0
-
-
-def _checkpoint_command(args: argparse.Namespace, command: str) -> int:
-    """``inspect PATH`` and ``convert PATH OUT``: read the folder (no weights), resolve its
-    head as a run would, then describe it or write it as a diffusers folder."""
-    from cosmos3_gym.checkpoint import (
-        check_action_stats,
-        check_statistics_present,
-        read_action_stats,
-        resolve_policy,
-    )
-    from cosmos3_gym.formats import contract_of, read_checkpoint
-    from cosmos3_gym.settings import ModelSettings
-
-    model = settings_from(ModelSettings, given_settings(args, ModelSettings))
-    folder = read_checkpoint(args.path, vae=model.vae, tokenizer=model.tokenizer)
-    policy, why = None, None
-    try:
-        policy = resolve_policy(folder.root, domain=model.domain, recipe=model.recipe,
-                                declared=folder.policy)
-    except FileNotFoundError as err:
-        why = str(err)
-        if command == "convert":
-            raise
-    if policy is not None and model.action_stats is not None:
-        stats = read_action_stats(model.action_stats)
-        check_action_stats(stats, policy, f"action statistics {model.action_stats}")
-        policy = dataclasses.replace(policy, stats=stats)
-    contract = contract_of(folder, policy.domain_name if policy else None)
-    if command == "convert":
-        from cosmos3_gym.formats.convert import convert
-
-        check_statistics_present(policy, folder.format, folder.root)
-        out = convert(folder, policy, contract, args.out)
-        print(f"wrote {out}: a diffusers folder of the {folder.format} checkpoint {folder.root} "
-              f"({policy.domain_name} head, {policy.describe_sampler()}); run it with "
-              f"--checkpoint {out}")
-        return 0
-    from cosmos3_gym.formats.summary import describe, render
-
-    rows = describe(folder, policy, contract, why)
-    if args.json:
-        import json
-
-        print(json.dumps(dict(rows) | {"notes": [v for k, v in rows if k == "note"]}, indent=2))
-    else:
-        print(render(rows))
-    return 0
-
-
-def _inspect(env: str) -> int:
-    """``cosmos3-gym inspect --env NAME``: the preset, and the variants the name selects."""
-    import json
-
-    from cosmos3_gym.envs.presets import PRESETS, split_preset_name
-
-    found = split_preset_name(env)
-    if found is None:
-        raise ValueError(f"--env {env!r}: inspect shows a benchmark preset; expected one of "
-                         f"{', '.join(PRESETS)} (optionally NAME:VARIANT)")
-    preset, selector = found
-    print(json.dumps({"env": env, "selected": [v.as_dict() for v in preset.select(selector)],
-                      "preset": preset.as_dict()}, indent=2))
-    return 0
+    return one_line(str(err))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 Under ``torchrun`` (``RANK`` / ``WORLD_SIZE`` set) rank ``r`` of ``w`` runs the episodes whose
 index in the canonical order is ``r`` mod ``w``. Ranks talk only through a gloo process group
-(CPU-only, so it works without GPUs and beside NCCL users) and only for the final barrier; every
-result travels through the output folder.
+(CPU-only, so it works without GPUs and beside NCCL users), and only at the end: a barrier, then
+each rank's own log files handed to the others (:func:`exchange_files`), so every rank can read
+the whole run from its folder whether or not the ranks share a file system.
 """
 
 from __future__ import annotations
@@ -67,6 +68,24 @@ def barrier(info: RankInfo) -> None:
     import torch.distributed as dist
 
     dist.barrier()
+
+
+def exchange_files(info: RankInfo, files: dict[str, bytes]) -> dict[str, bytes]:
+    """Every rank's ``files`` (name -> contents), gathered on every rank; a name two ranks
+    send is one file (their shared folder's). Through gloo: a caller's group of another backend
+    (NCCL) gets a gloo group for the call."""
+    if info.world_size == 1:
+        return dict(files)
+    import torch.distributed as dist
+
+    group = None if "gloo" in str(dist.get_backend()) else dist.new_group(backend="gloo")
+    gathered: list[dict[str, bytes] | None] = [None] * info.world_size
+    try:
+        dist.all_gather_object(gathered, files, group=group)
+    finally:
+        if group is not None:
+            dist.destroy_process_group(group)
+    return {name: data for part in gathered for name, data in (part or {}).items()}
 
 
 def destroy_process_group(info: RankInfo) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -21,18 +22,23 @@ from typing import Any
 import numpy as np
 
 from cosmos3_gym.envs import Episode, EvalEnv, canonical_suites
+from cosmos3_gym.envs.names import upgrade_env_identity
 from cosmos3_gym.eval import protocol as protocols
 from cosmos3_gym.eval import results as results_io
+from cosmos3_gym.eval import robustness
+from cosmos3_gym.eval.arms import Arm
 from cosmos3_gym.eval.distributed import (
     RankInfo,
     barrier,
     destroy_process_group,
+    exchange_files,
     init_process_group,
 )
 from cosmos3_gym.eval.latency import describe as describe_latency
 from cosmos3_gym.eval.latency import latency_arms
 from cosmos3_gym.eval.report import ResultsPlot
 from cosmos3_gym.eval.run import Run, check_action_units, resolve
+from cosmos3_gym.eval.shards import check_shard, parse_shard, shard_episodes
 from cosmos3_gym.eval.videos import (
     ImaginedChunk,
     episode_video_stem,
@@ -42,7 +48,7 @@ from cosmos3_gym.eval.videos import (
     unused_path,
     write_video,
 )
-from cosmos3_gym.jsonio import append_jsonl, read_json_object, write_json_atomic
+from cosmos3_gym.jsonio import append_jsonl, atomic_write, read_json_object, write_json_atomic
 from cosmos3_gym.pipeline.sampling import SamplerConfig
 from cosmos3_gym.policy import Adapter, VectorPolicy
 from cosmos3_gym.progress import progress_bar
@@ -64,10 +70,12 @@ from cosmos3_gym.settings import (
     ModelSettings,
     RuntimeSettings,
     check_settings,
+    csv,
     latency_values,
     positive_int,
     seed_value,
     setting,
+    shard_spec,
     stored_latency,
     stored_model_source,
 )
@@ -80,6 +88,9 @@ from cosmos3_gym.source import ModelSource
 RUN_ONLY = ("num_envs", "async_envs", "env_timeout", "overlap", "videos", "video_trials",
             "max_episode_restarts", "max_consecutive_faults", "device", "progress", "precision",
             "allow_normalized_actions")
+# The settings that make one run several arms (eval/arms.py): an arm's own settings hold none of
+# them, so each arm is the evaluation its settings alone would make.
+ARM_SETTINGS = ("perturbations", "repeats")
 # --videos: the env's frames, or the model's input and predicted future beside them.
 VIDEO_KINDS = ("env", "imagined")
 
@@ -120,12 +131,31 @@ class EvalConfig(LatencySettings, ModelSettings, RuntimeSettings, EnvSettings):
     video_trials: int | None = setting(
         None, "videos for the first N trials of each task only (default: every trial)",
         group="evaluation", parse=int, metavar="N")
+    shard: str | None = setting(
+        None, "run shard I of N of the run's episodes (I/N, 0 <= I < N) into its own folder: a "
+        "balanced share of every task's trials, dealt from the run's seed; `cosmos3-gym merge` "
+        "joins the N folders into the one a single run writes", group="evaluation",
+        parse=shard_spec, metavar="I/N")
     shuffle_prompts: bool = setting(
         False, "diagnostic: each episode gets another task's prompt; a policy that reads its "
         "prompt should then drop to chance", group="evaluation")
     allow_normalized_actions: bool = setting(
         False, "run a checkpoint without action statistics in an env with real units (LIBERO); "
         "its actions then stay in the model's normalised space", group="evaluation")
+    perturbations: tuple[str, ...] | None = setting(
+        None, "robustness: LIBERO-PRO's perturbations of --suite, each run as an arm beside the "
+        "suite itself (the control) on the same episodes and reported as its paired difference "
+        "to it; all, or some of language,task,object,position,distractor (docs/libero.md, "
+        "Robustness)", group="evaluation", parse=csv, metavar="DIMS")
+    repeats: int | None = setting(
+        None, "how many times each measurement runs; here every episode, K >= 2 times, each "
+        "time with the same env seed and init state and fresh noise: the noise floor, reported "
+        "as test-retest agreement and per-task spread (with --noise fixed agreement must be "
+        "100%)", group="evaluation",
+        parse=positive_int, metavar="K")
+    repeat: int = setting(
+        0, "the noise draw of the episodes: chunk noise seeds are mixed with it (0: the run's "
+        "own draw; --repeats runs 0..K-1)", group="evaluation", parse=int, cli=False)
     sampling: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
 
     def __post_init__(self) -> None:
@@ -135,20 +165,30 @@ class EvalConfig(LatencySettings, ModelSettings, RuntimeSettings, EnvSettings):
         check_settings(self)
         self.check_model_source()
         self.check_latency()
-        if not self.env_timeout > 0:
-            raise ValueError(f"env_timeout must be a positive number of seconds; found "
-                             f"{self.env_timeout!r}")
-        for name in ("max_episode_restarts", "max_consecutive_faults", "video_trials"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must be an integer >= 0; found {value!r}")
-        if self.overlap and self.num_envs < 2:
-            raise ValueError(f"overlap needs num_envs >= 2 (two groups of env slots); found "
-                             f"{self.num_envs}")
+        self.runner_options()  # the runner's own rules (restarts, timeouts, overlap), its home
+        if self.video_trials is not None and self.video_trials < 0:
+            raise ValueError(f"video_trials must be an integer >= 0; found {self.video_trials!r}")
+        if self.repeat < 0:
+            raise ValueError(f"repeat must be an integer >= 0; found {self.repeat!r}")
+        robustness.check(self)
+        self.check_one_kind_of_arms()
         if not isinstance(self.sampling, SamplerConfig):
             raise ValueError(f"sampling must be a SamplerConfig; found "
                              f"{type(self.sampling).__name__}")
         protocols.check(self)
+
+    def runner_options(self, num_envs: int | None = None) -> RunnerOptions:
+        """How the episode runner steps this evaluation's envs (``num_envs``: the slots this
+        session runs, at most the setting's). Made when the settings are, so the runner's rules
+        refuse a bad value before anything runs."""
+        # A session with one slot left to run (a resume's last episode) cannot take turns.
+        slots = self.num_envs if num_envs is None else num_envs
+        overlap = self.overlap if num_envs is None else self.overlap and slots >= 2
+        return RunnerOptions(
+            num_envs=slots, async_envs=self.async_envs, env_timeout=self.env_timeout,
+            max_episode_restarts=self.max_episode_restarts,
+            max_consecutive_faults=self.max_consecutive_faults, out_of_range=self.out_of_range,
+            faults="restart", overlap=overlap)
 
     def resolved(self) -> EvalConfig:
         """These settings with every default the run takes filled in: the shipped checkpoint
@@ -162,17 +202,56 @@ class EvalConfig(LatencySettings, ModelSettings, RuntimeSettings, EnvSettings):
             **self.model_defaults(), "protocol": protocol, "suite": canonical_suites(self.suite),
             "trials": self.trials or protocols.default_trials(protocol),
             "image_size": view_size(self.env, self.synthetic, self.image_size),
+            "perturbations": robustness.canonical_perturbations(self),
             "latency": latency_values(self.latency)}
         if self.sampling.noise is None:  # the protocol's rule
             changes["sampling"] = self.sampling.with_changes(
                 noise="fixed" if protocol == "official" else "per_chunk")
         return dataclasses.replace(self, **changes)
 
+    def for_arm(self, changes: dict[str, Any]) -> EvalConfig:
+        """The settings of one arm of this run (:func:`~cosmos3_gym.eval.arms.run_arms`):
+        these with ``changes``, without the settings that made the arms (:data:`ARM_SETTINGS`)."""
+        return dataclasses.replace(self, **{name: None for name in ARM_SETTINGS}, **changes)
+
+    def arm_flags(self) -> list[str]:
+        """The settings of this run that make it several arms, as flags: ``--perturbations``,
+        ``--repeats`` (:mod:`~cosmos3_gym.eval.robustness`), ``--latency`` with a comma list
+        (a sweep: :func:`~cosmos3_gym.eval.latency.latency_arms`); empty for one evaluation."""
+        flags = [f"--{name}" for name in ARM_SETTINGS if getattr(self, name) is not None]
+        if len(self.latencies()) > 1:
+            flags.append(f"--latency {self.latency}")
+        return flags
+
+    def check_one_kind_of_arms(self) -> None:
+        """A latency sweep with ``--perturbations`` or ``--repeats`` is refused: a run of arms
+        compares each arm with one control on the same episodes, and crossing two kinds of arms
+        would need a control per latency (or per suite), which one arms run does not hold. A
+        single ``--latency`` value with them is one setting of every arm, and runs."""
+        flags = self.arm_flags()
+        if len(flags) > 1 and flags[-1].startswith("--latency"):
+            raise ValueError(
+                f"{flags[-1]} with {' and '.join(flags[:-1])}: one kind of arms at a time (a run "
+                "of arms compares each arm with one control, and a sweep crossed with "
+                f"{' and '.join(flags[:-1])} would need a control per latency); run "
+                f"{' and '.join(flags[:-1])} once per --latency value, or the sweep alone")
+
     def check_run(self, model: ModelSource, env: EvalEnv, rank: RankInfo) -> None:
         """An evaluation's own checks of a resolved run (:func:`~cosmos3_gym.eval.run.resolve`):
-        the actions' units, and the success signal the env must report."""
+        the actions' units, the success signal the env must report, and a shard's share (one
+        run's, never a run of arms)."""
         check_action_units(self, model, env)
         env.check_success()
+        check_shard(self.shard, len(env.tasks), self.trials)
+        arms = self.arm_flags()
+        if self.shard is not None and arms:
+            own = " and ".join(f"--{name}" for name in ARM_SETTINGS
+                               if getattr(self, name) is not None)
+            raise ValueError(f"--shard {self.shard} with {' and '.join(arms)}: a shard is a share "
+                             "of one run's episodes, and merge joins single runs, not arms; "
+                             "shard each arm's own command instead (the arm's settings"
+                             + (f" without {own}" if own else ", one --latency value each")
+                             + ")")
 
     def identity(self) -> dict[str, Any]:
         """The settings that decide which episodes a run folder holds (the model's precision is
@@ -195,10 +274,14 @@ def upgrade_identity(stored: dict[str, Any], current: dict[str, Any]) -> dict[st
     if out.get("precision") is None:
         out["precision"] = {"float32": "fp32", "bfloat16": "bf16"}.get(out["dtype"])
     out.setdefault("noise", "fixed" if out.get("protocol") == "official" else "per_chunk")
-    for key, value in (("sampler", "flow_unipc"), ("noise_level", 0.5), ("sde_steps", "random")):
+    out.setdefault("shard", None)  # before shards: the whole run
+    for key, value in (("sampler", "flow_unipc"), ("noise_level", 0.5), ("sde_steps", "random"),
+                       ("perturbations", None), ("repeats", None), ("repeat", 0)):
         out.setdefault(key, value)
     if str(out.get("env", "")).startswith("maniskill"):  # before GPU simulation was chosen
         out.setdefault("simulation", {"sim_backend": "physx_cpu", "vector_env": "sub_envs"})
+    if isinstance(out.get("eval_env"), dict):  # an env handed to evaluate(..., eval_env=...)
+        out["eval_env"] = upgrade_env_identity(out["eval_env"])
     return out
 
 
@@ -275,6 +358,12 @@ class _Recorder(RunObserver):
         append_jsonl(ev.incident_log, {**incident, "rank": ev.rank.rank})
 
 
+def _members(episodes: Sequence[int]) -> Any:
+    """``episodes`` for membership tests: a range as it is (any length, no memory), a shard's
+    list as a set."""
+    return episodes if isinstance(episodes, range) else frozenset(episodes)
+
+
 def _frame(images: Any) -> np.ndarray:
     """A video's frame: the first image of a batch of one, on the host (a GPU simulator's
     frames are CUDA tensors)."""
@@ -291,7 +380,9 @@ def _take(obs: Any, env: int) -> Any:
 
 class Evaluator:
     """Runs this process's share of an evaluation (a resolved :class:`~cosmos3_gym.eval.run.Run`
-    of kind ``evaluation``) into its folder (docs/evaluation.md)."""
+    of kind ``evaluation``) into its folder (docs/evaluation.md): the run's episodes, or under
+    ``shard`` the shard's (:func:`~cosmos3_gym.eval.shards.shard_episodes`), every
+    ``world_size``-th of them on this rank."""
 
     def __init__(self, run: Run) -> None:
         self.resolved = run
@@ -303,6 +394,11 @@ class Evaluator:
         self.model = run.model
         self.pipeline = run.model.pipeline
         self.all_episodes = self.eval_env.episodes(self.config.trials, self.config.seed)
+        # The episodes this folder holds, by their index in the run (a shard's, or all).
+        self.share: Sequence[int] = range(len(self.all_episodes))
+        if self.config.shard is not None:
+            self.share = shard_episodes(len(self.eval_env.tasks), self.config.trials,
+                                        self.config.seed, *parse_shard(self.config.shard))
         self.episode_log = self.out_dir / results_io.episode_log_name(
             self.rank.rank, self.rank.world_size
         )
@@ -320,32 +416,40 @@ class Evaluator:
         # Whether the folder held every episode before this run (then it runs nothing).
         self.already_complete = False
         self.plot = ResultsPlot(self.out_dir)
+        # results.json kept one episode at a time from the folder's logs (every rank's).
+        self.tally = results_io.ResultsTally(self.eval_env.tasks, len(self.share))
         # The checkpoint's head as the run uses it (results.json records its sampler).
         self.head: Any = run.model.head
 
     # ------------------------------------------------------------------ run
 
-    def run(self) -> dict[str, Any] | None:
-        """Run the pending episodes of this rank; on rank 0 return (and write) the results."""
+    def run(self) -> dict[str, Any]:
+        """Run the pending episodes of this rank, then return the run's results on every rank
+        (rank 0 writes results.json and the plot). Under torchrun the ranks hand each other
+        their logs at the end (:func:`~cosmos3_gym.eval.distributed.exchange_files`), so each
+        rank's folder holds every record even where the ranks share no file system."""
         run = self.resolved
         with run.folder() as folder:
             owns_group = init_process_group(self.rank)
             try:
                 finished = results_io.read_episode_records(self.out_dir)
                 self.bind(folder, recorded=bool(finished))
-                done = {(r["task"], int(r["trial"])) for r in finished}
-                self.already_complete = len(done) >= len(self.all_episodes)
-                mine = range(self.rank.rank, len(self.all_episodes), self.rank.world_size)
-                self.already_done = sum(
-                    1 for key in done
-                    if self.all_episodes.index_of(key) % self.rank.world_size == self.rank.rank)
+                done = {self.all_episodes.index_of((r["task"], int(r["trial"])))
+                        for r in finished}
+                # Counted over what is done, never over the run (it may be of any length).
+                share, mine = self.share, self.share[self.rank.rank::self.rank.world_size]
+                held, held_here = _members(share), _members(mine)
+                self.already_complete = sum(k in held for k in done) >= len(share)
+                self.already_done = sum(k in held_here for k in done)
                 pending = len(mine) - self.already_done
+                if self.rank.is_main and finished and not self.already_complete:
+                    print(results_io.resumed_line(self.out_dir, len(done),
+                                                  len(self.all_episodes)), flush=True)
                 if pending and self.pipeline is None:
                     self.pipeline = run.load()
                 start = time.perf_counter()
                 if pending:
-                    self._run_episodes((k for k in mine
-                                        if self.all_episodes[k].key not in done), len(mine))
+                    self._run_episodes((k for k in mine if k not in done), len(mine))
                 wall = time.perf_counter() - start
                 if not self.already_complete:  # a complete folder keeps its last figures
                     write_json_atomic(
@@ -355,8 +459,9 @@ class Evaluator:
                          "env_s": self.env_s, **self._runtime()},
                     )
                 barrier(self.rank)
+                self._exchange_logs()
                 if not self.rank.is_main:
-                    return None
+                    return self.results(final=True)
                 return self.write_results(final=True)
             finally:
                 if owns_group:
@@ -397,31 +502,46 @@ class Evaluator:
         ws = self.rank.world_size
         return "throughput.json" if ws == 1 else f"throughput.rank{self.rank.rank}.json"
 
+    def _exchange_logs(self) -> None:
+        """Under torchrun: every rank's own logs (episodes, incidents, timings) written into
+        the folders of the ranks that lack them (none, where the folder is shared)."""
+        if self.rank.world_size == 1:
+            return
+        own = [self.episode_log, self.incident_log, self.out_dir / self._throughput_name()]
+        files = {p.name: p.read_bytes() for p in own if p.is_file()}
+        for name, data in exchange_files(self.rank, files).items():
+            path = self.out_dir / name
+            if not path.exists():
+                atomic_write(path, lambda f, data=data: f.write(data))
+
     def write_results(self, final: bool = False) -> dict[str, Any]:
-        """Recompute results.json from every log in the folder and replace it atomically."""
-        records = results_io.read_episode_records(self.out_dir)
+        """Bring results.json up to date with every log in the folder and replace it
+        atomically."""
+        results = self.results(final)
+        write_json_atomic(self.out_dir / "results.json", results)
+        self.plot.update(results, final=final)
+        return results
+
+    def results(self, final: bool = False) -> dict[str, Any]:
+        """The results.json document of every log in the folder (the lines appended since the
+        last call are added to the tally; ``final``: with the sessions' timings)."""
+        self.tally.follow(self.out_dir)
         throughput = None
         if final:
             parts = [read_json_object(p, what="throughput file")
                      for p in sorted(self.out_dir.glob("throughput*.json"))]
             throughput = results_io.merge_throughput(parts)
         simulation = self.eval_env.simulation
-        results = results_io.summarize(
-            records,
+        return self.tally.results(
             config={**self.config.identity(),
                     **({"simulation": simulation} if simulation is not None else {})},
-            task_names=self.eval_env.tasks,
-            expected_episodes=len(self.all_episodes),
             incidents=results_io.read_incidents(self.out_dir),
             throughput=throughput,
             episode_budget=self.eval_env.episode_budget(),
             protocol=protocols.record(self.config, self.eval_env.init_state_rule, self.head),
             success_source=self.eval_env.success_rule.record(),
-            latency=results_io.latency_summary(records, describe_latency(self.resolved.realtime)),
+            latency_model=describe_latency(self.resolved.realtime),
         )
-        write_json_atomic(self.out_dir / "results.json", results)
-        self.plot.update(results, final=final)
-        return results
 
     # ------------------------------------------------------------------ the episodes
 
@@ -429,7 +549,7 @@ class Evaluator:
         """The policy the runner drives: the env's adapter, the evaluation's seed rule."""
         cfg = self.config
         rule = episode_seed_rule(cfg.seed, self.all_episodes.__getitem__,
-                                 fresh=cfg.sampling.fresh_noise)
+                                 fresh=cfg.sampling.fresh_noise, repeat=cfg.repeat)
         return VectorPolicy(self.pipeline, adapter=self.adapter,
                             n_action_steps=cfg.n_action_steps, sampling=cfg.sampling,
                             seed_rule=rule, realtime=self.resolved.realtime)
@@ -454,11 +574,7 @@ class Evaluator:
         queue = list(itertools.islice(pending, cfg.num_envs))
         pending = itertools.chain(queue, pending)
         num_slots = len(queue)
-        options = RunnerOptions(
-            num_envs=num_slots, async_envs=cfg.async_envs, env_timeout=cfg.env_timeout,
-            max_episode_restarts=cfg.max_episode_restarts,
-            max_consecutive_faults=cfg.max_consecutive_faults, out_of_range=cfg.out_of_range,
-            faults="restart", overlap=cfg.overlap and num_slots >= 2)
+        options = cfg.runner_options(num_slots)
         runner = EpisodeRunner(
             self.policy_for_run(), lambda n: self.eval_env.make(n, cfg.async_envs),
             EpisodeList(self.spec(k) for k in pending), options, _Recorder(self, bar))
@@ -492,6 +608,7 @@ class Evaluator:
             "init_state_id": ep.init_state_id,
             "seed": ep.seed,
             "reset_options": self.eval_env.reset_options(ep),
+            "prompt": result.prompt,
             "obs_sha256": result.obs_sha256,
             "steps": result.steps,
             "return": result.total_reward,
@@ -539,23 +656,47 @@ class Evaluator:
 
 
 def run_eval_command(config: EvalConfig, out: str | Path) -> int:
-    """``cosmos3-gym eval``: checks, the evaluation, then its summary table."""
-    from cosmos3_gym.eval.results import format_table
-
+    """``cosmos3-gym eval``: checks, the evaluation (or its arms), then its summary table."""
     # Every check that needs no model runs first (resolve): the device is resolved, and torch
     # imported, only after them, before anything is written.
-    run = resolve(config, out, kind="evaluation")
-    if latency_arms(run.settings) is not None:
-        run_sweep(run, summary=True)
-        return 0
+    run_resolved(resolve(config, out, kind="evaluation"), summary=True)
+    return 0
+
+
+def arms_of(settings: EvalConfig) -> tuple[list[Arm], str, bool] | None:
+    """The arms a resolved evaluation runs, its control arm and whether they measure the noise
+    floor: a latency sweep's (:func:`~cosmos3_gym.eval.latency.latency_arms`), or the
+    robustness arms (:func:`~cosmos3_gym.eval.robustness.arms_of`; the settings never make
+    both: :meth:`EvalConfig.check_one_kind_of_arms`); ``None`` for one evaluation."""
+    sweep = latency_arms(settings)
+    if sweep is not None:
+        arms, control = sweep
+        return arms, control, False
+    return robustness.arms_of(settings)
+
+
+def run_resolved(run: Run, *, summary: bool) -> dict[str, Any] | None:
+    """Run a resolved evaluation: one, or the arms its settings make (``--perturbations``,
+    ``--repeats``: :mod:`~cosmos3_gym.eval.robustness`); rank 0 returns its results.json
+    document and, with ``summary``, prints its table."""
+    from cosmos3_gym.eval.arms import format_arms_table, run_arms
+    from cosmos3_gym.eval.results import format_table
+
+    planned = arms_of(run.settings)
+    if planned is not None:
+        arms, control, noise_floor = planned
+        results = run_arms(run, arms, control=control, noise_floor=noise_floor)
+        if summary and run.rank.is_main and results is not None:
+            print(format_arms_table(results))
+        return results
     evaluator = Evaluator(run)
     results = evaluator.run()
-    if results is not None:
+    if summary and run.rank.is_main:
         if evaluator.already_complete:
-            print(f"{out} is complete: its {results['episodes']} episodes were recorded before, "
-                  "nothing to run. Its results:")
+            print(f"{run.out} is complete: its {results['episodes']} episodes were recorded "
+                  "before, nothing to run. Its results:")
         print(format_table(results))
-    return 0
+    return results
 
 
 def evaluate(
@@ -566,34 +707,20 @@ def evaluate(
     eval_env: EvalEnv | None = None,
     summary: bool = True,
 ) -> dict[str, Any] | None:
-    """Run (or resume) an evaluation into ``out_dir``; rank 0 returns the results.json document
-    and, with ``summary``, prints its table (the one ``cosmos3-gym eval`` prints).
+    """Run (or resume) an evaluation into ``out_dir`` and return its results.json document
+    (every rank of a torchrun launch); with ``summary`` rank 0 prints its table (the one
+    ``cosmos3-gym eval`` prints). Settings that make arms (``perturbations``, ``repeats``) run
+    them all into ``out_dir`` (:mod:`~cosmos3_gym.eval.arms`; rank 0 returns their document).
+    From a training loop, :func:`cosmos3_gym.evaluate` takes the model and the env themselves
+    and keeps the caller's state.
 
     ``pipeline`` defaults to ``config.checkpoint`` loaded with
     :meth:`~cosmos3_gym.pipeline.Cosmos3ActionPipeline.from_pretrained` (only if episodes
     remain); ``eval_env`` defaults to the env ``config`` names.
     """
-    from cosmos3_gym.eval.results import format_table
-
+    if out_dir is None:
+        raise ValueError("out_dir is None: this call records into a run folder; for an "
+                         "evaluation that keeps nothing on disk, call "
+                         "cosmos3_gym.evaluate(policy, env, out=None)")
     run = resolve(config, out_dir, kind="evaluation", pipeline=pipeline, eval_env=eval_env)
-    if latency_arms(run.settings) is not None:
-        return run_sweep(run, summary=summary)
-    results = Evaluator(run).run()
-    if summary and results is not None:
-        print(format_table(results))
-    return results
-
-
-def run_sweep(run: Run, *, summary: bool) -> dict[str, Any] | None:
-    """A latency sweep (``--latency 0,100ms,200ms``): one arm per value in ``run.out/arms/``
-    (:func:`~cosmos3_gym.eval.arms.run_arms`), compared on the same episodes with the control;
-    rank 0 returns (and with ``summary`` prints) the arms' table."""
-    from cosmos3_gym.eval.arms import format_arms_table, run_arms
-
-    found = latency_arms(run.settings)
-    assert found is not None
-    arms, control = found
-    results = run_arms(run, arms, control=control)
-    if summary and results is not None:
-        print(format_arms_table(results))
-    return results
+    return run_resolved(run, summary=summary)

@@ -130,48 +130,70 @@ def plot_results(runs: Sequence[RunResults], stem: Path) -> list[Path]:
     return save_figure(fig, stem)
 
 
-def plot_arms(results: dict[str, Any], stem: Path) -> list[Path]:
-    """Draw the arms of one evaluation (:mod:`~cosmos3_gym.eval.arms`' results.json) as
-    ``stem.png`` / ``.svg``: each arm's success rate with its 95% Wilson interval, in the arms'
-    order (a latency sweep: success against latency), the control's rate as a dashed line, each
-    other arm's paired difference to it written beside its point."""
-    arms = results["arms"]
-    names = list(arms)
-    fig = new_figure(max(4.5, 1.1 * len(names) + 2.0), 3.6)
-    ax = fig.add_subplot()
+def plot_arms(results: dict[str, Any], stem: Path, label: str) -> list[Path]:
+    """Draw an arms run (:mod:`~cosmos3_gym.eval.arms`) as ``stem.png`` and ``stem.svg``: left,
+    each arm's success rate with its Wilson interval; right, each arm's paired difference to
+    the control with its interval, and each task's difference as a dot. Bars have the SVG ids
+    ``bar-arm-{row}``, differences ``diff-arm-{row}``."""
     control = results["control"]
-    for x, name in enumerate(names):
-        arm = arms[name]
-        rate = arm.get("success_rate")
-        if rate is None:
-            ax.text(x, 0.02, "no rate", ha="center", fontsize=8, color="#666666")
-            continue
-        lo, hi = arm["interval"]
-        colour = RUN_COLOURS[1] if name == control else RUN_COLOURS[0]
-        line = ax.errorbar(x, rate, yerr=[[rate - lo], [hi - rate]], fmt="o", color=colour,
-                           ecolor="#222222", elinewidth=1.2, capsize=4)
-        line[0].set_gid(f"arm-{x}")
+    names = [control, *(n for n in results["arms"] if n != control)]
+    fig = new_figure(9.0, 1.7 + 0.4 * len(names))
+    rates, diffs = fig.subplots(1, 2, sharey=True, width_ratios=(1.0, 1.1))
+    for y, name in enumerate(names):
+        arm = results["arms"].get(name) or {}
+        if arm.get("episodes") and arm.get("success_rate") is not None:
+            rate, (lo, hi) = arm["success_rate"], arm["interval"]
+            rates.barh(y, rate, height=0.6, color=RUN_COLOURS[0])[0].set_gid(f"bar-arm-{y}")
+            rates.errorbar(rate, y, xerr=[[rate - lo], [hi - rate]], fmt="none",
+                           ecolor="#222222", elinewidth=1.2, capsize=3)
+            rates.text(hi + 0.015, y, f"{rate:.0%} ({arm['successes']}/{arm['episodes']})",
+                       va="center", fontsize=8)
         paired = results["paired"].get(name)
-        note = f"{rate:.0%} ({arm['successes']}/{arm['episodes']})"
-        if paired is not None and paired.get("difference") is not None:
-            note += f"\n{100 * paired['difference']:+.0f} pts"
-        ax.text(x + 0.08, rate, note, va="center", fontsize=8)
-    if arms.get(control, {}).get("success_rate") is not None:
-        ax.axhline(arms[control]["success_rate"], color=RUN_COLOURS[1], linewidth=0.8,
-                   linestyle="--")
-    ax.set_xticks(range(len(names)), [f"{n}\n(control)" if n == control else n for n in names])
-    ax.set_xlim(-0.5, len(names) - 0.2)
-    ax.set_ylim(0.0, 1.05)
-    ax.set_yticks([0.0, 0.25, 0.5, 0.75, 1.0], ["0%", "25%", "50%", "75%", "100%"])
-    ax.set_ylabel("success rate, 95% Wilson interval")
-    ax.grid(axis="y", color="#dddddd", linewidth=0.6)
-    ax.set_axisbelow(True)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    changed = sorted({k for arm in arms.values() for k in (arm.get("changes") or {})})
-    ax.set_title(f"Success per arm ({', '.join(changed) or 'arms'}); differences paired with "
-                 f"{control}", fontsize=10, loc="left")
+        if paired is None or paired.get("difference") is None:
+            diffs.text(0.0, y, "control" if name == control else "no pairs yet", va="center",
+                       ha="center", fontsize=8, color="#666666")
+            continue
+        d, (lo, hi) = paired["difference"], paired["interval"]
+        tasks = [t["difference"] for t in paired["per_task"].values()
+                 if t.get("difference") is not None]
+        diffs.scatter(tasks, [y + 0.22] * len(tasks), s=10, color="#999999", zorder=2)
+        diffs.errorbar(d, y, xerr=[[d - lo], [hi - d]], fmt="o", color=RUN_COLOURS[1],
+                       ecolor=RUN_COLOURS[1], elinewidth=1.6, capsize=4,
+                       zorder=3)[0].set_gid(f"diff-arm-{y}")
+        diffs.text(hi + 0.03, y, f"{100 * d:+.1f} ({paired['pairs']} pairs)", va="center",
+                   fontsize=8)
+    rates.set_yticks(range(len(names)), names)
+    rates.set_ylim(len(names) - 0.5, -0.5)
+    rates.set_xlim(0.0, 1.3)
+    rates.set_xticks([0.0, 0.5, 1.0], ["0%", "50%", "100%"])
+    rates.set_xlabel("success rate, 95% Wilson interval")
+    diffs.axvline(0.0, color="#888888", linewidth=0.8)
+    diffs.set_xlim(-1.05, 1.45)
+    diffs.set_xticks([-1.0, -0.5, 0.0, 0.5, 1.0], ["-100", "-50", "0", "+50", "+100"])
+    diffs.set_xlabel(f"vs {control}, points: paired 95% interval (dots: tasks)")
+    for ax in (rates, diffs):
+        ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+        ax.set_axisbelow(True)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    title = f"{label}: {len(names)} arms on the same episodes"
+    floor = results.get("noise_floor")
+    if floor is not None and floor.get("agreement") is not None:
+        title += (f"; test-retest agreement {floor['agreement']:.1%} of {floor['pairs']} "
+                  "(task, trial) pairs")
+    if not results["complete"]:
+        title += " (partial)"
+    fig.suptitle(title, fontsize=10, x=0.01, ha="left")
     return save_figure(fig, stem)
+
+
+def draw_arms(results: dict[str, Any], stem: Path, label: str) -> list[Path]:
+    """:func:`plot_arms`, or a note on stderr (and nothing drawn) without matplotlib."""
+    try:
+        return plot_arms(results, stem, label)
+    except PlottingUnavailable as err:
+        print(f"note: no {Path(stem).name}.png: {err}", file=sys.stderr)
+        return []
 
 
 def _counts(entry: dict[str, Any]) -> str:
@@ -240,7 +262,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
 
         stored = {}
         config = json.loads(config_path.read_text(encoding="utf-8"))["identity"]
-        from cosmos3_gym.envs.families import GYM_OPTIONS
+        from cosmos3_gym.envs.names import GYM_OPTIONS
 
         eval_env = make_eval_env(
             config["env"], suite=config["suite"], tasks=config["tasks"],
@@ -269,7 +291,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         episode_budget=budget,
         protocol=protocol,
         success_source=source,
-        latency=None if model is None else results_io.latency_summary(records, model),
+        latency_model=model,
     )
     return {**stored, **summary}  # keys a newer results.json holds beyond the summary stay
 
@@ -322,6 +344,20 @@ def run(args: argparse.Namespace) -> int:
             f"comparing {len(dirs)} runs needs --out FILE.png (where to write the plot); "
             "found none"
         )
+    from cosmos3_gym.eval.arms import format_arms_table, is_arms_folder, load_arms
+
+    arms = [d for d in dirs if is_arms_folder(d)]
+    if arms:
+        if len(dirs) > 1:
+            raise ValueError(f"{arms[0]} holds several arms of one run (its own comparison); "
+                             "report it alone")
+        results = load_arms(dirs[0])
+        print(format_arms_table(results))
+        paths = draw_arms(results, stem, labels[0])
+        if not paths:
+            return 1
+        print("plot: " + ", ".join(str(p) for p in paths))
+        return 0
     runs = [(label, load_run(d)) for label, d in zip(labels, dirs, strict=True)]
     if len(runs) == 1:
         print(results_io.format_table(runs[0][1]))

@@ -1,22 +1,25 @@
 """Evaluation results on disk: the per-episode JSONL logs, Wilson intervals, results.json.
 
 The JSONL logs (``episodes*.jsonl``, one line per finished episode, appended and fsynced) are
-the source of truth; ``results.json`` is a summary recomputed from them (:func:`summarize`) and
-replaced atomically. A partial last line left by a crash is skipped by readers and cut off by the
-next writer.
+the source of truth; ``results.json`` is their summary (:func:`summarize`), kept up to date one
+episode at a time from the lines appended since its last update (:class:`ResultsTally`, the same
+document in constant time per episode) and replaced atomically. A partial last line left by a
+crash is skipped by readers and cut off by the next writer.
 
 The folder's files and every key: docs/evaluation.md, "What the run folder holds".
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from cosmos3_gym.jsonio import read_jsonl
-from cosmos3_gym.stats import _wilson, wilson_interval
+from cosmos3_gym.stats import wilson_interval, wilson_interval_of_rate
 
 EpisodeRecord = dict[str, Any]
 
@@ -47,7 +50,7 @@ def suite_average(per_suite: dict[str, dict[str, Any]]) -> dict[str, Any] | None
         "suites": list(rates),
         "episodes": sum(per_suite[k]["episodes"] for k in rates),
         "effective_episodes": effective,
-        "interval": list(_wilson(mean, effective)),
+        "interval": list(wilson_interval_of_rate(mean, effective)),
     }
 
 
@@ -74,10 +77,87 @@ def read_episode_records(out_dir: Path) -> list[EpisodeRecord]:
     return sorted(seen.values(), key=lambda r: (r["task_index"], r["trial"]))
 
 
+def resumed_line(out_dir: str | Path, recorded: int, total: int) -> str:
+    r"""What an evaluation says when it goes on in a folder that holds some of its episodes
+    already (a rerun of an interrupted command), before it runs the others.
+
+    >>> print(*resumed_line("runs/x", 6, 20).split("; "), sep=";\n")
+    runs/x: resuming: 6 of its 20 episodes were recorded before and are not run again;
+    running the other 14
+    """
+    return (f"{out_dir}: resuming: {recorded} of its {total} episodes were recorded before and "
+            f"are not run again; running the other {total - recorded}")
+
+
 def read_incidents(out_dir: Path) -> list[dict[str, Any]]:
     """Every recorded incident in ``out_dir``, in time order."""
     incidents = [i for p in sorted(out_dir.glob("incidents*.jsonl")) for i in read_jsonl(p)]
     return sorted(incidents, key=lambda i: i.get("time", 0.0))
+
+
+class ExactSum:
+    """A float sum kept exactly as values arrive (Shewchuk's partials, as :func:`math.fsum`
+    keeps them): its value is the correctly rounded sum whatever the order of the values, so
+    a total kept one episode at a time equals the one summed over the sorted log.
+
+    >>> total = ExactSum()
+    >>> for x in (0.1, 1e16, 0.2, -1e16, 0.3):
+    ...     total.add(x)
+    >>> total.value(), sum((0.1, 1e16, 0.2, -1e16, 0.3))
+    (0.6, 0.3)
+    """
+
+    def __init__(self) -> None:
+        self.partials: list[float] = []  # non-overlapping, increasing in magnitude
+        self.special = 0.0  # the infinities and NaNs, summed as floats sum them
+
+    def add(self, x: float) -> None:
+        if not math.isfinite(x):
+            self.special += x
+            return
+        i = 0
+        for y in self.partials:
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            lo = y - (hi - x)
+            if lo:
+                self.partials[i] = lo
+                i += 1
+            x = hi
+        self.partials[i:] = [x]
+
+    def value(self) -> float:
+        return self.special if self.special else math.fsum(self.partials)
+
+
+def exact_sum(values: Iterable[float]) -> float:
+    """The correctly rounded sum of ``values`` (:class:`ExactSum`)."""
+    total = ExactSum()
+    for x in values:
+        total.add(x)
+    return total.value()
+
+
+def _rate_entry(episodes: int, successes: int, unknown: int, returns: tuple[float, int],
+                lengths: tuple[float, int]) -> dict[str, Any]:
+    """A group's entry from its counts and the total and count of its returns and of its
+    lengths; ``unknown`` episodes have no outcome."""
+    measures = {
+        "mean_return": returns[0] / returns[1] if returns[1] else None,
+        "mean_length": lengths[0] / lengths[1] if lengths[1] else None,
+    }
+    if unknown:
+        return {"success_rate": None, "successes": None, "episodes": episodes,
+                "interval": [None, None], **measures}
+    lo, hi = wilson_interval(successes, episodes)
+    return {
+        "success_rate": successes / episodes if episodes else None,
+        "successes": successes,
+        "episodes": episodes,
+        "interval": [lo, hi],
+        **measures,
+    }
 
 
 def _rate(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
@@ -86,25 +166,11 @@ def _rate(records: Sequence[EpisodeRecord]) -> dict[str, Any]:
     Episodes without an outcome (``success`` null: a run whose success rule is ``none``) give
     no rate: ``success_rate``, ``successes`` and ``interval`` are then null, never a 0%.
     """
-    n = len(records)
     returns = [r["return"] for r in records if r.get("return") is not None]
     lengths = [r["steps"] for r in records if r.get("steps") is not None]
-    measures = {
-        "mean_return": sum(returns) / len(returns) if returns else None,
-        "mean_length": sum(lengths) / len(lengths) if lengths else None,
-    }
-    if any(r["success"] is None for r in records):
-        return {"success_rate": None, "successes": None, "episodes": n,
-                "interval": [None, None], **measures}
-    k = sum(bool(r["success"]) for r in records)
-    lo, hi = wilson_interval(k, n)
-    return {
-        "success_rate": k / n if n else None,
-        "successes": k,
-        "episodes": n,
-        "interval": [lo, hi],
-        **measures,
-    }
+    return _rate_entry(len(records), sum(bool(r["success"]) for r in records),
+                       sum(r["success"] is None for r in records),
+                       (exact_sum(returns), len(returns)), (exact_sum(lengths), len(lengths)))
 
 
 def summarize(
@@ -118,9 +184,10 @@ def summarize(
     episode_budget: dict[str, Any] | None = None,
     protocol: dict[str, Any] | None = None,
     success_source: dict[str, Any] | None = None,
-    latency: dict[str, Any] | None = None,
+    latency_model: str | None = None,
 ) -> dict[str, Any]:
-    """The results.json document.
+    """The results.json document of ``records`` (:func:`read_episode_records`: one per episode,
+    sorted). :class:`ResultsTally` keeps the same document one episode at a time.
 
     Keys: ``schema_version``; ``complete`` (every expected episode finished);
     ``episodes`` / ``episodes_expected`` / ``successes`` / ``success_rate`` / ``interval``
@@ -137,32 +204,54 @@ def summarize(
     ``restarted_episodes``; ``incidents`` (list); ``throughput`` (or null); ``imagined``
     (:func:`imagined_summary`, or null without imagined videos);
     ``episode_budget`` (the env's step-budget convention: ``step_budget``, ``settle_steps``,
-    ``max_episode_steps`` per suite; or null); ``latency`` (:func:`latency_summary`: the
-    latency model in one line and what its delays did; null for a run before it was
-    recorded); ``config``.
+    ``max_episode_steps`` per suite; or null); ``latency`` (:func:`latency_summary` with
+    ``latency_model``, the latency model in one line, and what its delays did; null without
+    ``latency_model``: a run before it was recorded); ``config``.
     """
     by_task = {name: [r for r in records if r["task"] == name] for name in task_names}
     suites: dict[str, list[EpisodeRecord]] = {}
     for r in records:
         suites.setdefault(r["suite"], []).append(r)
-    overall = _rate(records)
-    per_suite = {name: _rate(rs) for name, rs in suites.items()}
+    flagged = {name: sum(flag(r) for r in records) for name, flag in FLAGGED.items()}
+    return _document(
+        _rate(records), {name: _rate(rs) for name, rs in by_task.items()},
+        {name: _rate(rs) for name, rs in suites.items()}, flagged, imagined_summary(records),
+        config=config, expected_episodes=expected_episodes, incidents=incidents,
+        throughput=throughput, episode_budget=episode_budget, protocol=protocol,
+        success_source=success_source,
+        latency=None if latency_model is None else latency_summary(records, latency_model))
+
+
+# The episodes results.json counts by what happened in them, and how a record says it.
+FLAGGED: dict[str, Callable[[EpisodeRecord], bool]] = {
+    "invalid_action_episodes": lambda r: r["invalid_action"] is not None,
+    "out_of_range_episodes": lambda r: r["out_of_range_steps"] > 0,
+    "clipped_episodes": lambda r: r.get("clipped_steps", 0) > 0,
+    "restarted_episodes": lambda r: r["restarts"] > 0,
+}
+
+
+def _document(overall: dict[str, Any], per_task: dict[str, Any], per_suite: dict[str, Any],
+              flagged: dict[str, int], imagined: dict[str, Any] | None, *,
+              config: dict[str, Any], expected_episodes: int,
+              incidents: Sequence[dict[str, Any]], throughput: dict[str, Any] | None,
+              episode_budget: dict[str, Any] | None, protocol: dict[str, Any] | None,
+              success_source: dict[str, Any] | None,
+              latency: dict[str, Any] | None) -> dict[str, Any]:
+    """The results.json document from its parts (:func:`summarize` has its keys)."""
     return {
         "schema_version": SCHEMA_VERSION,
-        "complete": len(records) == expected_episodes,
+        "complete": overall["episodes"] == expected_episodes,
         "episodes_expected": expected_episodes,
         "success_source": success_source,
         **overall,
-        "per_task": {name: _rate(rs) for name, rs in by_task.items()},
+        "per_task": per_task,
         "per_suite": per_suite,
         "suite_average": suite_average(per_suite),
-        "invalid_action_episodes": sum(r["invalid_action"] is not None for r in records),
-        "out_of_range_episodes": sum(r["out_of_range_steps"] > 0 for r in records),
-        "clipped_episodes": sum(r.get("clipped_steps", 0) > 0 for r in records),
-        "restarted_episodes": sum(r["restarts"] > 0 for r in records),
+        **flagged,
         "incidents": list(incidents),
         "throughput": throughput,
-        "imagined": imagined_summary(records),
+        "imagined": imagined,
         "episode_budget": episode_budget,
         "protocol": protocol,
         "latency": latency,
@@ -173,7 +262,8 @@ def summarize(
 def latency_summary(records: Sequence[EpisodeRecord], model: str) -> dict[str, Any]:
     """results.json's ``latency``: the model in one line (``model``), and over the episodes'
     chunks (their ``chunk_timing``, under real-time execution) the delays applied and the
-    calls' wall times, the actions dropped, the chunks RTC conditioned, and the stalls.
+    calls' wall times, the actions dropped, the chunks RTC conditioned, and the stalls
+    (:class:`ResultsTally` keeps the same one episode at a time).
 
     >>> rec = {"stalls": 2, "chunk_timing": [
     ...     {"delay": 3, "latency_s": 0.2, "dropped": 0, "committed": 0},
@@ -182,19 +272,46 @@ def latency_summary(records: Sequence[EpisodeRecord], model: str) -> dict[str, A
     >>> out["stalls"], out["stalled_episodes"], out["delay_steps"], out["rtc_chunks"]
     (2, 1, {'mean': 3.0, 'max': 3}, 1)
     """
-    chunks = [c for r in records for c in r.get("chunk_timing") or []]
-    out: dict[str, Any] = {"model": model,
-                           "stalls": sum(int(r.get("stalls") or 0) for r in records),
-                           "stalled_episodes": sum(bool(r.get("stalls")) for r in records),
-                           "chunks": len(chunks)}
-    if chunks:
-        delays = [int(c["delay"]) for c in chunks]
-        walls = [float(c["latency_s"]) for c in chunks]
-        out.update(delay_steps={"mean": sum(delays) / len(delays), "max": max(delays)},
-                   latency_s={"mean": sum(walls) / len(walls), "max": max(walls)},
-                   dropped_actions=sum(int(c["dropped"]) for c in chunks),
-                   rtc_chunks=sum(int(c["committed"]) > 0 for c in chunks))
-    return out
+    tally = _LatencyTally()
+    for record in records:
+        tally.add(record)
+    return tally.summary(model)
+
+
+class _LatencyTally:
+    """:func:`latency_summary`'s totals kept one record at a time (the wall times' sum exact,
+    so the mean is the same in any order)."""
+
+    def __init__(self) -> None:
+        self.stalls = self.stalled_episodes = self.chunks = 0
+        self.delays = self.dropped = self.rtc_chunks = 0
+        self.max_delay = 0
+        self.walls = ExactSum()
+        self.max_wall = 0.0
+
+    def add(self, record: EpisodeRecord) -> None:
+        stalls = int(record.get("stalls") or 0)
+        self.stalls += stalls
+        self.stalled_episodes += stalls > 0
+        for c in record.get("chunk_timing") or []:
+            delay, wall = int(c["delay"]), float(c["latency_s"])
+            self.max_delay = delay if not self.chunks else max(self.max_delay, delay)
+            self.max_wall = wall if not self.chunks else max(self.max_wall, wall)
+            self.chunks += 1
+            self.delays += delay
+            self.walls.add(wall)
+            self.dropped += int(c["dropped"])
+            self.rtc_chunks += int(c["committed"]) > 0
+
+    def summary(self, model: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": model, "stalls": self.stalls,
+                               "stalled_episodes": self.stalled_episodes, "chunks": self.chunks}
+        if self.chunks:
+            out.update(delay_steps={"mean": self.delays / self.chunks, "max": self.max_delay},
+                       latency_s={"mean": self.walls.value() / self.chunks,
+                                  "max": self.max_wall},
+                       dropped_actions=self.dropped, rtc_chunks=self.rtc_chunks)
+        return out
 
 
 def format_latency(latency: dict[str, Any], episodes: int) -> list[str]:
@@ -220,24 +337,204 @@ def imagined_summary(records: Sequence[EpisodeRecord]) -> dict[str, Any] | None:
     if not parts:
         return None
 
-    def pooled(blocks: list[dict[str, Any]]) -> dict[str, Any]:
-        n = sum(b["frames"] for b in blocks)
-        names = blocks[0]["mse"].keys() if blocks else ()
-        return {"frames": n, "psnr_db": {
-            name: _psnr(sum(b["mse"][name] * b["frames"] for b in blocks if b["frames"]) / n)
-            if n else None for name in names
-        }}
+    def pooled(blocks: list[dict[str, Any]]) -> tuple[int, dict[str, float]]:
+        return sum(b["frames"] for b in blocks), {
+            name: exact_sum(b["mse"][name] * b["frames"] for b in blocks if b["frames"])
+            for name in blocks[0]["mse"]}
 
-    shifts = sorted({p["shift"] for p in parts})
+    return _imagined_entry(
+        len(parts), {p["shift"] for p in parts}, sum(p["chunks"] for p in parts),
+        exact_sum(p["reconstruction_mse"] * p["chunks"] for p in parts),
+        {kind: pooled([p[kind] for p in parts] if kind else parts) for kind in IMAGINED})
+
+
+# The comparisons of an imagined record: its own (the predicted frame against the env's frame
+# at its step), then against the env's frame ``shift`` steps earlier and later.
+IMAGINED = ("", "earlier", "later")
+
+
+def _imagined_entry(episodes: int, shifts: set[int], chunks: int, reconstruction: float,
+                    pooled: dict[str, tuple[int, dict[str, float]]]) -> dict[str, Any]:
+    """``results.json``'s ``imagined`` from its totals: ``pooled`` holds, per comparison of
+    :data:`IMAGINED`, the frames compared and each measure's total of ``mse * frames``."""
     if len(shifts) != 1:
-        raise ValueError(f"imagined records compare frames at different shifts: {shifts}")
-    chunks = sum(p["chunks"] for p in parts)
-    summary = {"episodes": len(parts), "shift": shifts[0], **pooled(parts), "chunks": chunks,
-               "reconstruction_psnr_db": _psnr(
-                   sum(p["reconstruction_mse"] * p["chunks"] for p in parts) / chunks)}
-    for name in ("earlier", "later"):
-        summary[name] = pooled([p[name] for p in parts])
+        raise ValueError(f"imagined records compare frames at different shifts: "
+                         f"{sorted(shifts)}")
+
+    def psnr(frames: int, totals: dict[str, float]) -> dict[str, Any]:
+        return {"frames": frames, "psnr_db": {name: _psnr(total / frames) if frames else None
+                                              for name, total in totals.items()}}
+
+    summary = {"episodes": episodes, "shift": next(iter(shifts)), **psnr(*pooled[""]),
+               "chunks": chunks, "reconstruction_psnr_db": _psnr(reconstruction / chunks)}
+    for kind in IMAGINED[1:]:
+        summary[kind] = psnr(*pooled[kind])
     return summary
+
+
+class _Group:
+    """One row of results.json (a task, a suite, the run) kept one episode at a time."""
+
+    def __init__(self) -> None:
+        self.episodes = self.successes = self.unknown = 0
+        self.returns, self.lengths = ExactSum(), ExactSum()
+        self.counted_returns = self.counted_lengths = 0
+
+    def add(self, record: EpisodeRecord) -> None:
+        self.episodes += 1
+        self.successes += bool(record["success"])
+        self.unknown += record["success"] is None
+        if record.get("return") is not None:
+            self.returns.add(record["return"])
+            self.counted_returns += 1
+        if record.get("steps") is not None:
+            self.lengths.add(record["steps"])
+            self.counted_lengths += 1
+
+    def entry(self) -> dict[str, Any]:
+        return _rate_entry(self.episodes, self.successes, self.unknown,
+                           (self.returns.value(), self.counted_returns),
+                           (self.lengths.value(), self.counted_lengths))
+
+
+class ResultsTally:
+    """The results.json document kept one episode at a time: each record is taken in constant
+    time, and :meth:`results` gives what :func:`summarize` gives over
+    :func:`read_episode_records` of the same records, whatever order they came in.
+
+    It takes records one by one (:meth:`add`) or follows a run folder's logs (:meth:`follow`:
+    the complete lines appended since its last read, from every process's log; a log that was
+    replaced or cut is read again from the start). Of two records of one episode the first
+    taken counts (:func:`read_episode_records` keeps the first by file name: the same record
+    where two runs raced on one folder, since an episode is deterministic).
+
+    >>> tally = ResultsTally(["red"], expected_episodes=2)
+    >>> tally.add({"task": "red", "task_index": 0, "suite": "s", "trial": 0, "success": True,
+    ...            "return": 1.0, "steps": 5, "invalid_action": None, "out_of_range_steps": 0,
+    ...            "restarts": 0})
+    True
+    >>> doc = tally.results(config={})
+    >>> doc["episodes"], doc["success_rate"], doc["complete"]
+    (1, 1.0, False)
+    """
+
+    def __init__(self, task_names: Sequence[str], expected_episodes: int) -> None:
+        self.task_names = list(task_names)
+        self.expected_episodes = expected_episodes
+        self._clear()
+
+    def _clear(self) -> None:
+        self.seen: set[tuple[str, int]] = set()
+        self.run = _Group()
+        self.tasks = {name: _Group() for name in self.task_names}
+        self.suites: dict[str, _Group] = {}
+        self.suite_first: dict[str, tuple[Any, Any]] = {}  # its first episode's sort key
+        self.flagged = dict.fromkeys(FLAGGED, 0)
+        self.imagined: _ImaginedTally | None = None
+        self.latency = _LatencyTally()
+        self.read_to: dict[Path, tuple[int, int, int]] = {}  # log -> (inode, offset, lines)
+
+    def add(self, record: EpisodeRecord) -> bool:
+        """Count ``record``; False (and nothing counted) for an episode already counted."""
+        key = (record["task"], int(record["trial"]))
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        order = (record["task_index"], record["trial"])
+        self.run.add(record)
+        if record["task"] in self.tasks:
+            self.tasks[record["task"]].add(record)
+        suite = record["suite"]
+        self.suites.setdefault(suite, _Group()).add(record)
+        if suite not in self.suite_first or order < self.suite_first[suite]:
+            self.suite_first[suite] = order
+        for name, flag in FLAGGED.items():
+            self.flagged[name] += flag(record)
+        self.latency.add(record)
+        if record.get("imagined"):
+            self.imagined = self.imagined or _ImaginedTally()
+            self.imagined.add(record["imagined"], order)
+        return True
+
+    def follow(self, out_dir: Path) -> None:
+        """Take the records appended to ``out_dir``'s episode logs since the last call; a
+        partial last line (an append under way, or cut by a crash) waits for its end."""
+        for path in sorted(Path(out_dir).glob("episodes*.jsonl")):
+            with path.open("rb") as f:
+                stat = os.fstat(f.fileno())
+                inode, offset, lines = self.read_to.get(path, (stat.st_ino, 0, 0))
+                if inode != stat.st_ino or stat.st_size < offset:  # replaced or cut
+                    self._clear()
+                    return self.follow(out_dir)
+                f.seek(offset)
+                data = f.read(stat.st_size - offset)
+            complete = data[:data.rfind(b"\n") + 1].split(b"\n")[:-1]
+            for number, line in enumerate(complete, start=lines + 1):
+                if line.strip():
+                    self.add(_record(line, path, number))
+            self.read_to[path] = (inode, offset + sum(len(line) + 1 for line in complete),
+                                  lines + len(complete))
+        return None
+
+    def results(self, *, config: dict[str, Any], incidents: Sequence[dict[str, Any]] = (),
+                throughput: dict[str, Any] | None = None,
+                episode_budget: dict[str, Any] | None = None,
+                protocol: dict[str, Any] | None = None,
+                success_source: dict[str, Any] | None = None,
+                latency_model: str | None = None) -> dict[str, Any]:
+        """The results.json document (:func:`summarize`'s keys and values)."""
+        suites = sorted(self.suites, key=self.suite_first.__getitem__)
+        return _document(
+            self.run.entry(), {name: g.entry() for name, g in self.tasks.items()},
+            {name: self.suites[name].entry() for name in suites}, dict(self.flagged),
+            self.imagined.summary() if self.imagined else None,
+            config=config, expected_episodes=self.expected_episodes, incidents=incidents,
+            throughput=throughput, episode_budget=episode_budget, protocol=protocol,
+            success_source=success_source,
+            latency=None if latency_model is None else self.latency.summary(latency_model))
+
+
+def _record(line: bytes, path: Path, number: int) -> EpisodeRecord:
+    try:
+        return json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"{path}:{number} is not valid JSON; expected one record per "
+                         "line") from None
+
+
+class _ImaginedTally:
+    """:func:`imagined_summary`'s totals kept one record at a time."""
+
+    def __init__(self) -> None:
+        self.episodes = self.chunks = 0
+        self.shifts: set[int] = set()
+        self.reconstruction = ExactSum()
+        self.frames = dict.fromkeys(IMAGINED, 0)
+        self.totals: dict[str, dict[str, ExactSum]] = {kind: {} for kind in IMAGINED}
+        self.first: tuple[Any, dict[str, list[str]]] | None = None  # the first record's names
+
+    def add(self, part: dict[str, Any], order: tuple[Any, Any]) -> None:
+        self.episodes += 1
+        self.shifts.add(part["shift"])
+        self.chunks += part["chunks"]
+        self.reconstruction.add(part["reconstruction_mse"] * part["chunks"])
+        for kind in IMAGINED:
+            block = part[kind] if kind else part
+            self.frames[kind] += block["frames"]
+            if block["frames"]:
+                for name, mse in block["mse"].items():
+                    self.totals[kind].setdefault(name, ExactSum()).add(mse * block["frames"])
+        if self.first is None or order < self.first[0]:
+            self.first = (order, {kind: list((part[kind] if kind else part)["mse"])
+                                  for kind in IMAGINED})
+
+    def summary(self) -> dict[str, Any]:
+        assert self.first is not None  # made by its first add
+        pooled = {kind: (self.frames[kind], {
+            name: self.totals[kind][name].value() if name in self.totals[kind] else 0.0
+            for name in self.first[1][kind]}) for kind in IMAGINED}
+        return _imagined_entry(self.episodes, self.shifts, self.chunks,
+                               self.reconstruction.value(), pooled)
 
 
 def _psnr(mse: float) -> float:
@@ -443,11 +740,22 @@ def format_runtime(t: dict[str, Any]) -> list[str]:
                      + (f" with {', '.join(on)}" if on else ""))
     for name, error in (t.get("disabled_options") or {}).items():
         lines.append(f"switched off on this device: {name} ({error})")
-    if t.get("loop_overhead") is not None:
-        lines.append(
-            f"time: pipeline {t['pipeline_s']:.1f} s, env {t['env_s']:.1f} s, other "
-            f"{t['other_s']:.1f} s; around the pipeline the loop adds "
-            f"{100 * t['loop_overhead']:.1f}% to its call time; "
-            f"{t['episodes_per_hour']:.0f} episodes/hour"
-        )
+    if t.get("pipeline_s") is not None:
+        lines.append(format_time(t))
     return lines
+
+
+def format_time(t: dict[str, Any]) -> str:
+    """Where a run's time went, summed over processes: the model (pipeline calls), the env
+    (builds, resets, steps: simulation and rendering) and the loop's own bookkeeping (the rest
+    of the wall time), with the loop's share of the three. Under ``--overlap`` the model's and
+    the env's times overlap, and the loop's is what their sum leaves of the wall time, if any.
+
+    >>> print(format_time({"pipeline_s": 1.2, "env_s": 40.3, "other_s": 0.4,
+    ...                    "episodes_per_hour": 85.7}))
+    time: model 1.2 s, env 40.3 s, loop 0.4 s (1.0% of the run); 86 episodes/hour
+    """
+    total = t["pipeline_s"] + t["env_s"] + t["other_s"]
+    share = f" ({100 * t['other_s'] / total:.1f}% of the run)" if total > 0 else ""
+    return (f"time: model {t['pipeline_s']:.1f} s, env {t['env_s']:.1f} s, loop "
+            f"{t['other_s']:.1f} s{share}; {t['episodes_per_hour']:.0f} episodes/hour")

@@ -91,6 +91,10 @@ class RolloutConfig(LatencySettings, ModelSettings, RuntimeSettings, EnvSettings
     def check_run(self, model: Any, env: Any, rank: Any) -> None:
         """Rollouts' own checks of a resolved run: the success signal the env must report, and
         LeRobot where the rollouts are to become a LeRobot dataset."""
+        if self.format == "lerobot":
+            from cosmos3_gym.integrations.lerobot_dataset import check_lerobot_dataset
+
+            check_lerobot_dataset()
         env.check_success()
 
     def identity(self) -> dict[str, Any]:

@@ -77,6 +77,8 @@ class Run:
         runtime: the device and precision the model runs in on this machine.
         env_given: the env family was handed in (the Python API), not named by the settings:
             the identity records the env itself.
+        adapter_given: the adapter was handed in (a ``VectorPolicy``'s, through the Python
+            API), not the one the model and env imply: the identity records it.
         realtime: the real-time execution the policy runs under (None: synchronous; a
             latency sweep's arms each have their own: :meth:`derive`).
     """
@@ -90,6 +92,7 @@ class Run:
     rank: RankInfo
     runtime: Runtime
     env_given: bool = False
+    adapter_given: bool = False
     realtime: RealTime | None = None
 
     def identity(self, weights: str | None = None) -> dict[str, Any]:
@@ -102,6 +105,8 @@ class Run:
             identity["simulation"] = self.env.simulation
         if self.env_given:
             identity["eval_env"] = self.env.identity()
+        if self.adapter_given:
+            identity["adapter"] = repr(self.adapter)
         if self.model.revision is not None:
             identity["checkpoint_revision"] = self.model.revision
         if weights is not None:
@@ -139,11 +144,17 @@ class Run:
 
 
 def resolve(settings: Any, out: str | Path, *, kind: str, pipeline: Any = None,
-            eval_env: EvalEnv | None = None, rank: RankInfo | None = None) -> Run:
+            eval_env: EvalEnv | None = None, adapter: Adapter | None = None,
+            rank: RankInfo | None = None) -> Run:
     """``settings`` resolved into a :class:`Run` writing into ``out`` (the module notes give
     the order of the checks). ``pipeline``: a model already in memory instead of the one the
-    settings name (its own device and precision); ``eval_env``: an env family instead of the one
-    they name."""
+    settings name (its own device and precision; where the settings name no checkpoint, the
+    run names the pipeline's own: :func:`~cosmos3_gym.source.pipeline_checkpoint`, never the
+    default); ``eval_env``: an env family instead of the one they name; ``adapter``: the
+    adapter to drive it with instead of the one the model and env imply (still checked
+    against the env's action space)."""
+    named = getattr(settings, "checkpoint", None) is not None or getattr(
+        settings, "synthetic", None) is not None
     settings = settings.resolved()
     rank = rank or RankInfo.from_env()
     RunFolder(out, kind=kind, rank=rank.rank, world_size=rank.world_size).check_free()
@@ -152,7 +163,10 @@ def resolve(settings: Any, out: str | Path, *, kind: str, pipeline: Any = None,
     space = env.single_action_space()
     model = pipeline_source(pipeline) if pipeline is not None else read_model_source(
         settings, env)
-    adapter = model.adapter(env, settings.action_map)
+    if pipeline is not None and not named:
+        settings = dataclasses.replace(settings, checkpoint=model.checkpoint)
+    given = adapter is not None
+    adapter = adapter if given else model.adapter(env, settings.action_map)
     check_action_fit(settings, model, env, adapter, space)
     from cosmos3_gym.eval.latency import realtime_for
 
@@ -162,7 +176,8 @@ def resolve(settings: Any, out: str | Path, *, kind: str, pipeline: Any = None,
         check_run(model, env, rank)
     runtime = _runtime(settings, pipeline)
     return Run(kind=kind, settings=settings, model=model, env=env, adapter=adapter, out=Path(out),
-               rank=rank, runtime=runtime, env_given=eval_env is not None, realtime=realtime)
+               rank=rank, runtime=runtime, env_given=eval_env is not None, adapter_given=given,
+               realtime=realtime)
 
 
 def _runtime(settings: Any, pipeline: Any) -> Runtime:

@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from cosmos3_gym.jsonio import atomic_path
+
 FPS = 10  # env videos have always played at 10 frames per second
 # Panels are enlarged (by whole pixels) until they are at least this tall, so a 64 or 128 px
 # observation stays readable beside its caption.
@@ -70,25 +72,29 @@ def write_video(path: Path, frames: Iterable[np.ndarray], fps: float = FPS) -> i
     """Write uint8 ``[H, W, 3]`` frames to ``path`` (``.mp4`` or ``.gif``); returns the count.
 
     MP4 frames are streamed to the encoder; a GIF holds them all (PIL writes it at the end).
+    Either is written under a temporary name and renamed (:func:`~cosmos3_gym.jsonio.atomic_path`):
+    a video that is there is whole.
     """
     if path.suffix == ".mp4":
         import imageio.v2 as imageio
 
         count = 0
-        # quality 8 of 10: captions and thin edges stay sharp at a few hundred kB per episode
-        with imageio.get_writer(path, fps=fps, codec="libx264", quality=8,
-                                macro_block_size=BLOCK) as writer:
-            for frame in frames:
-                writer.append_data(frame)
-                count += 1
+        with atomic_path(path) as tmp:
+            # quality 8 of 10: captions and thin edges stay sharp at a few hundred kB per episode
+            with imageio.get_writer(tmp, fps=fps, codec="libx264", quality=8,
+                                    macro_block_size=BLOCK) as writer:
+                for frame in frames:
+                    writer.append_data(frame)
+                    count += 1
         return count
     if path.suffix != ".gif":
         raise ValueError(f"video path must end in .mp4 or .gif; found {path.name}")
     images = [Image.fromarray(f) for f in frames]
     if not images:
         raise ValueError(f"no frames to write to {path}")
-    images[0].save(path, save_all=True, append_images=images[1:],
-                   duration=round(1000 / fps), loop=0)
+    with atomic_path(path) as tmp:
+        images[0].save(tmp, save_all=True, append_images=images[1:],
+                       duration=round(1000 / fps), loop=0)
     return len(images)
 
 
@@ -167,7 +173,7 @@ def imagined_frames(
             step = chunk.start + t
             canvas = Image.new("RGB", (layout.frame_width, layout.frame_height), BACKGROUND)
             draw = ImageDraw.Draw(canvas)
-            font, line = _font(), _line_height()
+            font, line = caption_font(), _line_height()
             for k, text in enumerate(layout.caption_lines):
                 draw.text((PAD, PAD + k * line), text, fill=INK, font=font)
             labels = (f"what the model saw (step {chunk.start})",
@@ -295,7 +301,8 @@ def _fit(image: np.ndarray, layout: ImaginedLayout) -> np.ndarray:
     return np.asarray(Image.fromarray(image).resize(size, Image.Resampling.BILINEAR))
 
 
-def _font() -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+def caption_font() -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    """The font of the videos' captions and labels (PIL's own, ``FONT_SIZE`` pixels)."""
     return ImageFont.load_default(size=FONT_SIZE)
 
 
@@ -305,7 +312,7 @@ def _line_height() -> int:
 
 def _wrap(text: str, width: int) -> list[str]:
     """Greedy word wrap of ``text`` into lines at most ``width`` pixels wide."""
-    font = _font()
+    font = caption_font()
     lines: list[str] = []
     for word in text.split():
         if lines and font.getlength(f"{lines[-1]} {word}") <= width:

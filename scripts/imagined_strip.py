@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from cosmos3_gym.eval.videos import ImaginedLayout, _font
+from cosmos3_gym.eval.videos import ImaginedLayout, caption_font
 
 GAP = 6
 LABEL = 18
@@ -64,7 +64,7 @@ def chunk_strip(
     for k, frame in enumerate(shown):
         left = 120 + k * (layout.panel_width + GAP)
         draw.text((left, 2), f"step {start + k}" + (" (input)" if k == 0 else ""),
-                  fill=(30, 30, 30), font=_font())
+                  fill=(30, 30, 30), font=caption_font())
         for row, (_, panel) in enumerate(rows):
             top = LABEL + GAP + row * (layout.panel_height + GAP)
             canvas.paste(Image.fromarray(np.ascontiguousarray(layout.panel(frame, panel))),
@@ -72,7 +72,7 @@ def chunk_strip(
     for row, (name, _) in enumerate(rows):
         top = LABEL + GAP + row * (layout.panel_height + GAP) + layout.panel_height // 2
         draw.text((4, top), "predicted" if name == "imagined" else "env", fill=(30, 30, 30),
-                  font=_font())
+                  font=caption_font())
     return canvas
 
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from cosmos3_gym.envs.presets import presets_markdown
+from cosmos3_gym.jsonio import write_text_atomic
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "presets.md"
 BEGIN, END = "<!-- presets table: begin -->", "<!-- presets table: end -->"
@@ -16,7 +17,7 @@ def main() -> int:
     text = PAGE.read_text(encoding="utf-8")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    PAGE.write_text(f"{head}{BEGIN}\n{presets_markdown()}\n{END}{tail}", encoding="utf-8")
+    write_text_atomic(PAGE, f"{head}{BEGIN}\n{presets_markdown()}\n{END}{tail}")
     print(f"wrote {PAGE}")
     return 0
 

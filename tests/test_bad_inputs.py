@@ -188,8 +188,11 @@ def test_statistics_of_zero_spread_are_refused_before_the_model_loads(
              "q01": [-0.9, -0.9], "q99": [0.9, 0.9]}
     embedded = where == "action_policy.json"
     checkpoint = write_tiny_checkpoint(tmp_path / "ckpt", policy_overrides={
-        **COLOR_REACH_POLICY, "normalization": "meanstd",
-        "stats": {"global": stats} if embedded else None})
+        **COLOR_REACH_POLICY, "normalization": "meanstd", "stats": None})
+    if embedded:  # a file written elsewhere: PolicyConfig itself refuses such statistics
+        policy = json.loads((checkpoint / "action_policy.json").read_text())
+        (checkpoint / "action_policy.json").write_text(
+            json.dumps({**policy, "stats": {"global": stats}}))
     extra: tuple[str, ...] = ()
     if not embedded:
         path = tmp_path / "stats.json"
@@ -205,6 +208,6 @@ def test_statistics_of_zero_spread_are_refused_before_the_model_loads(
         "rollout", "--checkpoint", str(checkpoint), "--env-steps", "2", "--no-progress",
         "--out", str(out), *extra]
     line = refused(capsys, argv)
-    assert ("stats['global']: std is 0 in every dim, so mode 'meanstd' would give every action "
-            "the same value") in line, line
+    assert ("stats['global']: std is 0 in every dim, so mode 'meanstd' would make every vector "
+            "it maps (an action, or a state) the same one") in line, line
     assert not out.exists()

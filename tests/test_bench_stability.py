@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cosmos3_gym.bench import latency
+from cosmos3_gym.bench import paired
 from cosmos3_gym.eval.cli import main
 from cosmos3_gym.tiny import write_tiny_checkpoint
 
@@ -15,7 +15,7 @@ from cosmos3_gym.tiny import write_tiny_checkpoint
 def scripted_timer(monkeypatch: pytest.MonkeyPatch, seconds_a: list[float], seconds_b: float):
     """Replace the bench's timer: it still runs each side, but side a of the k-th timed pair
     reports ``seconds_a[k % len(seconds_a)]`` and side b ``seconds_b`` (whole call and denoise
-    stage alike). ``_paired`` times a, b, a, b, ..."""
+    stage alike). ``paired`` times a, b, a, b, ..."""
     calls = []
 
     def timed(fn):
@@ -26,27 +26,27 @@ def scripted_timer(monkeypatch: pytest.MonkeyPatch, seconds_a: list[float], seco
         stages["denoise"] = seconds
         return seconds, stages
 
-    monkeypatch.setattr(latency, "_timed", timed)
+    monkeypatch.setattr(paired, "timed", timed)
     return calls
 
 
 def test_pairs_that_disagree_are_unstable(monkeypatch) -> None:
     scripted_timer(monkeypatch, [1.0, 3.0, 1.1], 1.0)
-    m = latency._paired(lambda: {}, lambda: {}, warmup=0, repeats=3)
+    m = paired.paired(lambda: {}, lambda: {}, warmup=0, repeats=3)
     assert m["pair_ratios"] == [1.0, 3.0, 1.1] and m["ratio"] == 1.1
-    assert latency._unstable(m) == "its paired ratios range from 1.00x to 3.00x"
+    assert paired.why_unstable(m) == "its paired ratios range from 1.00x to 3.00x"
 
     scripted_timer(monkeypatch, [2.0, 2.1, 1.9], 1.0)  # a steady 2x: a real difference
-    assert latency._unstable(latency._paired(lambda: {}, lambda: {}, 0, 3)) is None
+    assert paired.why_unstable(paired.paired(lambda: {}, lambda: {}, 0, 3)) is None
 
 
 def test_same_call_sides_must_agree(monkeypatch) -> None:
     scripted_timer(monkeypatch, [1.05], 1.0)
-    assert latency._unstable(latency._paired(lambda: {}, lambda: {}, 0, 2), same_call=True) is None
+    assert paired.why_unstable(paired.paired(lambda: {}, lambda: {}, 0, 2), same_call=True) is None
     scripted_timer(monkeypatch, [3.36], 1.0)  # the issue's "vs serial 3.36x" at B=1
-    m = latency._paired(lambda: {}, lambda: {}, 0, 2)
-    assert latency._unstable(m) is None  # steady, so only the same-call rule can tell
-    assert latency._unstable(m, same_call=True) == (
+    m = paired.paired(lambda: {}, lambda: {}, 0, 2)
+    assert paired.why_unstable(m) is None  # steady, so only the same-call rule can tell
+    assert paired.why_unstable(m, same_call=True) == (
         "both sides are the same call, yet the paired ratio is 3.36x")
 
 

@@ -4,25 +4,26 @@ meaning per flag name, GRPO reachable, and any run reproducible from its folder'
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from cosmos3_gym.eval.cli import (
-    build_parser,
-    cli_reference,
-    main,
-    parsers,
-    settings_reference,
-    settings_rows,
-)
+from cosmos3_gym.eval.cli import build_parser, main, parsers
 from cosmos3_gym.eval.results import read_episode_records
 from cosmos3_gym.settings import meaning
 
+ROOT = Path(__file__).resolve().parent.parent
+# The docs generators (scripts/cli_reference.py), which the installed package does not hold.
+_spec = importlib.util.spec_from_file_location("cli_reference",
+                                               ROOT / "scripts" / "cli_reference.py")
+reference = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(reference)
+
 COMMANDS = {"eval", "rollout", "bench", "size", "train", "rl", "rl grpo", "report", "inspect",
-            "convert"}
+            "convert", "merge"}
 
 
 def test_every_command_and_its_help_runs(capsys) -> None:
@@ -39,6 +40,37 @@ def test_every_command_and_its_help_runs(capsys) -> None:
     top = capsys.readouterr().out
     for name in ("eval", "rollout", "bench", "size", "train", "rl", "report"):
         assert f"\n    {name} " in top
+
+
+def test_a_bad_value_is_one_error_line_under_a_one_line_usage(tmp_path: Path, capsys) -> None:
+    """argparse prints the command's whole usage (~30 lines for eval) above its error; ours
+    says the error on one line, under at most the command's usage in brief. An error that
+    quotes another's lines (YAML's column marker) is joined onto that line too."""
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("trials: [1\nseed: 2\n")
+    out = str(tmp_path / "out")
+    cases = {
+        ("eval", "--trials", "x", "--out", out): "argument --trials: expected an integer >= 1",
+        ("eval", "--sampler", "bogus", "--out", out): "invalid choice: 'bogus'",
+        ("eval", "--env", "colour_reach", "--out", out): "unknown env 'colour_reach'",
+        ("eval", "--trials", "2"): "the following arguments are required: --out",
+        ("eval", "--config", str(bad_yaml), "--out", out): "not valid YAML",
+        ("rl", "grpo", "--group-size", "0", "--out", out): "argument --group-size",
+        ("convert", "only-a-path"): "the following arguments are required: OUT",
+        ("inspect",): "give a checkpoint PATH",
+    }
+    for argv, said in cases.items():
+        with pytest.raises(SystemExit) as stop:
+            main(list(argv))
+        lines = capsys.readouterr().err.splitlines()
+        name = " ".join(argv[:2]) if argv[0] == "rl" else argv[0]
+        assert stop.value.code == 2, argv
+        assert lines[-1].startswith(f"cosmos3-gym {name}: error: ") and said in lines[-1], lines
+        assert len(lines) == 1 or (len(lines) == 2 and lines[0] == (
+            f"usage: cosmos3-gym {name} {'--out DIR ' if argv[0] == 'eval' else ''}"
+            f"{'PATH OUT ' if argv[0] == 'convert' else ''}[options]; cosmos3-gym {name} "
+            "--help lists them")), lines
+    assert not (tmp_path / "out").exists()
 
 
 def test_grpo_is_reachable_and_described_from_help(capsys) -> None:
@@ -92,18 +124,17 @@ def test_every_option_says_what_it_does() -> None:
                 assert (action.help or "").strip(), (name, action.option_strings)
 
 
-@pytest.mark.parametrize("name, page", [("cli.md", cli_reference),
-                                        ("settings.md", settings_reference)])
-def test_the_reference_pages_are_current(name: str, page) -> None:
-    path = Path(__file__).resolve().parent.parent / "docs" / name
-    assert path.read_text(encoding="utf-8") == page() + "\n", (
+@pytest.mark.parametrize("name", ["cli.md", "settings.md"])
+def test_the_reference_pages_are_current(name: str) -> None:
+    path = ROOT / "docs" / name
+    assert path.read_text(encoding="utf-8") == reference.PAGES[name]() + "\n", (
         f"docs/{name} is stale: run `python scripts/cli_reference.py`")
 
 
 def test_the_settings_tables_name_every_option_with_its_default() -> None:
     from cosmos3_gym.eval.evaluate import EvalConfig
 
-    rows = {row[0]: row for row in settings_rows(EvalConfig)}
+    rows = {row[0]: row for row in reference.settings_rows(EvalConfig)}
     assert rows["trials"][1:3] == ("--trials", "none")
     assert rows["sampling.flow_shift"][1] == "--flow-shift"
     assert rows["progress"][1:3] == ("--no-progress", "True")

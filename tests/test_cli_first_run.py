@@ -196,6 +196,27 @@ def test_summary_table_shows_out_of_range_and_invalid_actions(checkpoint, tmp_pa
     assert "invalid" not in format_table({**clean, "invalid_action_episodes": 0})
 
 
+def test_the_time_line_tells_model_env_and_the_loop_apart() -> None:
+    """A one-episode LIBERO run printed "the loop adds 35172.7% to its call time": the env's
+    time counted as the loop's. Two processes' sessions, merged as results.json merges them."""
+    from cosmos3_gym.eval.results import merge_throughput, summarize
+
+    sessions = [{"episodes": 1, "env_steps": 300, "chunks": 20, "wall_s": 21.0,
+                 "pipeline_s": 0.5, "env_s": 20.3, "device": "cpu", "dtype": "float32"},
+                {"episodes": 1, "env_steps": 280, "chunks": 19, "wall_s": 20.9,
+                 "pipeline_s": 0.7, "env_s": 20.0, "device": "cpu", "dtype": "float32"}]
+    throughput = merge_throughput(sessions)
+    results = summarize([], config={}, task_names=["t"], expected_episodes=2,
+                        throughput=throughput)
+    lines = [line for line in format_table(results).splitlines() if line.startswith("time:")]
+    assert lines == ["time: model 1.2 s, env 40.3 s, loop 0.4 s (1.0% of the run); "
+                     "343 episodes/hour"]  # 2 episodes in 21 s
+    # A session from before the time split has no line.
+    old = merge_throughput([{k: v for k, v in s.items() if k not in ("pipeline_s", "env_s")}
+                            for s in sessions])
+    assert "time:" not in format_table({**results, "throughput": old})
+
+
 def test_help_reads_as_text_and_every_train_option_says_what_it_does(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
@@ -216,11 +237,11 @@ def test_help_reads_as_text_and_every_train_option_says_what_it_does(capsys) -> 
 
 
 def test_the_interrupted_line_of_every_command_says_how_to_go_on(tmp_path) -> None:
-    from cosmos3_gym.eval.cli import _interrupted, build_parser
+    from cosmos3_gym.eval.cli import build_parser, interrupted_line
 
     def said(argv: list[str]) -> str:
         args = build_parser().parse_args(argv)
-        return _interrupted(argv[0], args)
+        return interrupted_line(argv[0], args)
 
     assert said(["report", str(tmp_path)]) == "it only reads runs; rerun the same command"
     out = tmp_path / "b.json"

@@ -147,22 +147,15 @@ def lerobot_folder_with_gripper_inversion(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.mark.slow
-@pytest.mark.libero
-def test_grpo_trains_and_measures_a_lerobot_folder_through_evals_adapter(
-        tmp_path: Path, monkeypatch) -> None:
-    """GRPO's training episodes, its held-out evaluation and ``cosmos3-gym eval`` of the same
-    LeRobot folder (gripper inverted) hand the env the same actions for the same model output,
-    and show the model the same image for the same observation (before, GRPO trained through
-    the env family's LiberoAdapter and measured through the folder's LeRobot views)."""
-    pytest.importorskip("libero.libero")
-    from cosmos3_gym.eval.evaluate import EvalConfig
-    from cosmos3_gym.eval.run import resolve
+def test_grpo_trains_and_measures_through_one_adapter(tmp_path: Path, monkeypatch) -> None:
+    """GRPO's training episodes and its held-out evaluations drive the env through the one
+    adapter the run resolved (before, training made the env family's adapter itself, without
+    its options or the checkpoint's declared conventions, and the held-out evaluation made its
+    own)."""
     from cosmos3_gym.policy import vector_policy
     from cosmos3_gym.train.config import GRPOConfig
     from cosmos3_gym.train.grpo import run_grpo
 
-    folder = lerobot_folder_with_gripper_inversion(tmp_path)
     seen: list[object] = []
     original = vector_policy.VectorPolicy.__init__
 
@@ -171,24 +164,48 @@ def test_grpo_trains_and_measures_a_lerobot_folder_through_evals_adapter(
         seen.append(self.adapter)
 
     monkeypatch.setattr(vector_policy.VectorPolicy, "__init__", recording)
+    config = GRPOConfig(tasks=["red"], iterations=1, groups=1, group_size=2, num_envs=2,
+                        eval_trials=1, max_episode_steps=4, num_inference_steps=2,
+                        progress=False, out=str(tmp_path / "grpo"))
+    run = config.preflight()
+    run_grpo(config, progress=False, run=run)
+    assert len(seen) >= 3  # held-out before, the iteration's training episodes, held-out after
+    assert all(adapter is run.adapter for adapter in seen)
+
+
+@pytest.mark.slow
+@pytest.mark.libero
+def test_a_lerobot_folder_gets_its_own_views_in_grpo_and_eval_and_grpo_says_what_it_cannot_train(
+        tmp_path: Path) -> None:
+    """A LeRobot folder (its gripper inverted) is driven through its declared views by an
+    evaluation and by a GRPO run alike (the same actions and images for the same model output
+    and observation). GRPO cannot train it: its head samples with diffusers' UniPC, on which the
+    stochastic steps are not defined; that is refused when the run is resolved, in one line,
+    instead of at the first training chunk after the load and a held-out evaluation."""
+    pytest.importorskip("libero.libero")
+    from cosmos3_gym.eval.evaluate import EvalConfig
+    from cosmos3_gym.eval.run import resolve
+    from cosmos3_gym.source import read_model_source
+    from cosmos3_gym.train.config import GRPOConfig
+
+    folder = lerobot_folder_with_gripper_inversion(tmp_path)
     env = dict(env="libero", suite="libero_10", tasks=["0"], max_episode_steps=2)
-    config = GRPOConfig(checkpoint=str(folder), **env, iterations=1, groups=1, group_size=2,
-                        num_envs=2, eval_trials=1, num_inference_steps=2, progress=False,
-                        out=str(tmp_path / "grpo"))
-    run_grpo(config, progress=False)
+    config = GRPOConfig(checkpoint=str(folder), **env, out=str(tmp_path / "grpo"))
+    with pytest.raises(ValueError, match="diffusers scheduler"):
+        config.preflight()
+    assert not (tmp_path / "grpo").exists()
+    settings = config.resolved()
+    family = settings.make_env()
+    grpo_adapter = read_model_source(settings, family).adapter(family, settings.action_map)
     evaluation = resolve(EvalConfig(checkpoint=str(folder), **env), tmp_path / "eval",
                          kind="evaluation")
-    assert len(seen) >= 2  # held-out evaluations and the training iteration
     assert type(evaluation.adapter).__name__ == "LeRobotViewsAdapter"  # the folder's views
+    assert type(grpo_adapter) is type(evaluation.adapter)
     envs = evaluation.env.make(1, False)
     try:
         obs, _ = envs.reset(seed=0)
     finally:
         envs.close()
     raw = np.random.default_rng(0).uniform(-1, 1, (1, 16, 10)).astype(np.float32)
-    expected_actions = evaluation.adapter.actions(raw)
-    expected_images = evaluation.adapter.images(obs)
-    for adapter in seen:
-        assert type(adapter) is type(evaluation.adapter)
-        np.testing.assert_array_equal(adapter.actions(raw), expected_actions)
-        np.testing.assert_array_equal(adapter.images(obs), expected_images)
+    np.testing.assert_array_equal(grpo_adapter.actions(raw), evaluation.adapter.actions(raw))
+    np.testing.assert_array_equal(grpo_adapter.images(obs), evaluation.adapter.images(obs))

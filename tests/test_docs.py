@@ -26,3 +26,22 @@ def test_the_step_budgets_in_the_docs_are_the_code_s() -> None:
     assert said and (int(said[1]), int(said[2])) == (
         libero_max_episode_steps("libero_10"), libero_max_episode_steps("libero_spatial"))
     assert f"{libero_max_episode_steps('libero_10')} policy steps on libero_10" in LIBERO_DOC
+
+
+# Claims the pages once made that stopped being true, each with what is true now: a page that
+# says one again contradicts the others.
+STALE_CLAIMS = {
+    r"(?i)none is public|no LIBERO checkpoint is public|no public LIBERO":
+        "LIBERO checkpoints are public (docs/libero.md, 'The public checkpoints')",
+    r"(?i)A plain `pytest` runs":
+        "a plain pytest needs the test extra, which make demo does not install (README)",
+}
+
+
+def test_the_pages_make_no_stale_claim() -> None:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    found = [f"{page.relative_to(ROOT)}: {re.search(claim, page.read_text())[0]!r} ({truth})"
+             for page in pages for claim, truth in STALE_CLAIMS.items()
+             if re.search(claim, page.read_text(encoding="utf-8"))]
+    assert not found, found
+    assert "### The public checkpoints" in LIBERO_DOC  # the section the others point at

@@ -7,8 +7,9 @@ A page's fenced blocks, as the reader sees them:
   just before its fence, ``<!-- docs: not run (needs a CUDA GPU) -->``, with the reason; it is
   compiled, and the ``cosmos3_gym`` names it imports must exist.
 - ``bash``: every ``cosmos3-gym`` command (``torchrun ... -m cosmos3_gym.eval.cli`` too) is parsed
-  by the real command line and its settings built, so a renamed flag or a bad value fails here;
-  a block marked ``<!-- docs: run -->`` is also executed (cwd: an empty folder).
+  by the real command line and its settings built, so a renamed flag or a bad value fails here
+  (a shell variable in it, such as a SLURM array's ``${SLURM_ARRAY_TASK_ID}``, is checked as
+  ``1``); a block marked ``<!-- docs: run -->`` is also executed (cwd: an empty folder).
 - other languages (``text``, output) are not code.
 
 The README's relative links must name files that exist (the site's own links are checked by its
@@ -166,17 +167,23 @@ def commands(code: str) -> list[list[str]]:
     return [c for c in found if c]
 
 
+SHELL_VARIABLE = re.compile(r"\$\{?\w+\}?")
+
+
 def cli_words(words: list[str]) -> list[str] | None:
-    """The ``cosmos3-gym`` arguments of one shell command, or None where it is another program."""
+    """The ``cosmos3-gym`` arguments of one shell command, or None where it is another program;
+    a shell variable (a value the job gets when it runs) stands as ``1``."""
     if words[0] == "cosmos3-gym":
-        return words[1:]
-    if "cosmos3_gym.eval.cli" in words:
-        return words[words.index("cosmos3_gym.eval.cli") + 1:]
-    return None
+        found = words[1:]
+    elif "cosmos3_gym.eval.cli" in words:
+        found = words[words.index("cosmos3_gym.eval.cli") + 1:]
+    else:
+        return None
+    return [SHELL_VARIABLE.sub("1", w) for w in found]
 
 
 def check_command(argv: list[str], where: str) -> None:
-    from cosmos3_gym.eval.cli import _settings_classes, build_parser, command_settings
+    from cosmos3_gym.eval.cli import build_parser, command_settings, settings_classes
 
     if "..." in argv:  # an elided command: its flags must still exist
         name = argv[0]
@@ -190,8 +197,8 @@ def check_command(argv: list[str], where: str) -> None:
     except SystemExit as exit_info:
         pytest.fail(f"{where}: cosmos3-gym {shlex.join(argv)} does not parse ({exit_info})")
     command = args.command if args.command != "rl" else f"rl {args.algorithm}"
-    if command in _settings_classes() and getattr(args, "config", None) is None:
-        command_settings(args, _settings_classes()[command])  # values checked as a run would
+    if command in settings_classes() and getattr(args, "config", None) is None:
+        command_settings(args, settings_classes()[command])  # values checked as a run would
 
 
 def test_the_command_checker_fails_on_a_renamed_flag() -> None:
@@ -203,6 +210,12 @@ def test_the_command_checker_fails_on_a_renamed_flag() -> None:
         check_command(["eval", "...", "--dtype", "bf16"], "here")
     with pytest.raises(pytest.fail.Exception, match="does not parse"):
         check_command(["eval", "--trials", "0", "--out", "x"], "here")
+    words = cli_words(["cosmos3-gym", "eval", "--shard", "${SLURM_ARRAY_TASK_ID}/8", "--out",
+                       "runs/part$SLURM_ARRAY_TASK_ID"])
+    assert words == ["eval", "--shard", "1/8", "--out", "runs/part1"]
+    check_command(words, "here")
+    with pytest.raises(pytest.fail.Exception, match="does not parse"):
+        check_command(cli_words(["cosmos3-gym", "eval", "--shard", "$I", "--out", "x"]), "here")
 
 
 BASH_PAGES = [p for p in PAGES if any(b.lang == "bash" for b in blocks(p))]
@@ -245,3 +258,49 @@ def test_the_readmes_links_name_files_that_exist() -> None:
     assert local, "the README links into the docs"
     missing = [t for t in local if not (ROOT / t.split("#")[0]).exists()]
     assert missing == []
+
+
+# -- one folder per run -------------------------------------------------------------------------
+
+
+def _run_settings(argv: list[str]) -> tuple[str, str, dict] | None:
+    """``(command, out, settings)`` of a docs command that writes a run folder (eval, rollout,
+    rl grpo) at a concrete ``--out``, its settings without those that never change which run a
+    folder holds; None for any other command."""
+    from cosmos3_gym.eval import evaluate, rollout
+    from cosmos3_gym.eval.cli import build_parser, command_settings, settings_classes
+    from cosmos3_gym.train import config as train_config
+
+    if "..." in argv or "--config" in argv:
+        return None
+    args = build_parser().parse_args(argv)
+    command = args.command if args.command != "rl" else f"rl {args.algorithm}"
+    run_only = {"eval": evaluate.RUN_ONLY, "rollout": rollout.RUN_ONLY,
+                "rl grpo": train_config.RUN_ONLY}.get(command)
+    out = getattr(args, "out", None)
+    if run_only is None or out is None or not out.startswith("runs/"):
+        return None
+    settings = dataclasses.asdict(command_settings(args, settings_classes()[command]))
+    return command, out, {k: v for k, v in settings.items() if k not in (*run_only, "out")}
+
+
+def test_every_docs_run_has_its_own_out() -> None:
+    """Following the pages in order runs every command: two different runs that share an
+    ``--out`` make the second refused ("holds a different run"). Three pages once used
+    ``--out runs/pusht`` for three different runs."""
+    runs: dict[str, list[tuple[str, dict]]] = {}
+    for block in every_block():
+        if block.lang != "bash":
+            continue
+        for words in commands(block.code):
+            while words and re.match(r"^\w+=", words[0]):  # MUJOCO_GL=egl cosmos3-gym ...
+                words = words[1:]
+            argv = cli_words(words) if words else None
+            found = None if argv is None else _run_settings(argv)
+            if found is not None:
+                command, out, settings = found
+                runs.setdefault(out, []).append((block.where(), (command, settings)))
+    assert len(runs) > 10
+    shared = {out: [where for where, _ in seen] for out, seen in runs.items()
+              if len({repr(run) for _, run in seen}) > 1}
+    assert not shared, f"different runs share an --out: {shared}"

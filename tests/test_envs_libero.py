@@ -297,10 +297,11 @@ def test_camera_free_env_switches_task_on_reset() -> None:
 
 
 def test_task_order_filter_passes_other_output(capsys) -> None:
-    from cosmos3_gym.envs.libero import _without_task_order_notice
+    from cosmos3_gym.envs.libero_suites import _without_task_order_notice
 
     with _without_task_order_notice():
         print("[info] Applying task order index 0 (permutation: [0, 1]) for benchmark 'x'.")
+        print("[info] Using default task order for benchmark 'libero_10_lan' (10 tasks).")
         print("[warning] No tasks found for benchmark: y")
     assert capsys.readouterr().out == "[warning] No tasks found for benchmark: y\n"
 

@@ -58,6 +58,7 @@ def test_results_json_schema_and_numbers(reference: Path) -> None:
     records = read_episode_records(reference)
     assert results["complete"] is True
     assert results["episodes"] == results["episodes_expected"] == len(records) == 6
+    assert [r["prompt"] for r in records] == [f"reach the {r['task']} target" for r in records]
     assert results["successes"] == sum(r["success"] for r in records)
     assert results["success_rate"] == pytest.approx(results["successes"] / 6)
     lo, hi = results["interval"]
@@ -289,6 +290,10 @@ def test_videos_are_named_by_task_trial_seed_and_outcome_and_never_overwritten(
     # The same episodes again into a folder whose videos/ already holds those names (as after
     # a resume or a fault re-run): the old files stay byte for byte, the new ones get a suffix.
     again = tmp_path / "again"
+    from cosmos3_gym.runner import RunFolder
+
+    with RunFolder(again, kind="evaluation"):  # a folder a run opened (it holds its lock file)
+        pass
     (again / "videos").mkdir(parents=True)
     for name in names:
         (again / "videos" / name).write_bytes(b"earlier video")
@@ -352,6 +357,10 @@ def test_shuffled_prompts_give_every_episode_another_tasks_prompt(
     assert set(seen) == {f"reach the {c} target" for c in TASKS}
     records = read_episode_records(tmp_path)
     assert {r["task"] for r in records} == set(TASKS)
+    # Each record holds the prompt its episode was given: the next task's.
+    assert {r["task"]: r["prompt"] for r in records} == {
+        "red": "reach the green target", "green": "reach the blue target",
+        "blue": "reach the red target"}
     with pytest.raises(ValueError, match="at least 2 tasks"):
         evaluate(small_config(checkpoint, shuffle_prompts=True, tasks=["red"]), tmp_path / "one",
                  pipeline=pipeline)

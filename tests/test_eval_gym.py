@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from cosmos3_gym.envs.families import GymEval, make_eval_env
+from cosmos3_gym.envs.gym_eval import GymEval
+from cosmos3_gym.envs.names import make_eval_env
 from cosmos3_gym.eval.cli import main
 from cosmos3_gym.synthetic import synthetic_policy
 from cosmos3_gym.tiny import write_tiny_checkpoint

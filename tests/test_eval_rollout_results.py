@@ -36,6 +36,21 @@ def test_jsonl_partial_last_line_is_skipped_then_cut(tmp_path: Path) -> None:
     assert read_jsonl(path) == [{"a": 1}, {"a": 3}]
 
 
+def test_jsonl_append_cuts_a_long_partial_line_or_a_lone_one(tmp_path: Path) -> None:
+    """The partial tail is found from the end of the file (an append reads no more than that),
+    also when it is longer than one block read, or the whole file."""
+    path = tmp_path / "log.jsonl"
+    append_jsonl(path, {"a": 1})
+    with path.open("a") as f:
+        f.write('{"a": 2, "b": "' + "x" * 200_000)
+    append_jsonl(path, {"a": 3})
+    assert path.read_text() == '{"a": 1}\n{"a": 3}\n'
+    lone = tmp_path / "lone.jsonl"
+    lone.write_text('{"a": ' + "1" * 70_000)
+    append_jsonl(lone, {"a": 4})
+    assert lone.read_text() == '{"a": 4}\n'
+
+
 def test_derived_seeds_depend_on_task_trial_and_chunk() -> None:
     seeds = {derive_seed(0, t, k, c) for t in ("red", "blue") for k in range(3)
              for c in (None, 0, 1)}

@@ -357,7 +357,7 @@ def test_up_front_checks_fail_before_anything_is_written(checkpoint, tmp_path, c
     for extra, message in (
         (("--n-action-steps", "100"), "plans chunks of 4 actions; expected at most 4"),
         (("--async-envs", "--env-timeout", "-1"),
-         "env_timeout must be a positive number of seconds; found -1.0"),
+         "env_timeout must be a positive number of seconds or None; found -1.0"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             main(eval_args(checkpoint, out, *extra))
@@ -425,12 +425,17 @@ def test_an_env_handed_to_evaluate_owns_its_folder(checkpoint, pipeline, tmp_pat
 
     first = evaluate(config, out, pipeline=pipeline, eval_env=env(), summary=False)
     stored = json.loads((out / "config.json").read_text())["identity"]["eval_env"]
-    assert stored["family"] == "cosmos3_gym.envs.families.ColorReachEval"
+    assert stored["family"] == "cosmos3_gym.envs.color_reach.ColorReachEval"
     assert (stored["tasks"], stored["image_size"], stored["max_episode_steps"]) == (
         TASKS[:1], 32, 3)
     for other in (env(size=48), env(cls=_OtherRule)):
         with pytest.raises(RunMismatch, match="eval_env"):
             evaluate(config, out, pipeline=pipeline, eval_env=other, summary=False)
+    assert evaluate(config, out, pipeline=pipeline, eval_env=env(), summary=False) == first
+    # A folder written while every built-in family lived in envs/families.py resumes.
+    document = json.loads((out / "config.json").read_text())
+    document["identity"]["eval_env"]["family"] = "cosmos3_gym.envs.families.ColorReachEval"
+    (out / "config.json").write_text(json.dumps(document))
     assert evaluate(config, out, pipeline=pipeline, eval_env=env(), summary=False) == first
     with pytest.raises(RunMismatch, match="eval_env"):  # nor the env the config names
         evaluate(config, out, pipeline=pipeline, summary=False)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cosmos3_gym.envs import EVAL_ENVS, ColorReachEval, make_eval_env
-from cosmos3_gym.envs import families as tasks
+from cosmos3_gym.envs import EVAL_ENVS, ColorReachEval, make_eval_env, names
 from cosmos3_gym.eval.cli import build_parser
 
 
@@ -15,7 +14,7 @@ def test_the_cli_offers_exactly_the_registered_envs() -> None:
         assert parser.parse_args(["eval", "--out", "x", "--env", name]).env == name
     with pytest.raises(SystemExit):
         parser.parse_args(["eval", "--out", "x", "--env", "mujoco"])
-    assert tasks.ENV_NAMES == tuple(EVAL_ENVS) == ("color_reach", "libero", "metaworld")
+    assert names.ENV_NAMES == tuple(EVAL_ENVS) == ("color_reach", "libero", "metaworld")
 
 
 def test_a_new_env_is_one_table_entry(monkeypatch) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from cosmos3_gym.envs.families import make_eval_env
+from cosmos3_gym.envs.names import make_eval_env
 from cosmos3_gym.eval.cli import main
 from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 

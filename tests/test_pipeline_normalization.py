@@ -169,8 +169,8 @@ def _with(**changes: list[float]) -> dict:
 
 @pytest.mark.parametrize(("mode", "changes", "message"), [
     ("meanstd", {"std": [0.0, 0.0, 0.0]},
-     r"stats\['global'\]: std is 0 in every dim, so mode 'meanstd' would give every action the "
-     r"same value"),
+     r"stats\['global'\]: std is 0 in every dim, so mode 'meanstd' would make every vector it "
+     r"maps \(an action, or a state\) the same one"),
     ("meanstd", {"std": [0.5, 0.0, 0.0]},
      r"std is 0 in dims \[1\], whose actions vary \(min \[-1.0\], max \[1.0\]\)"),
     ("meanstd", {"std": [0.5, -0.5, 0.0]}, r"std < 0 in dims \[1\]"),

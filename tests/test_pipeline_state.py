@@ -170,7 +170,11 @@ def test_without_statistics_the_state_is_taken_as_given(pipe, images, monkeypatc
         (lambda h: np.zeros((3, 10), np.float32), r"expected finite float \[3, {h}, 10\]"),
         (lambda h: np.zeros((2, h, 10), np.float32), r"found float32 \[2, {h}, 10\]"),
         (lambda h: np.zeros((3, h, 9), np.float32), r"found float32 \[3, {h}, 9\]"),
-        (lambda h: np.full((3, h, 10), np.nan, np.float32), "finite"),
+        (lambda h: np.full((3, h, 10), np.nan, np.float32),
+         r"state: expected finite numbers; found NaN in items \[0, 1, 2\]"),
+        (lambda h: np.stack([np.zeros((h, 10)), np.full((h, 10), np.inf),
+                             np.zeros((h, 10))]).astype(np.float32),
+         r"state: expected finite numbers; found infinity in items \[1\]"),
         (lambda h: np.zeros((3, h, 10), np.int64), "found int64"),
     ],
 )
@@ -193,5 +197,6 @@ def test_stochastic_samplers_refuse_state_rows(pipe, images) -> None:
 
 
 def test_history_length_is_checked() -> None:
-    with pytest.raises(ValueError, match="history_length must be an int >= 0"):
+    with pytest.raises(ValueError, match=r"history_length: expected an integer from 0 to at "
+                                         r"most 64 \(state rows\); found -1"):
         PolicyConfig(history_length=-1)

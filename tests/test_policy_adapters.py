@@ -332,3 +332,59 @@ def test_env_action_dim_follows_the_adapters_own_actions():
                r"Box\(-1.0, 1.0, \(4,\), float32\)")
     with pytest.raises(ValueError, match=message):
         adapters_module.check_action_fit(DuckTyped(), 10, "libero", Box(-1, 1, (4,)), fix="")
+
+
+# ---------------------------------------------------------------- a checkpoint's declared cameras
+
+LEROBOT_FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures" / "lerobot_cosmos3"
+
+
+def test_image_key_maps_a_lerobot_folders_cameras_onto_another_envs() -> None:
+    """``--image-key`` with a checkpoint that declares its cameras was silently ignored (the
+    first observation then lacked ``observation.images.image``); it now names the env's camera
+    for each of the checkpoint's, in the checkpoint's order."""
+    from cosmos3_gym.eval.evaluate import EvalConfig
+    from cosmos3_gym.formats import read_checkpoint
+    from cosmos3_gym.policy.adapters import adapter_for_contract, compose_views
+
+    contract = read_checkpoint(LEROBOT_FIXTURES / "libero").contract
+    assert contract.image_keys == ("observation.images.image", "observation.images.image2")
+    env = EvalConfig(env="gym:cosmos3_gym/ColorReach-v0", image_key=["pixels/top", "wrist"],
+                     flip="vertical", prompt="reach the red target",
+                     max_episode_steps=3).make_env()  # as the command line makes it
+    adapter = adapter_for_contract(contract, env.adapter_options)
+    rng = np.random.default_rng(0)
+    top, wrist = (rng.integers(0, 256, (2, 24, 32, 3), dtype=np.uint8) for _ in range(2))
+    obs = {"pixels": {"top": top, "side": top[:, ::2]}, "wrist": wrist}
+    expected = compose_views([top[:, ::-1], wrist[:, ::-1]], num_views=contract.num_views,
+                             primary_height=contract.primary_height,
+                             canvas_hw=contract.canvas_hw)  # each camera flipped, then composed
+    np.testing.assert_array_equal(adapter.images(obs), expected)
+    with pytest.raises(ValueError, match=r"--image-key pixels: the checkpoint reads 2 cameras "
+                                         r"\(observation.images.image, observation.images.image2\)"
+                                         r"; give one observation key of the env per camera"):
+        adapter_for_contract(contract, {"image_key": "pixels"})
+
+
+def test_a_libero_exports_fixed_cameras_refuse_an_image_key() -> None:
+    from cosmos3_gym.formats import ObservationContract
+    from cosmos3_gym.policy.adapters import adapter_for_contract
+
+    contract = ObservationContract("cosmos-framework-libero", domain="libero")
+    assert adapter_for_contract(contract, {"image_key": None}).name == "libero"
+    with pytest.raises(ValueError, match="--image-key 'pixels'.*cannot stand for them"):
+        adapter_for_contract(contract, {"image_key": "pixels"})
+
+
+def test_a_channels_first_view_is_refused_naming_the_layout() -> None:
+    """A ``[B, C, H, W]`` camera reached PIL as 128-channel rows ("Cannot handle this data type:
+    (1, 1, 128)"); it is refused, saying how to move the channels last."""
+    from cosmos3_gym.formats import read_checkpoint
+    from cosmos3_gym.policy.adapters import adapter_for_contract
+
+    adapter = adapter_for_contract(read_checkpoint(LEROBOT_FIXTURES / "libero").contract)
+    chw = np.zeros((1, 3, 128, 128), np.uint8)
+    with pytest.raises(ValueError, match=r"observation\['observation.images.image'\]: expected "
+                                         r"images \[B, H, W, C\] with C in 1, 3, 4 channels last; "
+                                         r"found \[1, 3, 128, 128\]: channels first.*moveaxis"):
+        adapter.images({"observation.images.image": chw, "observation.images.image2": chw})

@@ -105,7 +105,7 @@ def test_a_single_string_prompt_is_used_for_every_env_explicitly():
     "obs, message",
     [
         (np.zeros((3, 4, 4, 3), np.float32), "expected uint8 images"),
-        (np.zeros((3, 4, 4), np.uint8), "expected rank 4"),
+        (np.zeros((3, 4, 5), np.uint8), "expected rank 4"),  # [B, H, W]: no channel axis
         (np.zeros((2, 4, 4, 3), np.uint8), "has 2 envs; this policy serves 3"),
         ({"a": np.zeros((3, 4, 4, 3), np.uint8), "b": np.zeros((2, 5))}, "share their leading"),
         ("not an observation", "expected an observation array"),
@@ -132,9 +132,22 @@ def test_batch_size_of_observation_vs_prompts_is_checked():
     message = r"expected 2 prompts, one per env .*\[2, 4, 4, 3\]; found 3"
     with pytest.raises(ValueError, match=message):
         policy.select_action(images(2), ["a", "b", "c"])
-    with pytest.raises(ValueError, match=r"expected 64 prompts, one per env .*\[64, 64, 3\]"):
-        policy.predict_action_chunk(np.zeros((64, 64, 3), np.uint8), ["a", "b"])  # unbatched
+    # One image [H, W, C] is one env's observation (B = 1, as the pipeline reads it): its H
+    # is not a batch of 64 envs.
+    with pytest.raises(ValueError, match=r"expected 1 prompts, one per env .*\[1, 64, 64, 3\]"):
+        policy.predict_action_chunk(np.zeros((64, 64, 3), np.uint8), ["a", "b"])
     assert pipe.calls == [] and policy.num_envs is None
+
+
+def test_one_image_and_one_prompt_are_one_env() -> None:
+    image = np.random.default_rng(0).integers(0, 256, (64, 48, 3), dtype=np.uint8)
+    chunks = []
+    for obs, prompts in ((image, "go"), (image[None], ["go"])):
+        pipe = StandInPipeline()
+        chunks.append(VectorPolicy(pipe, seed=3).predict_action_chunk(obs, prompts))
+        assert len(pipe.calls) == 1 and len(pipe.calls[0]["prompts"]) == 1  # one env planned
+    assert chunks[0].shape[0] == 1
+    np.testing.assert_array_equal(chunks[0], chunks[1])
 
 
 def test_a_bad_first_observation_is_caught_before_the_pipeline_is_called():

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cosmos3_gym.envs.families import GymEval, MetaWorldEval, check_env_name, make_eval_env
+from cosmos3_gym.envs.gym_eval import GymEval
+from cosmos3_gym.envs.metaworld import MetaWorldEval
+from cosmos3_gym.envs.names import check_env_name, make_eval_env
 from cosmos3_gym.envs.presets import PRESETS, presets_markdown, split_preset_name
 from cosmos3_gym.envs.robotics import robosuite_unavailable
 from cosmos3_gym.eval.cli import main
@@ -104,6 +106,28 @@ def test_names_selections_and_overrides_resolve_in_one_place() -> None:
     assert opened[0].env_id == "PegInsertionSide-v1" and opened[0].prompt is None
 
 
+def test_a_mistyped_env_name_is_answered_with_the_closest_known_one(tmp_path, capsys) -> None:
+    """Families, presets and their variants and sets: the one known name closest to a typo,
+    before anything runs (the command line parses --env with check_env_name)."""
+    for typo, meant in (("colour_reach", "color_reach"), ("pushtt", "pusht"),
+                        ("libro", "libero"), ("alohaa:insertion", "aloha:insertion")):
+        with pytest.raises(ValueError, match=rf"^unknown env '{typo}' \(did you mean {meant}\?\); "
+                                             "expected one of color_reach, libero, metaworld"):
+            check_env_name(typo)
+    for typo, meant in (("aloha:insertoin", "aloha:insertion"),
+                        ("metaworld:mt1O", "metaworld:mt10"), ("panda:reach,stak", "panda:stack")):
+        with pytest.raises(ValueError, match=rf"has no variant '\w+' \(did you mean {meant}\?\)"):
+            check_env_name(typo)
+    with pytest.raises(ValueError, match=r"^unknown env 'mujoco'; expected one of"):  # none close
+        check_env_name("mujoco")
+    assert check_env_name("maniskill:PegInsertionSide-v1") == "maniskill:PegInsertionSide-v1"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--env", "pushtt", "--synthetic", "tiny", "--out", str(tmp_path / "out")])
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert exit_info.value.code == 2 and "unknown env 'pushtt' (did you mean pusht?)" in last
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.gym
 def test_a_preset_env_carries_its_conventions_and_the_command_line_overrides_them() -> None:
     pusht = make_eval_env("pusht")
@@ -126,8 +150,35 @@ def test_inspect_prints_a_preset_as_data(capsys) -> None:
     shown = json.loads(capsys.readouterr().out)
     assert [v["task"] for v in shown["selected"]] == ["transfer_cube"]
     assert shown["preset"]["versions"] == dict(PRESETS["aloha"].versions)
+    assert shown["preset"]["action_dim"] == {"insertion": 14, "transfer_cube": 14}
     with pytest.raises(SystemExit):
         main(["inspect", "--env", "gym:CartPole-v1"])
+
+
+@pytest.mark.slow
+def test_each_variant_s_action_width_is_the_env_s(capsys) -> None:
+    """The widths the table and ``inspect --env`` show are the envs' own action Boxes, checked
+    on every variant whose simulator runs here (34 s on CI's machine: each env is made; a
+    simulator this machine lacks is printed, and checked where it runs)."""
+    unchecked, checked = [], 0
+    for preset in PRESETS.values():
+        assert preset.action_dim, f"{preset.name} declares no action width"
+        variants = preset.variants if preset.family != "metaworld" else preset.variants[:1]
+        for v in variants:
+            try:
+                space = make_eval_env(f"{preset.name}:{v.task}",
+                                      prompt=None if v.prompt else "x").single_action_space()
+            except Exception as err:  # a simulator this machine lacks: reported below
+                unchecked.append(f"{preset.name}:{v.task} ({type(err).__name__})")
+                continue
+            assert space.shape == (preset.action_dim_of(v.task),), (preset.name, v.task, space)
+            checked += 1
+    main(["inspect", "--env", "panda"])
+    shown = json.loads(capsys.readouterr().out)["preset"]["action_dim"]
+    assert shown == {"reach": 3, "push": 3, "slide": 3, "pick_and_place": 4, "stack": 4,
+                     "flip": 4}
+    assert checked, "no preset's env could be made here"
+    print(f"checked {checked} variants; not runnable here: {unchecked}")
 
 
 def test_the_docs_table_is_generated_from_the_registry() -> None:

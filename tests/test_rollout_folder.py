@@ -249,10 +249,15 @@ def test_python_rollouts_of_another_env_are_refused(checkpoint: Path, tmp_path: 
     collect(32)
     identity = json.loads((out / "rollout.json").read_text())["identity"]["env"]
     assert (identity["family"], identity["image_size"]) == (
-        "cosmos3_gym.envs.families.ColorReachEval", 32)
+        "cosmos3_gym.envs.color_reach.ColorReachEval", 32)
     with pytest.raises(RunMismatch, match="image_size"):
         collect(48)
     assert collect(32) == out  # the same env: complete, nothing to run
+    # A folder written while every built-in family lived in envs/families.py resumes.
+    document = json.loads((out / "rollout.json").read_text())
+    document["identity"]["env"]["family"] = "cosmos3_gym.envs.families.ColorReachEval"
+    (out / "rollout.json").write_text(json.dumps(document))
+    assert collect(32) == out
 
 
 def test_the_episode_table_keeps_every_task_name_whole(checkpoint: Path, tmp_path: Path) -> None:

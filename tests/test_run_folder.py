@@ -59,8 +59,9 @@ def test_ranks_of_one_launch_hold_their_own_locks(tmp_path: Path) -> None:
 
 
 def test_an_identity_binds_once_records_exist(tmp_path: Path) -> None:
-    removed = tmp_path / "incidents.jsonl"
-    removed.write_text("{}\n")
+    with RunFolder(tmp_path):  # an earlier attempt, which recorded an incident and no episode
+        removed = tmp_path / "incidents.jsonl"
+        removed.write_text("{}\n")
     with RunFolder(tmp_path) as held:
         held.bind("config.json", {"seed": 0}, bound=False)
         # Nothing recorded yet: a corrected command takes the folder over, and the files of
@@ -76,6 +77,8 @@ def test_an_identity_binds_once_records_exist(tmp_path: Path) -> None:
 def test_leftover_temporary_files_of_dead_processes_are_removed(tmp_path: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
+    with RunFolder(tmp_path):  # the killed run's folder holds its lock file
+        pass
     stale = tmp_path / f".results.json.{dead.pid}.tmp"
     stale.write_bytes(b"")
     mine = tmp_path / f".x.json.{os.getpid()}.tmp"

@@ -3,6 +3,7 @@ right, and the training entry point that produced it is reproducible."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -14,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from cosmos3_gym.eval.cli import main as cli_main
+from cosmos3_gym.eval.results import format_table
 from cosmos3_gym.formats import resolve_checkpoint
 from cosmos3_gym.jsonio import read_jsonl
 from cosmos3_gym.pipeline import Cosmos3ActionPipeline
@@ -21,7 +23,6 @@ from cosmos3_gym.pipeline.preprocess import plan_canvas
 from cosmos3_gym.tiny import build_tiny_transformer
 from cosmos3_gym.train import (
     TrainConfig,
-    evaluate_success,
     train,
     transformer_overrides,
 )
@@ -30,11 +31,11 @@ from cosmos3_gym.train.vae import psnr, reconstruction_psnr
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# A fixed episode set, disjoint from the training seeds (0..episodes-1).
+# A fixed episode set: 6 trials of each of the 4 colours, their env seeds derived from this one
+# (a stream apart from the training demos' seeds 0..episodes-1).
 EVAL_SEED = 50_000
-EVAL_EPISODES = 24
+EVAL_TRIALS = 6
 EVAL_ENVS = 8
-EVAL_ACTION_STEPS = None  # the whole chunk (H = 4) before replanning
 
 
 @pytest.fixture(scope="module")
@@ -53,17 +54,17 @@ def test_tiny_checkpoint_loads_offline_by_name(tiny_pipe: Cosmos3ActionPipeline)
 
 @pytest.mark.slow
 def test_tiny_checkpoint_reaches_the_named_target(tiny_pipe: Cosmos3ActionPipeline) -> None:
-    right = evaluate_success(
-        tiny_pipe, episodes=EVAL_EPISODES, num_envs=EVAL_ENVS, seed=EVAL_SEED, prompts="right",
-        n_action_steps=EVAL_ACTION_STEPS,
-    )
-    shuffled = evaluate_success(
-        tiny_pipe, episodes=EVAL_EPISODES, num_envs=EVAL_ENVS, seed=EVAL_SEED, prompts="shuffled",
-        n_action_steps=EVAL_ACTION_STEPS,
-    )
-    assert right["success_rate"] >= 0.8, right
-    # Another env's prompt names the same colour ~1/4 of the time: near chance, far below 0.8.
-    assert shuffled["success_rate"] <= 0.4, shuffled
+    """Evaluated as any evaluation is (cosmos3_gym.evaluate, whole chunks): with each
+    episode's own prompt, and with another task's (``shuffle_prompts``: every prompt names a
+    wrong colour, so only chance reaches the target)."""
+    import cosmos3_gym
+
+    common = dict(trials=EVAL_TRIALS, seed=EVAL_SEED, num_envs=EVAL_ENVS, image_size=128)
+    right = cosmos3_gym.evaluate(tiny_pipe, "color_reach", **common)
+    shuffled = cosmos3_gym.evaluate(tiny_pipe, "color_reach", shuffle_prompts=True, **common)
+    assert len(right.episodes) == len(shuffled.episodes) == 24
+    assert right.success_rate >= 0.8, right.table()
+    assert shuffled.success_rate <= 0.4, shuffled.table()
 
 
 # The shipped VAE on clips of episodes no training run used (training seed 0 took episodes
@@ -111,6 +112,71 @@ def test_the_demo_imagined_frames_show_the_scene(demo_imagined) -> None:
     assert imagined["chunks"] == sum(r["chunks"] for r in records)
     assert imagined["reconstruction_psnr_db"] >= VAE_PSNR_FLOOR_DB, imagined
     assert all(math.isfinite(v) for v in imagined["psnr_db"].values()), imagined
+
+
+def test_the_demo_shows_no_out_of_range_actions(demo_imagined) -> None:
+    """``make demo`` printed "out-of-range actions: 18 of 20 episodes sent an action outside the
+    action space": the head's samples of the expert's saturated velocities landed up to 0.05
+    past ColorReach's [-1, 1]. The shipped head clips its samples to the range it was trained
+    in (clip_actions), so the demo's episodes send none, and nothing is clipped after it."""
+    results, records = demo_imagined
+    assert results["success_rate"] == 1.0 and results["episodes"] == 4
+    assert results["out_of_range_episodes"] == results["clipped_episodes"] == 0
+    assert all(r["max_action_excess"] == 0 for r in records)
+    table = format_table(results)
+    assert "out-of-range" not in table and "clipped" not in table
+
+
+def test_the_shipped_head_clips_its_samples_to_its_training_range(
+    tiny_pipe: Cosmos3ActionPipeline,
+) -> None:
+    """The sampled (normalised) actions stay as sampled, for a learner; the actions are those
+    clipped into [-1, 1]. The same head unclipped gives them as sampled."""
+    from cosmos3_gym.envs.color_reach import ColorReachEnv, prompt_for
+
+    assert tiny_pipe.policy.clip_actions
+    env = ColorReachEnv()
+    images = np.stack([env.reset(seed=s, options={"target": "red"})[0] for s in range(8)])
+    out = tiny_pipe(images, prompt_for("red"), seed=list(range(8)), progress=False)
+    sampled = out.normalized_actions
+    assert np.abs(sampled).max() > 1.0  # the saturated velocity, sampled past the bound
+    np.testing.assert_array_equal(out.actions, np.clip(sampled, -1.0, 1.0))
+    unclipped = Cosmos3ActionPipeline.from_pretrained(
+        "tiny", policy=dataclasses.replace(tiny_pipe.policy, clip_actions=False))
+    again = unclipped(images, prompt_for("red"), seed=list(range(8)), progress=False)
+    np.testing.assert_array_equal(again.normalized_actions, sampled)
+    np.testing.assert_array_equal(again.actions, sampled)
+
+
+@pytest.mark.slow
+def test_the_demo_run_is_the_same_episodes_without_out_of_range_actions(tmp_path) -> None:
+    """``make demo``'s evaluation (20 episodes): every task at 100%, no out-of-range or clipped
+    action in its summary; the head unclipped runs the very same episodes (the env clipped
+    those actions itself) and reports them out of range."""
+    from cosmos3_gym.eval.evaluate import evaluate
+
+    argv = [a for a in _dev_script().DEMO_EVAL if a != "--videos"]
+    argv[argv.index("--out") + 1] = str(tmp_path / "demo")
+    assert cli_main([*argv, "--no-progress"]) == 0
+    results = json.loads((tmp_path / "demo" / "results.json").read_text())
+    assert results["episodes"] == 20
+    assert all(task["success_rate"] == 1.0 for task in results["per_task"].values())
+    table = format_table(results)
+    assert "out-of-range" not in table and "clipped" not in table
+    config = json.loads((tmp_path / "demo" / "config.json").read_text())["session"]
+    pipe = Cosmos3ActionPipeline.from_pretrained("tiny")
+    unclipped = Cosmos3ActionPipeline.from_pretrained(
+        "tiny", policy=dataclasses.replace(pipe.policy, clip_actions=False))
+    from cosmos3_gym.eval.cli import settings_from
+    from cosmos3_gym.eval.evaluate import EvalConfig
+
+    before = evaluate(settings_from(EvalConfig, config), tmp_path / "unclipped",
+                      pipeline=unclipped, summary=False)
+    assert before["out_of_range_episodes"] > 0
+    hashes = {(r["task"], r["trial"]): r["obs_sha256"]
+              for r in read_jsonl(tmp_path / "demo" / "episodes.jsonl")}
+    assert hashes == {(r["task"], r["trial"]): r["obs_sha256"]
+                      for r in read_jsonl(tmp_path / "unclipped" / "episodes.jsonl")}
 
 
 # How much nearer its own step's env frame a predicted frame must be than each baseline.
@@ -206,16 +272,25 @@ def _small_run(out: Path) -> TrainConfig:
 
 
 def test_training_is_bit_reproducible(tmp_path: Path) -> None:
+    """Two runs of one seed write the same bits, the second with the model being trained
+    evaluated every other step (``eval_every``: the evaluation's own call, in memory, which
+    gives the training its state back)."""
     logs, weights = [], []
     vaes = []
     for name in ("first", "second"):
         cfg = _small_run(tmp_path / name)
+        if name == "second":
+            cfg.eval_every, cfg.eval_trials = 2, 1
         logs.append(train(cfg))
         folder = Path(cfg.out) / "transformer"
         weights.append(load_file(str(folder / "diffusion_pytorch_model.safetensors")))
         vaes.append(Path(cfg.out) / "vae")
     assert [p["loss"] for p in logs[0]["loss_curve"]] == [p["loss"] for p in logs[1]["loss_curve"]]
     assert logs[0]["vae"] == logs[1]["vae"]
+    assert logs[0]["evaluations"] == []
+    assert [e["step"] for e in logs[1]["evaluations"]] == [2, 4]
+    assert all(e["episodes"] == 4 and 0.0 <= e["success_rate"] <= 1.0
+               for e in logs[1]["evaluations"])
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     # The VAE's decoder trained too, to the same bits; its encoder is the initial one.

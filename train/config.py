@@ -87,6 +87,14 @@ class TrainConfig:
         "their pixels that move"
     )
     log_every: int = _knob(25, "steps per point of the loss curves (train_log.json)")
+    # Success while training: the model being trained, evaluated in memory every eval_every
+    # steps by the evaluation's own call (cosmos3_gym.evaluate); the training is unchanged.
+    eval_every: int = _knob(0, "iterations between held-out measurements; here optimiser "
+                            "steps: the model being trained is evaluated on ColorReach as it "
+                            "is in memory, each result in train_log.json (0: none)")
+    eval_trials: int = _knob(2, "held-out episodes per task, with the deterministic sampler (the "
+                             "family's own evaluation episodes under --eval-seed)")
+    eval_seed: int = _knob(1_000_000, "the held-out evaluation's root seed (not --seed)")
     encode_batch_size: int = _knob(32, "demo images per VAE encode call")
     stats_samples: int = _knob(
         64, "demos whose latents set the VAE's per-channel normalisation statistics"
@@ -127,12 +135,14 @@ def transformer_overrides(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def policy_overrides(cfg: TrainConfig) -> dict[str, Any]:
-    """``action_policy.json`` of the trained checkpoint: ColorReach's 2-D velocities in [-1, 1]."""
+    """``action_policy.json`` of the trained checkpoint: ColorReach's 2-D velocities in [-1, 1],
+    where the expert's saturate, so its samples are clipped to that range (``clip_actions``)."""
     return {
         "domain_name": DOMAIN_NAME, "domain_id": DOMAIN_ID, "raw_action_dim": 2,
         "action_horizon": cfg.action_horizon, "normalization": "none", "stats": None,
         "fps": 20.0, "resolution_tier": 256, "view_point": VIEW_POINT,
         "num_inference_steps": cfg.num_inference_steps, "flow_shift": cfg.flow_shift,
+        "clip_actions": True,
     }
 
 
@@ -164,6 +174,7 @@ CURVE_FILE = "curve.json"
 STATE_PREFIX = "state-"
 EVALS = "evals"
 REWARDS = ("success", "return")
+ADVANTAGES = ("group", "mean", "batch")
 
 
 def _positive_or_none(text: str) -> int | None:
@@ -186,7 +197,8 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
     seed: int = setting(
         0, "the run's root seed; the training episodes, their noise and the minibatch order "
         "derive from it and the iteration", group="rl", parse=seed_value)
-    iterations: int = setting(200, "GRPO iterations (collect, then update)", group="rl",
+    iterations: int = setting(60, "GRPO iterations (collect, then update); a run's length is "
+                              "its iterations (docs/rl.md measures them over seeds)", group="rl",
                               parse=positive_int)
     group_size: int = setting(
         8, "episodes per group, from one start state; GRPO compares them with each other (docs/"
@@ -221,7 +233,20 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
     gradient_checkpointing: bool = setting(
         False, "recompute each GEN layer in the backward instead of keeping its activations (a "
         "fraction of the memory per chunk, about a third more time per update)", group="rl")
-    lr: float = setting(1e-4, "the optimiser's learning rate (AdamW); constant", group="rl")
+    lr: float = setting(1e-4, "the optimiser's learning rate (AdamW); constant after the "
+                        "warmup (docs/rl.md: 3e-4 collapsed on ColorReach)", group="rl")
+    lr_warmup: int = setting(
+        10, "optimiser steps over which the learning rate rises linearly to --lr (Adam's first "
+        "steps move every weight by about lr, whatever its gradient)", group="rl", parse=int)
+    target_kl: float | None = setting(
+        None, "end an iteration's update early once a minibatch's approx_kl (the sampling "
+        "policy against the updated one) exceeds this: a trust region per iteration; default: "
+        "no limit", group="rl")
+    advantages: str = setting(
+        "group", "an episode's advantage: group (its reward minus its group's mean, over the "
+        "group's standard deviation), mean (minus the group's mean only) or batch (minus the "
+        "group's mean, over the standard deviation of those differences across the iteration)",
+        group="rl", choices=ADVANTAGES)
     clip: float = setting(0.2, "PPO's clip on the chunk probability ratio", group="rl")
     kl_coef: float = setting(
         0.0, "weight of a KL term to the base policy (the k3 estimate on each chunk; LoRA's "
@@ -235,18 +260,18 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         "same update in less memory (default: the whole minibatch)", group="rl",
         parse=_positive_or_none)
     eval_trials: int = setting(
-        20, "held-out episodes per task, with the deterministic sampler (the family's own "
+        50, "held-out episodes per task, with the deterministic sampler (the family's own "
         "evaluation episodes under --eval-seed)", group="rl", parse=positive_int)
     eval_seed: int = setting(1_000_000, "the held-out evaluation's root seed (not --seed)",
                              group="rl", parse=seed_value)
-    eval_every: int = setting(10, "iterations between held-out measurements", group="rl",
+    eval_every: int = setting(15, "iterations between held-out measurements", group="rl",
                               parse=positive_int)
     save_every: int = setting(
         10, "iterations between saved states (the run resumes from the newest; every "
         "measurement saves one too)", group="rl", parse=positive_int)
     time_budget_s: float = setting(
-        1200.0, "stop early (after a measurement) once this session has run this many seconds; "
-        "0: no limit", group="rl")
+        0.0, "stop early (after a measurement) once this session has run this many seconds "
+        "(how many iterations that is depends on the machine); 0: no limit", group="rl")
     threads: int | None = setting(
         1, "torch intra-op CPU threads; 1 keeps the result independent of how busy a shared "
         "machine is", group="runtime", parse=positive_int)
@@ -277,7 +302,7 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         if self.eval_seed == self.seed:
             raise ValueError(f"eval_seed ({self.eval_seed}) must differ from seed: held-out "
                              "episodes would repeat the training episodes' seeds")
-        if self.overlap and self.num_envs < 2:
+        if self.overlap and self.num_envs < 2:  # the runner's rule (cosmos3_gym.runner)
             raise ValueError(f"overlap needs num_envs >= 2; found {self.num_envs}")
 
     def resolved(self) -> GRPOConfig:
@@ -294,6 +319,19 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
     def check_run(self, model: Any, env: Any, rank: Any) -> None:
         """GRPO's own checks of a resolved run: the env's success signal where the reward is
         success, one group per rank at least."""
+        if model.head is not None:
+            from cosmos3_gym.pipeline.sampling import unscorable
+
+            head = model.head
+            cannot = unscorable(head, state_rows=head.history_length > 0,
+                                guidance_interval=head.guidance_interval,
+                                guidance_scale=head.guidance_scale)
+            if cannot:
+                raise ValueError(
+                    f"{model.label}: GRPO's training episodes sample with {self.sampler}, which "
+                    f"cannot score chunks of a head with {' and '.join(cannot)} yet; fine-tune "
+                    "a checkpoint whose head samples with the official FlowUniPC, no state rows "
+                    "and guidance on every step (docs/rl.md)")
         if self.reward == "success":
             env.check_success()  # no signal to score: refused now, not after the load
         if self.groups < rank.world_size:

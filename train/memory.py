@@ -249,3 +249,49 @@ def preset_estimate(preset: str, train: str, *, lora_rank: int = 16, microbatch:
         dtype_bytes=dtype_bytes, tokens=tokens, microbatch=microbatch, stochastic_steps=1,
         rollout_batch=rollout_batch, lora_rank=lora_rank if train == "lora" else 0,
         checkpointing=checkpointing, text_trains=train == "full")
+
+
+def run_estimate(learner: Any, cfg: Any, eval_env: Any, envs: Any, adapter: Any, device: Any,
+                 rollout_batch: int) -> MemoryEstimate:
+    """This rank's training memory for a GRPO run (``learner``: its pipeline and what trains,
+    ``cfg``: its :class:`~cosmos3_gym.train.config.GRPOConfig`); refuses one that cannot fit
+    (:func:`check_fits`)."""
+    import torch
+
+    pipe = learner.pipe
+    hw = image_hw(envs, adapter)
+    tokens = chunk_tokens(pipe, hw, eval_env.task_prompt(0)) if hw is not None else ChunkTokens(
+        text=128, vision=pipe.noise.num_latent_frames * (pipe.policy.resolution_tier // 32) ** 2,
+        action=pipe.history_length + pipe.action_horizon)
+    weight_bytes = sum(t.numel() * t.element_size() for module in (pipe.transformer, pipe.vae)
+                       for t in (*module.parameters(), *module.buffers()))
+    trained = learner.trainable
+    microbatch = cfg.microbatch or cfg.minibatch
+    estimate = training_memory(
+        pipe.transformer.config, weight_bytes=weight_bytes, trained_params=trained.count,
+        trained_in_fp32=not learner.masters.copies and all(
+            p.dtype == torch.float32 for p in trained.parameters()),
+        dtype_bytes=pipe.transformer.dtype.itemsize, tokens=tokens, microbatch=microbatch,
+        stochastic_steps=1, rollout_batch=rollout_batch,
+        lora_rank=cfg.lora_rank if cfg.train == "lora" else 0,
+        checkpointing=cfg.gradient_checkpointing,
+        kl_reference_params=trained.fully_trained_count if cfg.kl_coef > 0 else 0,
+        text_trains=cfg.train == "full")
+    check_fits(estimate, device_memory_bytes(device), train=cfg.train,
+               checkpointing=cfg.gradient_checkpointing, microbatch=microbatch,
+               kl=cfg.kl_coef > 0)
+    return estimate
+
+
+def image_hw(envs: Any, adapter: Any) -> tuple[int, int] | None:
+    """The model image's height and width for this env, from an empty observation of its space
+    (None where the adapter cannot read one: the image is then known at the first chunk)."""
+    import numpy as np
+    from gymnasium.vector.utils import create_empty_array
+
+    try:
+        probe = create_empty_array(envs.single_observation_space, n=1)
+        images = np.asarray(adapter.images(probe))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return (int(images.shape[1]), int(images.shape[2])) if images.ndim == 4 else None

@@ -44,6 +44,12 @@ The recipe, end to end:
    come to the env's) is in docs/benchmarks.md, "Training the tiny checkpoint".
 6. **Optimiser.** AdamW, linear warmup then cosine decay, a fixed number of steps, a fixed data
    order from the seed, ``torch.use_deterministic_algorithms(True)``.
+7. **Success while training** (``eval_every``): every ``eval_every`` steps the model being
+   trained is evaluated on ColorReach as it is in memory, by the evaluation's own call
+   (:func:`cosmos3_gym.evaluate`, ``eval_trials`` per task from ``eval_seed``);
+   ``train_log.json`` keeps each result. The call restores the model's mode and the random
+   number generators, so the training's losses and weights are the same bits with or without
+   it.
 
 Run::
 
@@ -57,6 +63,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -64,6 +71,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cosmos3_gym.jsonio import write_text_atomic
 from cosmos3_gym.progress import progress_bar
 from cosmos3_gym.train.config import (
     VIDEO_NOISE,
@@ -206,10 +214,12 @@ def train_transformer(
     model: torch.nn.Module, data: EncodedDemos, cfg: TrainConfig, *, raw_action_dim: int,
     domain_id: int, fps: float, num_latent_frames: int, progress: bool = True,
     motion: torch.Tensor | None = None,
+    evaluate: Callable[[int], dict[str, Any]] | None = None,
 ) -> list[dict[str, float]]:
     """Fixed-step AdamW on the flow-matching loss; returns the logged loss curve (a progress
     bar shows the last logged losses). ``motion``: the demos' motion cells, which
-    ``cfg.video_motion_weight`` needs (:func:`flow_matching_loss`)."""
+    ``cfg.video_motion_weight`` needs (:func:`flow_matching_loss`). ``evaluate(step)`` runs
+    after every ``cfg.eval_every``-th step (its success rate joins the bar)."""
     model.train().requires_grad_(True)
     generator = torch.Generator().manual_seed(cfg.seed)
     optimizer = torch.optim.AdamW(
@@ -220,6 +230,7 @@ def train_transformer(
     cursor = 0
     curve: list[dict[str, float]] = []
     window: list[tuple[float, float, float]] = []
+    shown: dict[str, str] = {}  # the bar's postfix: the last logged losses, the last success
     bar = progress_bar(enabled=progress, total=cfg.steps, desc="train", unit="step")
     for step in range(cfg.steps):
         if cursor + cfg.batch_size > n:  # a fresh permutation per epoch, from the one generator
@@ -243,27 +254,51 @@ def train_transformer(
             mean = np.mean(window, axis=0)
             curve.append({"step": step + 1, "loss": float(mean[0]), "action_loss": float(mean[1]),
                           "video_loss": float(mean[2]), "lr": optimizer.param_groups[0]["lr"]})
-            bar.set_postfix({"loss": f"{mean[0]:.4f}", "action": f"{mean[1]:.4f}",
-                             "video": f"{mean[2]:.4f}"}, refresh=False)
+            shown.update(loss=f"{mean[0]:.4f}", action=f"{mean[1]:.4f}", video=f"{mean[2]:.4f}")
+            bar.set_postfix(shown, refresh=False)
             window = []
+        if evaluate is not None and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
+            shown["success"] = f"{evaluate(step + 1)['success_rate']:.0%}"
+            bar.set_postfix(shown, refresh=False)
         bar.update(1)
     bar.close()
     return curve
 
 
+TRAIN_LOG = "train_log.json"
+
+
 def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
     """Collect, encode, train and write the checkpoint to ``cfg.out``; returns the log.
 
+    The folder is written whole (:func:`~cosmos3_gym.jsonio.staged_folder`): built under a
+    temporary name beside ``cfg.out`` and renamed into place at the end, so an interrupted or
+    failed run leaves ``cfg.out`` as it was. A folder this command wrote (it holds
+    ``train_log.json``) is replaced; any other folder that is not empty is refused.
+
     ``progress`` shows a bar per phase (demos, encoding, training with its loss), on rank 0
     only; it changes nothing else."""
+    from cosmos3_gym.jsonio import staged_folder
+
+    check_recipe(cfg)
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file; train writes a checkpoint folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / TRAIN_LOG).is_file():
+        raise FileExistsError(
+            f"--out {out} is not empty and holds no checkpoint this command wrote (no "
+            f"{TRAIN_LOG}); give a new folder (train replaces only its own)")
+    with staged_folder(out, replace=True) as work:
+        return _train(cfg, work, progress)
+
+
+def _train(cfg: TrainConfig, out: Path, progress: bool) -> dict[str, Any]:
     from cosmos3_gym.model import Cosmos3Transformer
     from cosmos3_gym.model.weights import save_transformer
     from cosmos3_gym.pipeline import Cosmos3ActionPipeline, InferenceOptions
     from cosmos3_gym.tiny import build_tiny_vae, write_tiny_checkpoint, write_tiny_vae
 
     options = InferenceOptions(frame_encoder=False)
-
-    check_recipe(cfg)
     start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
@@ -271,7 +306,6 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
     # Filling fresh tensors with NaN is a debugging aid of deterministic mode, not part of it;
     # on CPU it costs a third of a step.
     torch.utils.deterministic.fill_uninitialized_memory = False
-    out = Path(cfg.out)
     write_tiny_checkpoint(
         out, seed=cfg.seed, policy_overrides=policy_overrides(cfg), **transformer_overrides(cfg)
     )
@@ -322,16 +356,18 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
     motion = None
     if cfg.video_motion_weight:  # one cell per latent: the image's pixels over the latent width
         motion = motion_cells(demos, cfg.image_size // data.latents.shape[-1])
+    evaluations: list[dict[str, Any]] = []
     curve = train_transformer(
         model, data, cfg, raw_action_dim=policy.raw_action_dim, domain_id=policy.domain_id,
         fps=policy.fps, num_latent_frames=pipe.noise.num_latent_frames, progress=progress,
-        motion=motion,
+        motion=motion, evaluate=success_while_training(model, pipe, cfg, evaluations),
     )
     save_transformer(model.eval(), out / "transformer")
     wall = time.perf_counter() - start
     log = {
         "config": asdict(cfg), "num_samples": len(demos), "loss_curve": curve,
         "final_loss": curve[-1]["loss"] if curve else None,
+        "evaluations": evaluations,
         "vae": {"loss_curve": vae_curve, "heldout_psnr_db": heldout_psnr,
                 "heldout_episodes": [cfg.episodes, cfg.episodes + cfg.vae_holdout_episodes]},
         "encode_wall_s": round(encoded_at - start, 2),
@@ -339,13 +375,35 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
         "train_wall_s": round(wall - (vae_at - start), 2), "wall_s": round(wall, 2),
         "torch": torch.__version__,
     }
-    (out / "train_log.json").write_text(json.dumps(log, indent=2))
+    write_text_atomic(out / TRAIN_LOG, json.dumps(log, indent=2))
     return log
 
 
-def run_train_command(cfg: TrainConfig, progress: bool = True) -> int:
-    """``cosmos3-gym train``: train, then say what was written."""
-    log = train(cfg, progress=progress)
-    print(f"wrote {cfg.out}: {log['num_samples']} samples, {cfg.steps} steps, final loss "
-          f"{log['final_loss']:.4f}, {log['wall_s']:.0f}s")
-    return 0
+def success_while_training(model: torch.nn.Module, pipe: Any, cfg: TrainConfig,
+                           evaluations: list[dict[str, Any]]
+                           ) -> Callable[[int], dict[str, Any]] | None:
+    """The hook that evaluates ``model`` (the transformer being trained) on ColorReach at a
+    step, appending each result to ``evaluations`` (None without ``cfg.eval_every``): a
+    pipeline around the model itself, its projections unfused (fused copies would not follow
+    the optimiser), with ``pipe``'s VAE, tokenizer and head."""
+    if not cfg.eval_every:
+        return None
+    from dataclasses import replace
+
+    from cosmos3_gym.eval.api import evaluate
+    from cosmos3_gym.pipeline import Cosmos3ActionPipeline
+
+    being_trained = Cosmos3ActionPipeline(
+        model, pipe.vae, pipe.tokenizer, pipe.policy, contract=pipe.contract,
+        options=replace(pipe.options, fuse_projections=False))
+
+    def hook(step: int) -> dict[str, Any]:
+        results = evaluate(being_trained, "color_reach", trials=cfg.eval_trials,
+                           seed=cfg.eval_seed, image_size=cfg.image_size)
+        point = {"step": step, "success_rate": results.success_rate,
+                 "interval": list(results.interval), "episodes": len(results.episodes)}
+        evaluations.append(point)
+        return point
+
+    return hook
+

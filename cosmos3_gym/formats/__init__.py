@@ -167,6 +167,22 @@ def read_checkpoint(path: str | Path, *, vae: str | Path | None = None,
     return replace(folder, revision=revision_of(root), headers=headers)
 
 
+def check_loads(folder: CheckpointFolder) -> None:
+    """What a load checks before it reads a weight, run without loading one: the tokenizer's
+    files parse (:func:`~cosmos3_gym.pipeline.prompt.check_tokenizer_files`), and every tensor
+    of the generator and the VAE has the name and shape the models their configs build expect,
+    from the headers (:func:`~cosmos3_gym.model.weights.check_tensors`, on the meta device: it
+    imports torch, and allocates nothing). The values and statistics were checked when the
+    folder was read (:func:`read_checkpoint`: ``Cosmos3Config``, ``PolicyConfig``). ``inspect``,
+    ``convert`` and ``Cosmos3ActionPipeline.from_pretrained`` all run it, so a folder that
+    ``inspect`` calls ok loads."""
+    from cosmos3_gym.model.weights import check_tensors
+    from cosmos3_gym.pipeline.prompt import check_tokenizer_files
+
+    check_tokenizer_files(folder.tokenizer)
+    check_tensors(folder)
+
+
 def contract_of(folder: CheckpointFolder, domain: str | None) -> ObservationContract | None:
     """The observation contract a checkpoint declares, for a head of ``domain``: a LeRobot
     folder's own; for a cosmos-framework LIBERO export the official LIBERO client's (the
@@ -180,5 +196,5 @@ def contract_of(folder: CheckpointFolder, domain: str | None) -> ObservationCont
 
 
 __all__ = ["FORMATS", "CheckpointFolder", "ObservationContract", "WeightFiles",
-           "contract_of", "detect_format", "hub_snapshot", "read_checkpoint", "resolve_checkpoint",
-           "revision_of"]
+           "check_loads", "contract_of", "detect_format", "hub_snapshot", "read_checkpoint",
+           "resolve_checkpoint", "revision_of"]

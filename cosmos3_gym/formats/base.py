@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,45 @@ def read_header(path: Path) -> dict[str, dict[str, Any]]:
 
 # Bytes of each tensor's start and end a file's digest covers (Headers.digests).
 DIGEST_SAMPLE = 4096
+# Bytes per element of the safetensors dtypes: a tensor's shape must fill its data exactly.
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
+               "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def _pickle_kind(head: bytes) -> str | None:
+    """What pickle a file that starts with ``head`` is (``torch.save``'s zip archive, or a
+    plain pickle of protocol 2 to 5), else None.
+
+    >>> _pickle_kind(b"PK\\x03\\x04abcd"), _pickle_kind(b"\\x80\\x04\\x95..."), _pickle_kind(b"{}")
+    ('a torch.save archive (a zip of pickles)', 'a pickle', None)
+    """
+    if head.startswith(b"PK\x03\x04"):
+        return "a torch.save archive (a zip of pickles)"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return "a pickle"
+    return None
+
+
+class _BadEntry(Exception):
+    """A header entry that parses but cannot describe its bytes (its message is the error)."""
+
+
+def _check_entry(path: Path, name: str, entry: dict[str, Any]) -> None:
+    """A header entry whose shape fills its bytes (a shape of 2^62 x 2^62 elements in 4
+    bytes, which safetensors refuses only when the tensor is read, is named now)."""
+    start, stop = entry["data_offsets"]
+    shape = entry["shape"]
+    if start < 0 or stop < start or any(n < 0 for n in shape):
+        raise _BadEntry(f"{path}: tensor {name!r} has shape {shape} and data_offsets "
+                         f"{entry['data_offsets']}; expected sizes >= 0 and start <= end")
+    size = DTYPE_BYTES.get(entry["dtype"])
+    if size is None:
+        return  # a dtype newer than this table: safetensors checks it when it reads
+    need = size * math.prod(shape)
+    if need != stop - start:
+        raise _BadEntry(f"{path}: tensor {name!r} of shape {shape} ({entry['dtype']}) needs "
+                         f"{need} bytes; its header gives it {stop - start}; the file is "
+                         "damaged (download or copy it again)")
 
 
 def _read_safetensors(path: Path) -> tuple[dict[str, dict[str, Any]], str]:
@@ -110,7 +150,14 @@ def _read_safetensors(path: Path) -> tuple[dict[str, dict[str, Any]], str]:
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
+            head = f.read(8)
+            pickled = _pickle_kind(head)
+            if pickled is not None:
+                raise _BadEntry(
+                    f"{path} is {pickled}, not a safetensors file; cosmos3-gym never unpickles "
+                    "a file (unpickling can run code): convert it with safetensors' save_file, "
+                    "or fetch the folder's own file again")
+            header_len = int.from_bytes(head, "little")
             if size < 8 or header_len <= 0 or 8 + header_len > size:
                 raise ValueError("shorter than its header says")
             raw = f.read(header_len)
@@ -118,6 +165,8 @@ def _read_safetensors(path: Path) -> tuple[dict[str, dict[str, Any]], str]:
             table = {k: {"dtype": v["dtype"], "shape": [int(n) for n in v["shape"]],
                          "data_offsets": [int(n) for n in v["data_offsets"]]}
                      for k, v in header.items() if k != "__metadata__"}
+            for name, entry in table.items():
+                _check_entry(path, name, entry)
             end = max((entry["data_offsets"][1] for entry in table.values()), default=0)
             if 8 + header_len + end > size:
                 raise EOFError(f"{path} is truncated: its header describes "
@@ -130,7 +179,7 @@ def _read_safetensors(path: Path) -> tuple[dict[str, dict[str, Any]], str]:
                                (max(start, stop - DIGEST_SAMPLE), stop)):
                     f.seek(8 + header_len + lo)
                     digest.update(f.read(hi - lo))
-    except EOFError as err:
+    except (EOFError, _BadEntry) as err:
         raise ValueError(str(err)) from None
     except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError,
             AttributeError) as err:

@@ -7,13 +7,16 @@ head as the source declared it or a recipe named it, statistics included) and, w
 declares one, ``observation_contract.json`` (how its observations become the model's image, so
 the converted folder gets the same default adapter). Tensors are copied shard by shard, never
 more than one shard in memory, bytes and dtypes as they are.
+
+The folder is written whole (:func:`~cosmos3_gym.jsonio.staged_folder`): filled under a hidden
+temporary name beside ``OUT`` and renamed to ``OUT`` at the end, so a kill or a full disk leaves
+no ``OUT`` (or the empty one that was there), and the rerun removes what a killed run left.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,13 @@ from cosmos3_gym.checkpoint import (
     PolicyConfig,
 )
 from cosmos3_gym.formats.base import CheckpointFolder, WeightFiles
+from cosmos3_gym.jsonio import (
+    copy_file_atomic,
+    save_safetensors,
+    staged_folder,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 CONTRACT = "observation_contract.json"
 SHARD_BYTES = 4 * 2**30
@@ -34,7 +44,7 @@ SHARD_BYTES = 4 * 2**30
 def write_contract(path: Path, contract: Any) -> None:
     data = dataclasses.asdict(contract)
     data["image_keys"] = list(data["image_keys"])
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    write_json_atomic(path, data)
 
 
 def read_contract(path: Path) -> Any:
@@ -59,7 +69,6 @@ def _copy_tensors(weights: WeightFiles, out: Path, skip: tuple[str, ...] = ()) -
     ``diffusion_pytorch_model*.safetensors``, a shard written as soon as it is full; returns
     how many tensors."""
     from safetensors import safe_open
-    from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     parts: list[tuple[Path, list[str]]] = []
@@ -68,7 +77,7 @@ def _copy_tensors(weights: WeightFiles, out: Path, skip: tuple[str, ...] = ()) -
 
     def flush() -> None:
         path = out / f".part-{len(parts):05d}.safetensors"
-        save_file(shard, str(path))
+        save_safetensors(shard, path)
         parts.append((path, sorted(shard)))
         shard.clear()
 
@@ -94,8 +103,8 @@ def _copy_tensors(weights: WeightFiles, out: Path, skip: tuple[str, ...] = ()) -
         name = f"diffusion_pytorch_model-{k:05d}-of-{len(parts):05d}.safetensors"
         path.rename(out / name)
         weight_map.update({n: name for n in names})
-    (out / "diffusion_pytorch_model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
+    write_json_atomic(out / "diffusion_pytorch_model.safetensors.index.json",
+                      {"metadata": {}, "weight_map": weight_map})
     return len(weight_map)
 
 
@@ -103,24 +112,31 @@ def convert(folder: CheckpointFolder, policy: PolicyConfig, contract: Any, out: 
             ) -> Path:
     """Write ``folder`` (read by :func:`~cosmos3_gym.formats.read_checkpoint`) with the head
     ``policy`` and observation ``contract`` as a diffusers folder at ``out`` (which must not
-    exist, or be empty)."""
-    from cosmos3_gym.model.transformer import Cosmos3Transformer
-
+    exist, or be empty), whole or not at all."""
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} is a file; convert writes a new folder")
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; convert writes a new folder")
     if out.resolve() == folder.root.resolve():
         raise ValueError("convert: the output folder is the source folder")
-    out.mkdir(parents=True, exist_ok=True)
+    with staged_folder(out) as tmp:
+        _write(folder, policy, contract, tmp)
+    return out
+
+
+def _write(folder: CheckpointFolder, policy: PolicyConfig, contract: Any, out: Path) -> None:
+    from cosmos3_gym.model.transformer import Cosmos3Transformer
+
     config = folder.transformer.to_dict()
     (out / TRANSFORMER).mkdir()
-    (out / TRANSFORMER / "config.json").write_text(json.dumps(config, indent=2))
+    write_text_atomic(out / TRANSFORMER / "config.json", json.dumps(config, indent=2))
     _copy_tensors(folder.transformer_weights, out / TRANSFORMER,
                   skip=Cosmos3Transformer.UNUSED_CHECKPOINT_KEYS)
     (out / VAE).mkdir()
     vae_config = {"_class_name": "AutoencoderKLWan",
                   **{k: v for k, v in folder.vae_config.items() if not k.startswith("_")}}
-    (out / VAE / "config.json").write_text(json.dumps(vae_config, indent=2))
+    write_text_atomic(out / VAE / "config.json", json.dumps(vae_config, indent=2))
     _copy_tensors(folder.vae_weights, out / VAE)
     tokenizer = out / TEXT_TOKENIZER
     tokenizer.mkdir()
@@ -129,8 +145,8 @@ def convert(folder: CheckpointFolder, policy: PolicyConfig, contract: Any, out: 
                                or file.name == "merges.txt"):
             if file.name in ("config.json", "model.safetensors.index.json"):
                 continue  # the export's model config, not the tokenizer's
-            shutil.copy2(file, tokenizer / file.name)
-    (out / MODEL_INDEX).write_text(json.dumps({
+            copy_file_atomic(file, tokenizer / file.name)
+    write_text_atomic(out / MODEL_INDEX, json.dumps({
         "_class_name": "Cosmos3OmniPipeline", "converted_from": folder.format,
         "source": str(folder.root), "transformer": ["diffusers", "Cosmos3OmniTransformer"],
         "vae": ["diffusers", "AutoencoderKLWan"],
@@ -139,4 +155,3 @@ def convert(folder: CheckpointFolder, policy: PolicyConfig, contract: Any, out: 
     policy.save(out / POLICY_CONFIG)
     if contract is not None:
         write_contract(out / CONTRACT, contract)
-    return out

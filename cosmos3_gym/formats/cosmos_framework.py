@@ -23,7 +23,6 @@ exports"); in short (NVIDIA/cosmos-framework 5eee9ed, ``scripts/export_model.py`
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -348,10 +347,9 @@ def write_export(directory: str | Path, *, transformer: Any, tokenizer_dir: Path
     root and, with ``vision_tower``, a few ``language_model.visual.*`` tensors as Nano's export
     carries its ViT. For tests and the GPU session; cosmos-framework's own exporter needs a
     training checkpoint and a GPU (docs/checkpoints.md)."""
-    import shutil
-
     import torch
-    from safetensors.torch import save_file
+
+    from cosmos3_gym.jsonio import copy_file_atomic, save_safetensors, write_json_atomic
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -381,8 +379,7 @@ def write_export(directory: str | Path, *, transformer: Any, tokenizer_dir: Path
                                      "mrope_interleaved": True}}}},
         },
     }
-    (directory / CONFIG).write_text(json.dumps({"model_type": MODEL_TYPE, "model": model},
-                                               indent=2))
+    write_json_atomic(directory / CONFIG, {"model_type": MODEL_TYPE, "model": model})
     state = {export_name(k): v.detach().contiguous().cpu()
              for k, v in transformer.state_dict().items()}
     state.setdefault(PREFIX + LM_HEAD + "weight", torch.zeros(c.vocab_size, c.hidden_size))
@@ -396,9 +393,9 @@ def write_export(directory: str | Path, *, transformer: Any, tokenizer_dir: Path
     for k in range(shards):
         part = names[k * per:(k + 1) * per]
         file = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
-        save_file({n: state[n] for n in part}, str(directory / file))
+        save_safetensors({n: state[n] for n in part}, directory / file)
         weight_map.update({n: file for n in part})
-    (directory / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    write_json_atomic(directory / INDEX, {"metadata": {}, "weight_map": weight_map})
     for file in sorted(Path(tokenizer_dir).iterdir()):
-        shutil.copy2(file, directory / file.name)
+        copy_file_atomic(file, directory / file.name)
     return directory

@@ -55,6 +55,9 @@ TYPES = ("cosmos3", "cosmos3_edge")
 TRANSFORMER_PREFIX = "model.transformer."
 VAE_PREFIX = "model.vae."
 STATE_KEY = "observation.state"
+# config.json's names of the PolicyConfig fields it gives under another name.
+LEROBOT_NAMES = {"action_horizon": "chunk_size", "fps": "conditioning_fps",
+                 "vision_start_token_id": "start_of_generation_token_id"}
 ACTION_KEY = "action"
 
 # LeRobot's normalisation modes -> this project's (pipeline/normalization.py).
@@ -324,6 +327,14 @@ def _policy(raw: dict[str, Any], root: Path, path: Path, scheduler: dict[str, An
             raise ValueError(f"{path} normalises the state with {norm_map['STATE']} but "
                              f"{PREPROCESSOR} holds no '{STATE_KEY}' statistics")
         state_stats = _stats_block(found, f"{root / PREPROCESSOR} state statistics")
+        width = len(next(iter(state_stats["global"].values())))
+        feature = (raw.get("input_features") or {}).get(STATE_KEY) or {}
+        declared = feature.get("shape") if isinstance(feature, dict) else None
+        if isinstance(declared, list) and declared and declared[-1] != width:
+            raise ValueError(
+                f"{root / PREPROCESSOR} holds {width}-D state statistics; {path}'s input_features "
+                f"give {STATE_KEY} {declared[-1]}-D, the state the policy takes: the statistics "
+                "are cut or of another dataset (download the folder again)")
     image_keys = raw.get("image_keys")
     if not isinstance(image_keys, list) or not image_keys or not all(
             isinstance(k, str) for k in image_keys):
@@ -354,7 +365,10 @@ def _policy(raw: dict[str, Any], root: Path, path: Path, scheduler: dict[str, An
     try:
         policy = PolicyConfig(**fields)
     except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
+        field_name, _, rest = str(err).partition(": ")
+        key = LEROBOT_NAMES.get(field_name)  # the error in the file's own words
+        raise ValueError(f"{path}: {key} ({field_name}): {rest}" if key else f"{path}: {err}") \
+            from None
     sources = {name: DEFAULT_SOURCE for name in SAMPLER_FIELDS}
     sources.update(num_inference_steps=CONFIG, guidance_scale=CONFIG,
                    flow_shift=f"{CONFIG} scheduler_config", scheduler=f"{CONFIG} scheduler_config")
@@ -384,9 +398,7 @@ def write_folder(directory: str | Path, *, transformer: Any, vae: Any, tokenizer
     ``tokenizer/``). For tests and the GPU session (a folder of a published shape with random
     weights); the truth for the format is LeRobot's own code (tests/fixtures/lerobot_cosmos3).
     """
-    import shutil
-
-    from safetensors.torch import save_file
+    from cosmos3_gym.jsonio import copy_file_atomic, save_safetensors, write_text_atomic
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -421,21 +433,20 @@ def write_folder(directory: str | Path, *, transformer: Any, vae: Any, tokenizer
         "composed_image_height": contract.canvas_hw[0],
         "composed_image_width": contract.canvas_hw[1], "normalization_mapping": norm_map,
     }
-    (directory / CONFIG).write_text(json.dumps(raw, indent=4))
+    write_text_atomic(directory / CONFIG, json.dumps(raw, indent=4))
     state = {f"{TRANSFORMER_PREFIX}{k}": v.detach().contiguous().cpu()
              for k, v in transformer.state_dict().items()}
     state.update({f"{VAE_PREFIX}{k}": v.detach().contiguous().cpu()
                   for k, v in vae.state_dict().items()})
-    save_file(state, str(directory / WEIGHTS))
+    save_safetensors(state, directory / WEIGHTS)
 
     def stats_file(name: str, blocks: dict[str, dict | None]) -> str:
         import numpy as np
-        from safetensors.numpy import save_file as save_numpy
 
         tensors = {f"{feature}.{stat}": np.asarray(values, np.float32)
                    for feature, stats in blocks.items() if stats is not None
                    for stat, values in stats.get("global", stats).items()}
-        save_numpy(tensors, str(directory / name))
+        save_safetensors(tensors, directory / name)
         return name
 
     for name, step, blocks in (
@@ -446,8 +457,10 @@ def write_folder(directory: str | Path, *, transformer: Any, vae: Any, tokenizer
         spec = {"name": name.removesuffix(".json"), "steps": [{
             "registry_name": step, "config": {"eps": 1e-08, "norm_map": norm_map},
             "state_file": stats_file(state_name, blocks)}]}
-        (directory / name).write_text(json.dumps(spec, indent=2))
-    shutil.copytree(tokenizer_dir, directory / "tokenizer", dirs_exist_ok=True)
+        write_text_atomic(directory / name, json.dumps(spec, indent=2))
+    (directory / "tokenizer").mkdir(exist_ok=True)
+    for file in sorted(Path(tokenizer_dir).iterdir()):
+        copy_file_atomic(file, directory / "tokenizer" / file.name)
     return directory
 
 

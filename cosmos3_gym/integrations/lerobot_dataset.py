@@ -84,6 +84,18 @@ def lerobot_features(rollouts: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return features
 
 
+def check_lerobot_dataset() -> None:
+    """Before ``rollout --format lerobot`` runs: a ``ValueError`` that names the fix where
+    LeRobot's dataset writer cannot be imported (the rollout would run to its end first)."""
+    try:
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: F401
+    except ImportError as error:
+        raise ValueError(
+            f"--format lerobot writes a LeRobot dataset, and {INSTALL_HINT} ({error}); or "
+            "collect with --format npz and write the dataset later with write_lerobot_dataset "
+            "(docs/lerobot.md)") from None
+
+
 def write_lerobot_dataset(
     rollout_dir: str | Path,
     root: str | Path,

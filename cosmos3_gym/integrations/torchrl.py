@@ -45,9 +45,8 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 
-from cosmos3_gym.envs.families import _probe_action
 from cosmos3_gym.envs.gym import has_image
-from cosmos3_gym.envs.success import SUCCESS_KEYS, SuccessRule, parse_success
+from cosmos3_gym.envs.success import SUCCESS_KEYS, SuccessRule, parse_success, probe_action
 from cosmos3_gym.vector_env import autoreset_mode, base_vector_env
 
 _INSTALL = "TorchRL is not installed: pip install torchrl (or the project's 'gym' extra)"
@@ -133,7 +132,7 @@ def _found_flag(envs: VectorEnv, rule: SuccessRule) -> SuccessRule | None:
     """``auto`` made definite: the flag one reset and step of ``envs`` report (``is_success``,
     else ``success``), or ``None``, with a warning, where they report neither."""
     envs.reset()
-    info = envs.step(_probe_action(envs.action_space))[4]
+    info = envs.step(probe_action(envs.action_space))[4]
     # Under SAME_STEP an env that ended at this step reports its step in final_info.
     key = rule.flag_key({**info.get("final_info", {}), **info})
     if key is None:

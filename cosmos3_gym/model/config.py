@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cosmos3_gym.jsonio import check_types
+from cosmos3_gym.jsonio import check_range, check_types
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +23,19 @@ ARCHITECTURE_KEYS = (
 # Keys a real config.json carries that do not change the generator's math here: bookkeeping of
 # diffusers, the load-time dtype hint, and dropout (inference only).
 _IGNORED_KEYS = {"dtype", "attention_dropout", "backbone_type"}
+# The sizes a config may state, each at least 1 and at most this: far above every published
+# Cosmos3 (Super: hidden 5120, 64 layers), low enough that a typo (2**30 layers) is refused here
+# rather than met as an allocation of terabytes.
+SIZE_BOUNDS = {
+    "head_dim": 1024, "hidden_size": 65536, "intermediate_size": 262144,
+    "num_attention_heads": 1024, "num_key_value_heads": 1024, "num_hidden_layers": 1024,
+    "latent_channel": 1024, "latent_patch_size": 64, "patch_latent_dim": 2**20,
+    "base_fps": 1000, "vocab_size": 2**22, "num_embodiment_domains": 4096,
+    "unified_3d_mrope_temporal_modality_margin": 2**31, "action_dim": 4096, "sound_dim": 4096,
+}
+# Positive finite numbers, with the largest value a config may state.
+POSITIVE_BOUNDS = {"rope_theta": 1e12, "rms_norm_eps": 1.0, "timestep_scale": 1.0,
+                   "sound_latent_fps": 1000.0}
 
 
 @dataclass
@@ -64,6 +77,11 @@ class Cosmos3Config:
     rope_axes_dim: list[int] | None = field(default=None)
 
     def __post_init__(self) -> None:
+        for name, high in SIZE_BOUNDS.items():
+            if getattr(self, name) is not None:
+                check_range(name, getattr(self, name), 1, high, integer=True)
+        for name, high in POSITIVE_BOUNDS.items():
+            check_range(name, getattr(self, name), 0, high, above=True)
         if self.rope_axes_dim is None:
             section = (self.rope_scaling or {}).get("mrope_section", [24, 20, 20])
             self.rope_axes_dim = list(section)

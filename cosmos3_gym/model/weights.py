@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -20,7 +21,7 @@ from safetensors import safe_open
 from cosmos3_gym.model.config import Cosmos3Config
 
 if TYPE_CHECKING:
-    from cosmos3_gym.formats.base import WeightFiles
+    from cosmos3_gym.formats.base import CheckpointFolder, WeightFiles
     from cosmos3_gym.model.transformer import Cosmos3Transformer
 
 # Kept in fp32 whatever the load dtype: the timestep MLP sees sinusoids of t*0.001, where bf16
@@ -111,12 +112,14 @@ def load_weights(
     return state
 
 
-def check_keys(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str,
+def check_keys(model: torch.nn.Module, shapes: dict[str, Sequence[int]], source: str,
                what: str = "the Cosmos3 generator built from its config") -> None:
-    """Raise a ValueError listing missing and unexpected keys, or shape mismatches."""
+    """Raise a ValueError listing missing and unexpected keys, or shape mismatches, of the
+    tensors ``shapes`` names (parameter name -> shape: a checkpoint's headers, read before any
+    tensor is) against ``model``'s parameters and buffers."""
     expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
     if missing or unexpected:
         raise ValueError(
             f"checkpoint {source} does not match {what}: "
@@ -125,13 +128,51 @@ def check_keys(model: torch.nn.Module, state: dict[str, torch.Tensor], source: s
             f"({len(unexpected)})"
         )
     wrong = [
-        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
+        f"{k}: checkpoint {tuple(shapes[k])} vs model {tuple(v.shape)}"
         for k, v in expected.items()
-        if tuple(state[k].shape) != tuple(v.shape)
+        if tuple(shapes[k]) != tuple(v.shape)
     ]
     if wrong:
         raise ValueError(f"checkpoint {source} has tensors of the wrong shape for {what}: "
                          f"{wrong[:20]}")
+
+
+def meta_transformer(cls: type[Cosmos3Transformer], config: Cosmos3Config,
+                     weights: WeightFiles) -> Cosmos3Transformer:
+    """The generator of ``config`` built on the meta device (no memory), checked against the
+    tensors ``weights``' headers give (:func:`check_keys`: every parameter given, no tensor left
+    over, every shape right) before any tensor is read."""
+    with torch.device("meta"):
+        model = cls(config)
+    shapes = {n: s for n, s in weights.shapes().items() if n not in cls.UNUSED_CHECKPOINT_KEYS}
+    check_keys(model, shapes, weights.mapping)
+    return model
+
+
+def meta_vae(config: dict, weights: WeightFiles) -> torch.nn.Module:
+    """diffusers' ``AutoencoderKLWan`` of ``config`` on the meta device, checked against the
+    tensors ``weights``' headers give, as :func:`meta_transformer` checks the generator."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
+
+    settings = {k: v for k, v in config.items() if not k.startswith("_")}
+    try:
+        with torch.device("meta"):
+            vae = AutoencoderKLWan(**settings)
+    except TypeError as err:
+        raise ValueError(f"VAE config ({weights.mapping}): {err}") from None
+    check_keys(vae, weights.shapes(), weights.mapping,
+               what="the AutoencoderKLWan built from its config")
+    return vae
+
+
+def check_tensors(folder: CheckpointFolder) -> None:
+    """Every tensor of ``folder``'s generator and VAE against the models their configs build,
+    from the headers alone (no tensor is read): what :func:`build_transformer` and
+    :func:`build_vae` check before they load, so a folder that passes loads."""
+    from cosmos3_gym.model.transformer import Cosmos3Transformer
+
+    meta_transformer(Cosmos3Transformer, folder.transformer, folder.transformer_weights)
+    meta_vae(folder.vae_config, folder.vae_weights)
 
 
 def load_transformer(
@@ -169,11 +210,9 @@ def build_transformer(
     The module is built on the meta device (no memory) and the tensors are assigned as read,
     so a 16B checkpoint is never materialised twice nor on the wrong device.
     """
-    with torch.device("meta"):
-        model = cls(config)
+    model = meta_transformer(cls, config, weights)
     state = load_weights(weights, device=device, dtype=dtype, skip=cls.UNUSED_CHECKPOINT_KEYS,
                          files=files)
-    check_keys(model, state, weights.mapping)
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval().requires_grad_(False)
 
@@ -185,14 +224,9 @@ def build_vae(config: dict, weights: WeightFiles, *, device: str | torch.device 
     from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 
     settings = {k: v for k, v in config.items() if not k.startswith("_")}
-    try:
-        with torch.device("meta"):
-            vae = AutoencoderKLWan(**settings)
-    except TypeError as err:
-        raise ValueError(f"VAE config ({weights.mapping}): {err}") from None
+    vae = meta_vae(config, weights)
     state = load_weights(weights, device=device, dtype=torch.float32, keep_in_fp32=(),
                          files=files)
-    check_keys(vae, state, weights.mapping, what="the AutoencoderKLWan built from its config")
     vae.load_state_dict(state, strict=True, assign=True)
     meta = [n for n, t in [*vae.named_parameters(), *vae.named_buffers()] if t.is_meta]
     if meta:  # a buffer the state dict does not hold: build it for real instead
@@ -202,13 +236,13 @@ def build_vae(config: dict, weights: WeightFiles, *, device: str | torch.device 
 
 
 def save_transformer(model: Cosmos3Transformer, folder: str | Path) -> Path:
-    """Write ``config.json`` + ``diffusion_pytorch_model.safetensors`` (diffusers layout)."""
-    from safetensors.torch import save_file
+    """Write ``config.json`` + ``diffusion_pytorch_model.safetensors`` (diffusers layout), each
+    file atomically."""
+    from cosmos3_gym.jsonio import save_safetensors, write_text_atomic
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "config.json", "w") as f:
-        json.dump(model.config.to_dict(), f, indent=2)
+    write_text_atomic(folder / "config.json", json.dumps(model.config.to_dict(), indent=2))
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(folder / "diffusion_pytorch_model.safetensors"))
+    save_safetensors(state, folder / "diffusion_pytorch_model.safetensors")
     return folder

@@ -136,6 +136,21 @@ def admit_prompts(prompts: str | Sequence[str], batch_size: int) -> list[str]:
     return list(prompts)
 
 
+def nonfinite(array: np.ndarray) -> str:
+    """Where a batch ``[B, ...]`` holds values that are not finite, in words (the items, and
+    which: NaN or infinity).
+
+    >>> nonfinite(np.array([[0.0, np.nan], [np.inf, np.nan]]))
+    'NaN in items [0, 1], infinity in items [1]'
+    """
+    found = []
+    for word, mask in (("NaN", np.isnan(array)), ("infinity", np.isinf(array))):
+        items = sorted({int(i) for i in np.argwhere(mask)[:, 0]})
+        if items:
+            found.append(f"{word} in items {items}")
+    return ", ".join(found)
+
+
 def _check_prompt(prompt: Any, index: int) -> None:
     if not isinstance(prompt, str):
         raise ValueError(f"prompt {index}: expected a non-empty str, got {type(prompt).__name__}")

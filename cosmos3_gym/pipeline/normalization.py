@@ -185,9 +185,9 @@ def _check_spread(block: StatsBlock, mode: str, where: str) -> None:
                     "quantile10": (high - low, "q90 - q10")}.get(mode, (high - low, "q99 - q01"))
     if not (spread > 0).any():
         raise ValueError(
-            f"{where}: {what} is 0 in every dim, so mode {mode!r} would give every action the "
-            "same value whatever the model predicts; expected the statistics of the checkpoint's "
-            "training actions")
+            f"{where}: {what} is 0 in every dim, so mode {mode!r} would make every vector it "
+            "maps (an action, or a state) the same one; expected the statistics of the "
+            "checkpoint's training data")
     if mode == "meanstd" and block.max is not None and block.min is not None:
         flat = (block.std == 0) & (block.max > block.min)
         if flat.any():

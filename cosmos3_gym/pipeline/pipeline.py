@@ -21,14 +21,14 @@ from cosmos3_gym.formats import (
     resolve_checkpoint,
 )
 from cosmos3_gym.model import Cosmos3Transformer
-from cosmos3_gym.pipeline.admission import admit
+from cosmos3_gym.pipeline.admission import admit, nonfinite
 from cosmos3_gym.pipeline.normalization import ActionStats, normalize_actions
 from cosmos3_gym.pipeline.options import InferenceOptions
 from cosmos3_gym.pipeline.output import ActionOutput
 from cosmos3_gym.pipeline.preprocess import plan_canvas
 from cosmos3_gym.pipeline.prompt import load_tokenizer
 from cosmos3_gym.pipeline.prompt_cache import PromptCache
-from cosmos3_gym.pipeline.sampling import DETERMINISTIC_SAMPLER
+from cosmos3_gym.pipeline.sampling import DETERMINISTIC_SAMPLER, unscorable
 from cosmos3_gym.pipeline.sde import (
     StochasticRecord,
     stochastic_sampling,
@@ -242,7 +242,7 @@ class Cosmos3ActionPipeline:
         :func:`~cosmos3_gym.pipeline.chunk_log_prob` run on those same weights.
         """
         from cosmos3_gym.devices import resolve_device, resolve_dtype
-        from cosmos3_gym.formats import read_checkpoint
+        from cosmos3_gym.formats import check_loads, read_checkpoint
         from cosmos3_gym.model.weights import TensorFiles, build_transformer, build_vae
 
         # Everything that can be known without the weights, checked first: configs, files
@@ -254,6 +254,7 @@ class Cosmos3ActionPipeline:
             folder = path
         else:
             folder = read_checkpoint(path, vae=vae, tokenizer=tokenizer)
+        check_loads(folder)  # what inspect and convert check: tokenizer files, tensor headers
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         options = options or InferenceOptions()
@@ -401,23 +402,16 @@ class Cosmos3ActionPipeline:
             committed = self._committed_rows(committed_actions, count)
             interval = self.policy.guidance_interval if guidance_interval is None else (
                 layout.check_guidance_interval(guidance_interval))
-            # The log-probability recomputation (sde.chunk_log_prob) guides every step and
-            # knows no state rows, so a stochastic chunk with either could not be scored.
-            unscorable = [what for what, used in (
-                (f"state rows (history_length {self.history_length})", state_rows is not None),
-                ("committed action rows (real-time chunking)", committed is not None),
-                (f"a guidance interval {interval}", interval is not None and float(
-                    self.policy.guidance_scale if guidance_scale is None else guidance_scale
-                ) != 1.0),
-            ) if used]
-            if self.policy.scheduler_config is not None:
-                unscorable.append("a diffusers scheduler (this checkpoint's scheduler_config; the "
-                                  "stochastic steps are defined on the official FlowUniPC)")
-            if sampler != DETERMINISTIC_SAMPLER and unscorable:
-                raise ValueError(
-                    f"sampler {sampler!r} does not take {' and '.join(unscorable)} yet; use the "
-                    f"deterministic {DETERMINISTIC_SAMPLER!r}"
-                )
+            if sampler != DETERMINISTIC_SAMPLER:
+                cannot = unscorable(
+                    self.policy, state_rows=state_rows is not None,
+                    committed_actions=committed is not None, guidance_interval=interval,
+                    guidance_scale=(self.policy.guidance_scale if guidance_scale is None
+                                    else guidance_scale))
+                if cannot:
+                    raise ValueError(
+                        f"sampler {sampler!r} does not take {' and '.join(cannot)} yet; use the "
+                        f"deterministic {DETERMINISTIC_SAMPLER!r}")
             params = SamplingParams(
                 num_inference_steps=_positive_int(
                     "num_inference_steps", num_inference_steps, self.policy.num_inference_steps
@@ -512,12 +506,13 @@ class Cosmos3ActionPipeline:
         if isinstance(state, torch.Tensor):
             state = state.detach().cpu().numpy()
         array = np.asarray(state)
-        if (array.dtype.kind != "f" or array.shape != (count, rows, width)
-                or not np.isfinite(array).all()):
+        if array.dtype.kind != "f" or array.shape != (count, rows, width):
             raise ValueError(
                 f"state: expected finite float [{count}, {rows}, {width}] (B, history_length, "
                 f"state width); found {array.dtype} {list(array.shape)}"
             )
+        if not np.isfinite(array).all():
+            raise ValueError(f"state: expected finite numbers; found {nonfinite(array)}")
         array = array.astype(np.float32)
         mode = self.policy.state_normalization
         if mode is None and self.decode.stats is not None:  # like the actions

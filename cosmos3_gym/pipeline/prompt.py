@@ -301,12 +301,10 @@ _TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.json", "added_tokens.json")
 
 
-def load_tokenizer(folder: str | Path) -> Any:
-    """The checkpoint's tokenizer (``transformers.AutoTokenizer``) from ``folder``; a damaged
-    or missing file is one ``ValueError`` naming it, not a traceback from deep inside
-    transformers."""
-    from transformers import AutoTokenizer
-
+def check_tokenizer_files(folder: str | Path) -> None:
+    """The tokenizer folder's JSON files parse (a cut ``tokenizer.json`` is one ``ValueError``
+    naming it); what :func:`load_tokenizer` checks before transformers reads them, run by
+    ``inspect`` and ``convert`` too (no transformers import)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"no tokenizer folder at {folder}")
@@ -318,6 +316,16 @@ def load_tokenizer(folder: str | Path) -> Any:
             except (json.JSONDecodeError, UnicodeDecodeError) as err:
                 raise ValueError(f"{path}: not valid JSON ({err}); the tokenizer file is damaged "
                                  "(a cut download?): download it again") from None
+
+
+def load_tokenizer(folder: str | Path) -> Any:
+    """The checkpoint's tokenizer (``transformers.AutoTokenizer``) from ``folder``; a damaged
+    or missing file is one ``ValueError`` naming it, not a traceback from deep inside
+    transformers."""
+    from transformers import AutoTokenizer
+
+    folder = Path(folder)
+    check_tokenizer_files(folder)
     try:
         return AutoTokenizer.from_pretrained(folder)
     except Exception as err:  # noqa: BLE001 - transformers raises many kinds here

@@ -22,6 +22,27 @@ from cosmos3_gym.settings import setting
 
 DETERMINISTIC_SAMPLER = "flow_unipc"
 SAMPLERS = (DETERMINISTIC_SAMPLER, "flow_sde", "flow_cps")
+
+
+def unscorable(head: Any, *, state_rows: bool, guidance_interval: Any,
+               guidance_scale: float, committed_actions: bool = False) -> list[str]:
+    """What in a chunk's sampling a stochastic sampler cannot score yet (the log-probability
+    recomputation, ``sde.chunk_log_prob``, guides every step, knows no state rows nor committed
+    action rows, and its steps are defined on the official FlowUniPC), each in words; empty: a
+    stochastic sampler may run. ``head`` is the checkpoint's
+    :class:`~cosmos3_gym.checkpoint.PolicyConfig`. The pipeline asks it of every stochastic call;
+    ``rl grpo`` asks it of the head before anything loads."""
+    found = []
+    if state_rows:
+        found.append(f"state rows (history_length {head.history_length})")
+    if committed_actions:
+        found.append("committed action rows (real-time chunking)")
+    if guidance_interval is not None and float(guidance_scale) != 1.0:
+        found.append(f"a guidance interval {tuple(guidance_interval)}")
+    if head.scheduler_config is not None:
+        found.append("a diffusers scheduler (this checkpoint's scheduler_config; the stochastic "
+                     "steps are defined on the official FlowUniPC)")
+    return found
 NOISE_RULES = ("per_chunk", "fixed")
 
 

@@ -576,6 +576,8 @@ class DecodeStage(Stage):
         predicted = batch.actions[:, p.history_length :, : p.raw_action_dim]
         normalized = predicted.float().cpu().numpy()
         actions = normalized.copy()
+        if p.clip_actions:  # the range the head was trained in (PolicyConfig.clip_actions)
+            np.clip(actions, -1.0, 1.0, out=actions)
         if p.invert_gripper:  # the model's 1 - g back to g, before un-normalisation (LeRobot)
             actions[..., -1] = 1.0 - actions[..., -1]
         if self.stats is not None:  # else the normalised actions themselves

@@ -130,6 +130,12 @@ def _check_image_batch(value: Any, what: str) -> Any:
             f"{what}: expected rank 4 [B, H, W, C]; found rank {value.ndim} {list(value.shape)}"
             f"{hint}"
         )
+    if value.shape[-1] not in (1, 3, 4):
+        shape = list(value.shape)
+        hint = (": channels first, [B, C, H, W]; move them last (np.moveaxis(x, 1, -1), or "
+                "x.permute(0, 2, 3, 1) for a tensor)" if shape[1] in (1, 3, 4) else "")
+        raise ValueError(f"{what}: expected images [B, H, W, C] with C in 1, 3, 4 channels "
+                         f"last; found {shape}{hint}")
     return value
 
 
@@ -541,20 +547,51 @@ class LeRobotViewsAdapter(Adapter):
     (rot6d to axis-angle, the gripper from ``[0, 1]`` to ``-1`` open / ``+1`` closed); other
     heads' actions pass unchanged.
 
+    Another env's cameras are mapped onto the checkpoint's with ``image_key`` (the command
+    line's ``--image-key``): one observation key per checkpoint camera, in the checkpoint's
+    order (``cosmos3-gym inspect`` lists them), ``"a/b"`` for a nested key; ``state_key`` names
+    the env's state where the head takes one, and ``flip`` undoes the env's frame convention
+    (:data:`FLIPS`) on each mapped camera.
+
     Args:
         contract: the folder's :class:`~cosmos3_gym.formats.ObservationContract`.
+        image_key: the env's camera key(s) standing for the checkpoint's image keys, in order.
+        state_key: the env's key of the robot state (default: the checkpoint's, or ``state``).
+        flip: a flip of each mapped camera's frames.
+
+    >>> from cosmos3_gym.formats import ObservationContract
+    >>> contract = ObservationContract("lerobot", ("observation.images.top",), canvas_hw=(4, 4),
+    ...                                primary_height=4)
+    >>> adapter = LeRobotViewsAdapter(contract, image_key="pixels/top")
+    >>> adapter.images({"pixels": {"top": np.full((1, 4, 4, 3), 7, np.uint8)}})[0, 0, 0].tolist()
+    [7, 7, 7]
     """
 
     name = "lerobot"
 
-    def __init__(self, contract: Any) -> None:
+    def __init__(self, contract: Any, image_key: str | tuple[str, ...] | None = None,
+                 state_key: str | None = None, flip: str | None = None) -> None:
         if contract.convention != "lerobot" or contract.canvas_hw is None:
             raise ValueError(f"lerobot adapter: expected a LeRobot folder's contract; found "
                              f"{contract}")
+        if flip not in FLIPS:
+            raise ValueError(f"lerobot adapter: flip must be one of {FLIPS}; found {flip!r}")
         self.contract = contract
         self.domain = contract.domain
+        self.cameras = _camera_map(contract.image_keys, image_key)
+        self.state_key = state_key
+        self.flip = flip
 
     def _view(self, obs: Mapping[str, Any], key: str) -> np.ndarray:
+        mapped = self.cameras.get(key)
+        if mapped is not None:
+            leaves = dict(_leaves(obs))
+            if mapped not in leaves:
+                raise ValueError(f"lerobot adapter: --image-key {mapped!r} (the checkpoint's "
+                                 f"{key!r}) is not in the observation; found keys "
+                                 f"{sorted(leaves)}")
+            image = _check_image_batch(leaves[mapped], f"observation[{mapped!r}]")
+            return to_numpy(flip_images(image, self.flip))
         short = key[len(_LEROBOT_IMAGE_PREFIX):] if key.startswith(_LEROBOT_IMAGE_PREFIX) else None
         for name in (key, short):
             if name is not None and name in obs:
@@ -588,12 +625,14 @@ class LeRobotViewsAdapter(Adapter):
         key = self.contract.state_key
         if key is None:
             return None
-        for name in (key, "state"):
-            if isinstance(obs, Mapping) and name in obs:
-                return _state_rows(obs[name], f"observation[{name!r}]")
-        found = sorted(obs) if isinstance(obs, Mapping) else describe(obs)
-        raise ValueError(f"lerobot adapter: the checkpoint takes the robot state from {key!r}; "
-                         f"found {found}")
+        leaves = dict(_leaves(obs)) if isinstance(obs, Mapping) else {}
+        names = (self.state_key,) if self.state_key is not None else (key, "state")
+        for name in names:
+            if name in leaves:
+                return _state_rows(leaves[name], f"observation[{name!r}]")
+        found = sorted(leaves) if isinstance(obs, Mapping) else describe(obs)
+        raise ValueError(f"lerobot adapter: the checkpoint takes the robot state from "
+                         f"{names[0]!r}; found {found}")
 
     def actions(self, raw: np.ndarray) -> np.ndarray:
         raw = np.asarray(raw, dtype=np.float32)
@@ -602,13 +641,45 @@ class LeRobotViewsAdapter(Adapter):
         return raw.copy()
 
 
-def adapter_for_contract(contract: Any) -> Adapter:
+def _camera_map(declared: tuple[str, ...], image_key: str | tuple[str, ...] | None
+                ) -> dict[str, str]:
+    """The checkpoint's camera keys -> the env's (``image_key``, one per camera, in order).
+
+    >>> _camera_map(("observation.images.top", "observation.images.wrist"), ("a", "b/c"))
+    {'observation.images.top': 'a', 'observation.images.wrist': 'b/c'}
+    """
+    if image_key is None:
+        return {}
+    keys = (image_key,) if isinstance(image_key, str) else tuple(image_key)
+    if len(keys) != len(declared):
+        raise ValueError(
+            f"--image-key {','.join(keys)}: the checkpoint reads {len(declared)} camera"
+            f"{'' if len(declared) == 1 else 's'} ({', '.join(declared)}); give one observation "
+            f"key of the env per camera, in that order (--image-key "
+            f"{','.join(f'KEY{k + 1}' for k in range(len(declared)))})")
+    return dict(zip(declared, keys, strict=True))
+
+
+def adapter_for_contract(contract: Any, env_options: Mapping[str, Any] | None = None
+                         ) -> Adapter:
     """The adapter a checkpoint's declared observation contract asks for: LeRobot's view
     composition for a LeRobot folder, the official LIBERO client's conventions for a
-    cosmos-framework LIBERO export."""
+    cosmos-framework LIBERO export.
+
+    ``env_options`` are the env family's adapter options (its ``adapter_options``: the command
+    line's ``--image-key``, ``--state-key``, ``--flip``, or a preset's): a LeRobot folder's
+    cameras are mapped onto the ``image_key`` cameras (:class:`LeRobotViewsAdapter`), and a
+    contract that reads fixed cameras (LIBERO's) refuses them rather than ignore them."""
+    options = {k: v for k, v in (env_options or {}).items() if v is not None}
     if contract.convention == "lerobot":
-        return LeRobotViewsAdapter(contract)
+        return LeRobotViewsAdapter(contract, **options)
     if contract.convention == "cosmos-framework-libero":
+        if "image_key" in options:
+            raise ValueError(
+                f"--image-key {options['image_key']!r}: the checkpoint declares the official "
+                "LIBERO client's cameras (agentview_image and wrist_image, rotated 180 "
+                "degrees), which --env libero gives; another env's cameras cannot stand for "
+                "them")
         return LiberoAdapter()
     raise ValueError(f"unknown observation contract {contract.convention!r}")
 

@@ -30,6 +30,22 @@ def to_numpy(value: Any) -> Any:
     return value.detach().cpu().numpy() if is_tensor(value) else value
 
 
+def as_env_batch(obs: Observation) -> Observation:
+    """``obs`` with its env axis: one image ``[H, W, C]`` (uint8, C in 1, 3, 4, an array or
+    tensor on its own) is one env's observation, ``[1, H, W, C]``, as the pipeline reads it
+    (B = 1); anything else is already a batch and comes back as it is.
+
+    >>> as_env_batch(np.zeros((64, 128, 3), np.uint8)).shape
+    (1, 64, 128, 3)
+    >>> as_env_batch(np.zeros((2, 64, 128, 3), np.uint8)).shape
+    (2, 64, 128, 3)
+    """
+    if (is_array(obs) and obs.ndim == 3 and obs.shape[-1] in (1, 3, 4)
+            and str(obs.dtype) in ("uint8", "torch.uint8")):
+        return obs[None]
+    return obs
+
+
 def batch_size(obs: Observation) -> int:
     """B, the leading size every array in the observation shares."""
     leading = {path: arr.shape for path, arr in _arrays(obs)}

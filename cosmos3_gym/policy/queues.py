@@ -78,10 +78,6 @@ class ActionQueues:
         assert source is not None, "a non-empty queue always has a source"
         return source.record.raw_actions[source.row, source.step:source.step + count].copy()
 
-    def peek(self, env: int) -> np.ndarray:
-        """The next action of ``env``, left in its queue."""
-        return self._actions[env][0]
-
     def pop(self, env: int) -> tuple[np.ndarray, ActionSource]:
         """The next action of ``env`` and where it came from."""
         action, self._actions[env] = self._actions[env][0], self._actions[env][1:]

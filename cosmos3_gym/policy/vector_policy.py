@@ -28,6 +28,7 @@ from cosmos3_gym.policy.adapters import (
 )
 from cosmos3_gym.policy.observations import (
     Observation,
+    as_env_batch,
     batch_size,
     shapes,
     take_envs,
@@ -310,8 +311,10 @@ class VectorPolicy:
         takes the policy's root ``seed`` for every env, so the chunk is a function of the
         observation, prompt and noise alone (what LeRobot's ``noise`` argument means). To replay
         a recorded chunk of every env, pass both from its record:
-        ``action_noise=record.action_noise, seeds=record.seeds``.
+        ``action_noise=record.action_noise, seeds=record.seeds``. One image ``[H, W, C]`` is
+        one env's observation (B = 1), as the pipeline reads it.
         """
+        obs = as_env_batch(obs)
         num_envs = self._check_num_envs(batch_size(obs))
         tasks = self._resolve_tasks(prompts, num_envs, obs)
         if action_noise is not None:
@@ -332,8 +335,10 @@ class VectorPolicy:
         observation is a stale final one (docs/design.md, "The policy"), or whose episode was ended
         with :meth:`end_episodes`, gets a zero placeholder and is not planned for. ``video``
         (one bool per env) asks the chunks planned for those envs to decode their predicted
-        future too (``last_chunk_record.video``); no action changes.
+        future too (``last_chunk_record.video``); no action changes. One image ``[H, W, C]``
+        is one env's observation (B = 1).
         """
+        obs = as_env_batch(obs)
         num_envs = self._check_num_envs(batch_size(obs))
         tasks = self._resolve_tasks(prompts, num_envs, obs)
         if video is not None:
@@ -716,7 +721,7 @@ class PolicyFeed(ForwardingVectorWrapper):
         obs, info = self.env.reset(seed=seed, options=None if options is None else dict(options))
         self._refresh_tasks(mask)
         self._pending_reset[mask] = False
-        self.policy._begin_episodes(mask)
+        self.policy.reset(mask)
         return obs, info
 
     def step(self, actions: Any) -> tuple[Observation, Any, Any, Any, dict[str, Any]]:
@@ -726,14 +731,14 @@ class PolicyFeed(ForwardingVectorWrapper):
             restarted, self._pending_reset = self._pending_reset, done.copy()
             if restarted.any():  # this step was their reset step: obs is the new episode's
                 self._refresh_tasks(restarted)
-                self.policy._begin_episodes(restarted)
+                self.policy.reset(restarted)
             if done.any():  # obs is the final one; the next action is ignored
-                self.policy._end_episodes(done)
+                self.policy.end_episodes(done)
         elif self.autoreset_mode == AutoresetMode.SAME_STEP:
             if done.any():  # obs is already the new episode's
                 self._refresh_tasks(done)
-                self.policy._begin_episodes(done)
+                self.policy.reset(done)
         elif done.any():  # DISABLED: stale until the caller resets these envs
-            self.policy._end_episodes(done)
+            self.policy.end_episodes(done)
         return obs, rewards, terminations, truncations, info
 

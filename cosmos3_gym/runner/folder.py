@@ -24,6 +24,9 @@ Evaluations and rollouts write into a folder that is somebody's result, so both 
   :class:`RunMismatch`, a folder that holds another kind's files, when it opens the folder and
   before it writes anything; the identity file records the kind (``"kind"`` beside
   ``"identity"``).
+- **Someone else's folder.** A folder that is not empty and holds nothing of ours (no lock
+  file, none of :data:`RUN_KINDS`' files: ``--out docs``, a dataset, a home folder) is refused
+  with :class:`RunMismatch` before anything is written into it.
 - **Left-overs.** Temporary files that a killed single-process run left behind are removed when
   the folder is opened (failed writes remove their own: :mod:`cosmos3_gym.jsonio`).
 """
@@ -35,7 +38,6 @@ import errno
 import fcntl
 import json
 import os
-import re
 import socket
 import sys
 import time
@@ -45,9 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cosmos3_gym.jsonio import read_json_object, write_json_atomic
-
-_TMP = re.compile(r"^\..+\.(\d+)\.tmp$")
+from cosmos3_gym.jsonio import TEMPORARY, process_alive, read_json_object, write_json_atomic
 
 # The kinds of run a folder can hold, each with the files that show a folder holds one: its
 # identity file first, then its records.
@@ -134,6 +134,7 @@ class RunFolder:
         self._check_path()
         if not self.path.is_dir():
             return
+        self._check_ours()
         try:
             fd = os.open(self.lock_path, os.O_RDONLY)
         except OSError:
@@ -155,6 +156,24 @@ class RunFolder:
                     f"{self.path}: {part} is a file; expected a folder (a new one, or one this "
                     "command wrote)")
 
+    def _check_ours(self) -> None:
+        """Refuse a folder that is not empty and holds no run: no lock file (every folder a
+        run opened has one) and none of the files of :data:`RUN_KINDS`."""
+        if not self.path.is_dir() or not any(self.path.iterdir()):
+            return
+        if any(self.path.glob(".lock.rank*")) or any(
+                any(self.path.glob(p)) for patterns in RUN_KINDS.values() for p in patterns):
+            return
+        shown = sorted(p.name for p in self.path.iterdir())
+        listed = ", ".join(shown[:3]) + (", ..." if len(shown) > 3 else "")
+        raise RunMismatch(
+            f"{self.path} is not empty ({listed}) and holds no run of cosmos3-gym (no "
+            f"{self._identity_name()} or .lock.rank0); refusing to write into it. Give a new "
+            "folder, or an empty one")
+
+    def _identity_name(self) -> str:
+        return RUN_KINDS[self.kind][0] if self.kind is not None else "run files"
+
     def _in_use(self) -> str:
         return (f"{self.path} is in use by another run ({self._holder()}); wait for it to end, "
                 "or give this command another folder")
@@ -163,6 +182,7 @@ class RunFolder:
         """Create the folder if needed and take its lock; :class:`FolderInUse` if another
         process holds it, ``PermissionError`` (naming the folder) if it cannot be written."""
         self._check_path()
+        self._check_ours()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -239,11 +259,12 @@ class RunFolder:
                 f"{argv}")
 
     def remove_leftovers(self) -> list[Path]:
-        """Remove the temporary files (``.NAME.PID.tmp``) of processes that no longer run."""
+        """Remove the temporary files (``.NAME.PID.tmp``, :data:`~cosmos3_gym.jsonio.TEMPORARY`)
+        of processes that no longer run."""
         removed = []
-        for path in self.path.rglob(".*.tmp"):
-            match = _TMP.match(path.name)
-            if match is None or _alive(int(match.group(1))):
+        for path in self.path.rglob(".*.tmp*"):
+            match = TEMPORARY.match(path.name)
+            if match is None or process_alive(int(match.group(1))):
                 continue
             with contextlib.suppress(OSError):
                 path.unlink()
@@ -322,15 +343,3 @@ def _a(kind: str) -> str:
     if kind.endswith("s"):
         return kind
     return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True

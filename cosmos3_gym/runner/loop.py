@@ -156,6 +156,9 @@ class EpisodeResult:
     out_of_range_steps: int
     max_action_excess: float
     restarts: int
+    # The instruction the policy was given for the whole episode: the env's own task_description
+    # at its reset, or the prompt the schedule set (a shuffled-prompt check).
+    prompt: str
     # Steps whose action the adapter clipped into the env's bounds, and the largest distance
     # it lay outside them (the box map: ChunkRecord.clipped); 0 where nothing was clipped.
     clipped_steps: int = 0
@@ -293,6 +296,7 @@ class _Slot:
 
     def start(self, spec: EpisodeSpec, start_step: int, restarts: int = 0) -> None:
         self.spec, self.needs_reset, self.restarts = spec, True, restarts
+        self.prompt = ""  # set at its reset; an episode cut before it sent none
         self.steps = self.chunks = self.out_of_range_steps = self.clipped_steps = 0
         self.stalls = 0
         self.total_reward = self.max_excess = self.max_clip = 0.0
@@ -674,8 +678,8 @@ class EpisodeRunner:
             obs_sha256=slot.digest.hexdigest(),
             wall_time_s=time.perf_counter() - slot.started, invalid_action=invalid, error=error,
             out_of_range_steps=slot.out_of_range_steps, max_action_excess=slot.max_excess,
-            restarts=slot.restarts, clipped_steps=slot.clipped_steps, max_clip=slot.max_clip,
-            stalls=slot.stalls)
+            restarts=slot.restarts, prompt=slot.prompt, clipped_steps=slot.clipped_steps,
+            max_clip=slot.max_clip, stalls=slot.stalls)
         slot.spec = None
         slot.needs_reset = False
         mask = np.zeros(group.size, bool)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, VectorEnv
 
-from cosmos3_gym.envs.families import EvalEnv
+from cosmos3_gym.envs.base import EvalEnv
 from cosmos3_gym.policy.observations import to_numpy
 from cosmos3_gym.policy.vector_policy import VectorPolicy
 from cosmos3_gym.runner.loop import (

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from cosmos3_gym.envs.families import EvalEnv
+from cosmos3_gym.envs.base import EvalEnv
 from cosmos3_gym.jsonio import atomic_write, read_json_object, write_json_atomic
 from cosmos3_gym.policy.vector_policy import VectorPolicy
 from cosmos3_gym.runner.folder import RunFolder
@@ -270,13 +270,18 @@ def bind_rollout(folder: RunFolder, identity: dict[str, Any], state: _PartState,
 
 def _upgrade(stored: dict[str, Any]) -> dict[str, Any]:
     """A stored identity in today's terms (the command's settings as a ``--synthetic`` run
-    writes them now: :func:`~cosmos3_gym.settings.stored_model_source`)."""
+    writes them now: :func:`~cosmos3_gym.settings.stored_model_source`, latency 0 before it was
+    a setting: :func:`~cosmos3_gym.settings.stored_latency`; the env's family where its class is
+    now: :func:`~cosmos3_gym.envs.names.upgrade_env_identity`)."""
+    from cosmos3_gym.envs.names import upgrade_env_identity
     from cosmos3_gym.settings import stored_latency, stored_model_source
 
     if isinstance(stored.get("command"), dict):
         stored = {**stored, "command": stored_latency(stored_model_source(stored["command"]))}
     if isinstance(stored.get("policy"), dict):  # before real-time execution: synchronous
         stored = {**stored, "policy": {"realtime": None, **stored["policy"]}}
+    if isinstance(stored.get("env"), dict):
+        stored = {**stored, "env": upgrade_env_identity(stored["env"])}
     return stored
 
 

@@ -26,8 +26,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cosmos3_gym.envs.families import Episode, EvalEnv, derive_seed
+from cosmos3_gym.envs.base import Episode, EvalEnv, derive_seed
 from cosmos3_gym.policy.planner import SeedRule, chunk_seed
+from cosmos3_gym.seeding import repeat_seed
 
 
 @dataclass(frozen=True)
@@ -116,10 +117,6 @@ class TaskRotation:
         self._rounds = [0] * num_envs
         self._groups: dict[tuple[int, int], int] = {}
 
-    @property
-    def groups_started(self) -> int:
-        return self.first_group + len(self._groups)
-
     def next(self, slot: int) -> EpisodeSpec:
         key = (slot // self.group_size, self._rounds[slot])
         self._rounds[slot] += 1
@@ -194,16 +191,19 @@ def episode_specs(env: EvalEnv, episodes: Iterable[Episode]) -> list[EpisodeSpec
 
 
 def episode_seed_rule(global_seed: int, episode_of: Callable[[int], Episode],
-                      fresh: bool = True) -> SeedRule:
+                      fresh: bool = True, repeat: int = 0) -> SeedRule:
     """The evaluation's seed rule: chunk ``c`` of the episode with run-wide id ``k`` gets
     ``derive_seed(global_seed, task, trial, chunk=c)`` of ``episode_of(k)``, whichever env slot
-    runs it; with ``fresh=False`` (the ``fixed`` noise rule) every chunk gets ``global_seed``
-    itself (the official LIBERO server's rule: every request from seed 0)."""
+    runs it, mixed with ``repeat`` (:func:`~cosmos3_gym.seeding.repeat_seed`: repeat 0 is that
+    seed itself; ``--repeats`` reruns the same episodes with another noise draw); with
+    ``fresh=False`` (the ``fixed`` noise rule) every chunk gets ``global_seed`` itself, in every
+    repeat (the official LIBERO server's rule: every request from seed 0)."""
     if not fresh:
         return SeedRule.fixed(global_seed)
+    repeat_seed(0, repeat)  # a bad repeat is refused now, not at the first chunk
 
     def seed_of(env: int, episode: int, chunk: int) -> int:
         task, trial = episode_of(episode).key
-        return derive_seed(global_seed, task, trial, chunk)
+        return repeat_seed(derive_seed(global_seed, task, trial, chunk), repeat)
 
     return SeedRule(seed_of)
