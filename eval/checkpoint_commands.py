@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 
 from cosmos3_gym.settings import EnvSettings, ModelSettings, meaning
 
@@ -38,7 +39,8 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
 def run_inspect(model: ModelSettings, *, path: str | None, env: str | None,
                 as_json: bool) -> int:
     """``cosmos3-gym inspect``: a checkpoint folder (``path``, read with ``model``'s options)
-    or a benchmark preset (``env``)."""
+    or a benchmark preset (``env``). 0 where the folder loads as given; 1 where it is described
+    but nothing names its head (``--domain`` or ``--recipe`` would); 2 for an error."""
     if env is not None:
         if path is not None:
             raise ValueError("inspect shows a checkpoint (PATH) or a preset (--env NAME); give one")
@@ -84,6 +86,10 @@ def _checkpoint_command(model: ModelSettings, path: str, out: str | None, as_jso
         print(json.dumps(dict(rows) | {"notes": [v for k, v in rows if k == "note"]}, indent=2))
     else:
         print(render(rows))
+    if policy is None:  # described, but a run of it as given would stop at its head: not ok
+        print(f"cosmos3-gym inspect: {path} does not run as given: nothing names its action head "
+              "(the policy row says how to name it)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -197,6 +197,7 @@ def merge_shards(paths: Sequence[str | Path], out: str | Path) -> dict[str, Any]
     for path in paths:
         if Path(path).resolve() == out.resolve():
             raise MergeRefused(f"--out {out} is one of the shards; merge writes a new folder")
+    RunFolder(out, kind="evaluation").check_free()  # another kind's folder: before any shard
     shards = sorted((read_shard(Path(p)) for p in paths), key=lambda s: s.index)
     tasks, trials = check_shards(shards)
     records = sorted((r for s in shards for r in s.records),
@@ -204,7 +205,6 @@ def merge_shards(paths: Sequence[str | Path], out: str | Path) -> dict[str, Any]
     first = shards[0]
     identity = {**first.identity, "shard": None}
     session = {**first.session, "shard": None}
-    RunFolder(out, kind="evaluation").check_free()
     with RunFolder(out, kind="evaluation") as folder:
         held = results_io.read_episode_records(out)
         if held and _lines(held) != _lines(records):

@@ -77,3 +77,19 @@ def test_every_command_refuses_a_folder_of_another_kind(folders: dict[str, Path]
         # Refused before the model stack loads: the process's start-up and imports only (about
         # 0.7 s here on an idle machine; the bound leaves room for a busy one).
         assert elapsed < 4.0, (command, kind, elapsed)
+
+
+@pytest.mark.slow
+def test_merge_refuses_a_folder_of_another_kind(folders: dict[str, Path]) -> None:
+    """``merge`` writes an evaluation's folder: another kind's is refused before any shard is
+    read (the shard given here is no shard at all), in one line, changing nothing."""
+    for kind, folder in folders.items():
+        if kind == "evaluation":
+            continue
+        before = snapshot(folder)
+        done, elapsed = cli("merge", str(folders["evaluation"]), "--out", str(folder))
+        assert done.returncode == 2, (kind, done.stdout, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "holds" in lines[0] and kind in lines[0], done.stderr
+        assert snapshot(folder) == before
+        assert elapsed < 4.0, (kind, elapsed)
