@@ -196,10 +196,32 @@ def test_a_replay_takes_each_chunks_recorded_delay_and_refuses_a_chunk_it_lacks(
     recorded = {0: [5, 2, 4]}
     policy = VectorPolicy(Numbered(), adapter="generic",
                           realtime=realtime("replay:somewhere", recorded=recorded))
-    _, _, records = run(policy, 14)
+    _, _, records = run(policy, 13)
     assert [int(r.timing.delay[0]) for r in records] == [5, 2, 4]
+    # Each asked for as the recorded run did: when the queue held the previous chunk's delay.
+    assert [int(r.timing.request_step[0]) for r in records] == [0, 3, 9]
     with pytest.raises(ValueError, match="asks for its chunk 3.*holds 3 chunks"):
         run(policy, 10)
+
+
+def test_a_replay_asks_for_its_chunks_where_the_recorded_run_did() -> None:
+    """A replay expects each chunk's delay to be the previous chunk's, as the measured run it
+    repeats did: after a short last delay the env runs on, asking (replans_next, as the runner
+    does every step) only about the replanning point, never for a delay the run lacks."""
+    policy = VectorPolicy(Numbered(), adapter="generic",
+                          realtime=realtime("replay:somewhere", recorded={0: [2, 1]}))
+    obs, delays = obs_of(1), []
+    for _ in range(30):
+        policy.select_action(obs, "go")
+        if policy.last_chunk_record is not None:
+            delays.append(int(policy.last_chunk_record.timing.delay[0]))
+        if policy.replans_next().any():
+            if len(delays) == 2:
+                break
+    assert delays == [2, 1]
+    assert policy.queue_lengths[0] == 1  # asks at the previous delay (1), not before
+    with pytest.raises(ValueError, match="asks for its chunk 2.*holds 2 chunks"):
+        policy.select_action(obs, "go")
 
 
 def test_an_ended_episode_forgets_its_chunk_in_flight() -> None:

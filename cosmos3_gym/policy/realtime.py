@@ -24,8 +24,9 @@ steps of the env's episode) under this model:
 ``d`` comes from a :class:`DelayRule`: a fixed number of steps (an injected latency; two runs are
 byte-identical), each batched call's own wall time over the control period (``measured``: the
 batch size then changes every env's delay), or the delays a run recorded (``replay``). With
-``measured``, the delay a request expects (for ``K`` and ``c``) is the one the env's previous
-chunk took. Each chunk's timing is recorded (:class:`ChunkTiming`, ``ChunkRecord.timing``).
+``measured`` (and a replay of it), the delay a request expects (for ``K`` and ``c``) is the one
+the env's previous chunk took. Each chunk's timing is recorded (:class:`ChunkTiming`,
+``ChunkRecord.timing``).
 """
 
 from __future__ import annotations
@@ -197,17 +198,20 @@ class DelayRule:
             raise ValueError("a replay latency goes with its recorded delays, and only it")
 
     def expected(self, episode: int, chunk: int, previous: int) -> int:
-        """d as known before the call (``previous``: the env's previous chunk's d)."""
-        if self.latency.kind == "measured":
+        """d as known before the call (``previous``: the env's previous chunk's d). A replay
+        expects what the run it repeats expected (a measured run: the previous d; a fixed
+        latency: the previous d is that latency), so it asks for its chunks at the same steps,
+        and never asks about a chunk that run did not plan."""
+        if self.latency.kind in ("measured", "replay"):
             return previous
-        if self.latency.kind == "replay":
-            return self._recorded(episode, chunk)
         return int(self.latency.delay_steps(self.control_hz))
 
     def applied(self, episode: int, chunk: int, wall_s: float) -> int:
         """d as applied once the call returned after ``wall_s`` seconds."""
         if self.latency.kind == "measured":
             return steps_of(wall_s, float(self.control_hz))
+        if self.latency.kind == "replay":
+            return self._recorded(episode, chunk)
         return self.expected(episode, chunk, 0)
 
     def _recorded(self, episode: int, chunk: int) -> int:
