@@ -267,4 +267,11 @@ def _settings(policy: Any, env: Any, *, trials: int | None, seed: int, num_envs:
                         f"EvalEnv; found {type(env).__name__}")
     settings = EvalConfig(trials=trials, seed=seed, num_envs=num_envs, progress=progress,
                           **given)
+    arms = settings.arm_flags()
+    if arms:
+        named = " and ".join(a.lstrip("-") for a in arms)
+        raise ValueError(f"evaluate(): {named} would run arms (several evaluations in one "
+                         "folder), and this call runs one; call it once per arm, or run the arms "
+                         "with cosmos3_gym.eval.evaluate.evaluate(EvalConfig(...), out_dir) or "
+                         "`cosmos3-gym eval`")
     return settings, pipeline, adapter, eval_env

@@ -222,6 +222,9 @@ def test_the_results_object_reads_the_results_document(tiny_pipe: Cosmos3ActionP
     ("tiny", "libero:libero_10", {"suite": "libero_goal"}, ValueError, "give one"),
     ("tiny", "color_reach", {"trials": 0}, ValueError, "trials must be an integer >= 1"),
     ("tiny", "color_reach", {"shard": "2/2"}, ValueError, "shard must be 'I/N'"),
+    ("tiny", "color_reach", {"repeats": 2}, ValueError, "repeats would run arms"),
+    ("tiny", "color_reach", {"latency": "0,2steps"}, ValueError,
+     "latency 0,2steps would run arms"),
 ])
 def test_bad_arguments_are_one_error_before_anything_is_written(
         tiny_pipe: Cosmos3ActionPipeline, tmp_path: Path, policy: Any, env: Any,
