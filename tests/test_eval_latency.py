@@ -188,6 +188,11 @@ def test_an_older_folder_without_latency_settings_resumes(tmp_path: Path) -> Non
       "--prompt", "push", "--synthetic", "tiny", "--action-map", "box"],
      "declares none: give --control-hz"),
     (["--latency", "replay:/nonexistent/run"], "no evaluation there"),
+    # A sweep is one kind of arms: not crossed with the robustness arms, and never sharded.
+    (["--latency", "0,2steps", "--repeats", "2"],
+     "--latency 0,2steps with --repeats: one kind of arms at a time"),
+    (["--latency", "0,2steps", "--trials", "2", "--shard", "0/2"],
+     "--shard 0/2 with --latency 0,2steps: a shard is a share of one run's episodes"),
 ])
 def test_bad_latency_input_is_one_error_line_and_writes_nothing(tmp_path: Path, capsys, argv,
                                                                message) -> None:
@@ -198,6 +203,15 @@ def test_bad_latency_input_is_one_error_line_and_writes_nothing(tmp_path: Path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert sum("error:" in line for line in err) == 1 and message in err[-1], err
     assert not out.exists()
+
+
+def test_one_latency_with_repeats_runs_every_repeat_under_it(tmp_path: Path) -> None:
+    out = tmp_path / "floor"
+    results = evaluate(config(latency="2steps", repeats=2), out, summary=False)
+    assert list(results["arms"]) == ["repeat-0", "repeat-1"]
+    for name, arm in results["arms"].items():
+        assert arm["latency"]["chunks"] > 0 and "2 steps" in arm["latency"]["model"], name
+    assert results["noise_floor"]["pairs"] == 2
 
 
 def test_a_rollout_takes_one_latency(tmp_path: Path, capsys) -> None:
