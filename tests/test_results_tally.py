@@ -23,7 +23,8 @@ from cosmos3_gym.jsonio import append_jsonl
 TASKS = [f"suite_{s}/task_{t}" for s in "abc" for t in range(4)]
 CONTEXT = {"config": {"env": "x", "trials": 3}, "incidents": [{"kind": "crash", "time": 1.0}],
            "throughput": {"episodes": 7, "wall_s": 2.5}, "episode_budget": None,
-           "protocol": {"name": "p"}, "success_source": {"description": "info['is_success']"}}
+           "protocol": {"name": "p"}, "success_source": {"description": "info['is_success']"},
+           "latency_model": "3 steps"}
 
 
 def imagined(rng: random.Random, shift: int) -> dict:
@@ -53,6 +54,12 @@ def record(rng: random.Random, task_index: int, trial: int, *, outcome: bool,
     }
     if rng.random() < 0.8:  # older records have no clipping counts
         r["clipped_steps"] = rng.choice([0, 3])
+    if rng.random() < 0.7:  # real-time execution: stalls and each chunk's timing
+        r["stalls"] = rng.choice([0, 0, 4])
+        r["chunk_timing"] = [{"chunk": c, "delay": rng.randint(0, 6),
+                              "latency_s": rng.uniform(1e-3, 2.0), "dropped": rng.randint(0, 4),
+                              "committed": rng.choice([0, 2])}
+                             for c in range(rng.randint(0, 4))]
     return r
 
 
@@ -102,6 +109,7 @@ def test_the_streams_hold_every_kind_of_episode() -> None:
     for key in ("invalid_action_episodes", "out_of_range_episodes", "clipped_episodes",
                 "restarted_episodes", "imagined", "suite_average", "mean_return"):
         assert any(d[key] for d in documents), key
+    assert any(d["latency"]["chunks"] and d["latency"]["stalls"] for d in documents)
     assert any(d["success_rate"] is None for d in documents)  # no outcomes: no rate
     assert any(e["episodes"] == 0 for d in documents for e in d["per_task"].values())
     assert any(len(d["per_suite"]) > len({t.split("/")[0] for t in TASKS}) for d in documents)
