@@ -115,17 +115,31 @@ def make_eval_env(
 _FAMILIES_MODULE_BEFORE = "cosmos3_gym.envs.families"
 
 
-def upgrade_env_identity(stored: dict[str, Any]) -> dict[str, Any]:
+# The real-time execution settings a family holds (a GymEval's, from its preset), which an
+# identity written before real-time execution lacks.
+_REALTIME_KEYS = ("control_hz", "hold")
+
+
+def upgrade_env_identity(stored: dict[str, Any],
+                         current: dict[str, Any] | None = None) -> dict[str, Any]:
     """An env identity a run folder stored (:meth:`EvalEnv.identity`) in today's terms: a
     built-in family recorded under the module it was in before reads as the module it is in
-    now, so such a folder resumes.
+    now, so such a folder resumes. An identity written before real-time execution holds no
+    ``control_hz`` and ``hold``: its run was synchronous, where they take no part, so they read
+    as ``current``'s (the env this run makes; a run with a latency differs in its latency
+    settings all the same).
 
     >>> upgrade_env_identity({"family": "cosmos3_gym.envs.families.ColorReachEval"})["family"]
     'cosmos3_gym.envs.color_reach.ColorReachEval'
+    >>> upgrade_env_identity({"family": "x.GymEval"}, {"control_hz": 10.0, "hold": "still"})
+    {'family': 'x.GymEval', 'control_hz': 10.0, 'hold': 'still'}
     """
-    module, _, name = str(stored.get("family", "")).rpartition(".")
+    out = dict(stored)
+    if isinstance(current, dict):
+        out.update({k: current[k] for k in _REALTIME_KEYS if k in current and k not in out})
+    module, _, name = str(out.get("family", "")).rpartition(".")
     moved = {cls.__qualname__: cls for cls in (ColorReachEval, LiberoEval, MetaWorldEval, GymEval)}
     if module != _FAMILIES_MODULE_BEFORE or name not in moved:
-        return stored
+        return out
     cls = moved[name]
-    return {**stored, "family": f"{cls.__module__}.{cls.__qualname__}"}
+    return {**out, "family": f"{cls.__module__}.{cls.__qualname__}"}

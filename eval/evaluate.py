@@ -281,7 +281,7 @@ def upgrade_identity(stored: dict[str, Any], current: dict[str, Any]) -> dict[st
     if str(out.get("env", "")).startswith("maniskill"):  # before GPU simulation was chosen
         out.setdefault("simulation", {"sim_backend": "physx_cpu", "vector_env": "sub_envs"})
     if isinstance(out.get("eval_env"), dict):  # an env handed to evaluate(..., eval_env=...)
-        out["eval_env"] = upgrade_env_identity(out["eval_env"])
+        out["eval_env"] = upgrade_env_identity(out["eval_env"], current.get("eval_env"))
     return out
 
 

@@ -125,3 +125,28 @@ def test_rollouts_collect_from_a_gym_env_with_its_prompt(tmp_path) -> None:
     # clipped onto them.
     expected = np.clip((data["raw_actions"] + 1.0) * 256.0, 0.0, 512.0)
     np.testing.assert_allclose(data["actions"], expected, rtol=1e-5, atol=1e-4)
+
+
+def test_rollouts_of_a_preset_written_before_real_time_execution_resume(tmp_path) -> None:
+    """A rollout folder records its env's identity; one written before the env families
+    declared their control rate and hold (and before the split of envs/families.py) holds
+    neither, and ran synchronously: it resumes, as with the preset's values."""
+    from cosmos3_gym.runner.rollouts import PROGRESS
+
+    out = tmp_path / "roll"
+    args = ["rollout", "--env", "pusht", "--synthetic", "tiny", "--max-episode-steps", "3",
+            "--env-steps", "4", "--shard-steps", "4", "--num-envs", "2", "--no-progress",
+            "--out", str(out)]
+    assert main(args) == 0
+    document = json.loads((out / PROGRESS).read_text())
+    identity = document["identity"]
+    assert (identity["env"]["control_hz"], identity["env"]["hold"]) == (10.0, "repeat")
+    del identity["env"]["control_hz"], identity["env"]["hold"]
+    identity["env"]["family"] = "cosmos3_gym.envs.families.GymEval"
+    for key in ("latency", "replan_at", "rtc", "control_hz"):
+        del identity["command"][key]
+    del identity["policy"]["realtime"]
+    (out / PROGRESS).write_text(json.dumps(document))
+    assert main(args) == 0  # complete: bound to the upgraded identity, nothing to run
+    with pytest.raises(SystemExit):  # a latency is another run all the same
+        main([*args, "--latency", "2steps"])

@@ -265,10 +265,11 @@ def bind_rollout(folder: RunFolder, identity: dict[str, Any], state: _PartState,
     """Bind the folder to ``identity`` (refusing another run's once it holds a shard)."""
     extra = {"parts": state.parts, **({} if session is None else {"session": session})}
     folder.bind(PROGRESS, identity, bound=bool(state.shards), extra=extra,
-                what="rollouts of another command", upgrade=_upgrade)
+                what="rollouts of another command",
+                upgrade=lambda stored: _upgrade(stored, identity))
 
 
-def _upgrade(stored: dict[str, Any]) -> dict[str, Any]:
+def _upgrade(stored: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
     """A stored identity in today's terms (the command's settings as a ``--synthetic`` run
     writes them now: :func:`~cosmos3_gym.settings.stored_model_source`, latency 0 before it was
     a setting: :func:`~cosmos3_gym.settings.stored_latency`; the env's family where its class is
@@ -281,7 +282,7 @@ def _upgrade(stored: dict[str, Any]) -> dict[str, Any]:
     if isinstance(stored.get("policy"), dict):  # before real-time execution: synchronous
         stored = {**stored, "policy": {"realtime": None, **stored["policy"]}}
     if isinstance(stored.get("env"), dict):
-        stored = {**stored, "env": upgrade_env_identity(stored["env"])}
+        stored = {**stored, "env": upgrade_env_identity(stored["env"], current.get("env"))}
     return stored
 
 
