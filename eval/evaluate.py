@@ -89,7 +89,8 @@ RUN_ONLY = ("num_envs", "async_envs", "env_timeout", "overlap", "videos", "video
             "max_episode_restarts", "max_consecutive_faults", "device", "progress", "precision",
             "allow_normalized_actions")
 # The settings that make one run several arms (eval/arms.py): an arm's own settings hold none of
-# them, so each arm is the evaluation its settings alone would make.
+# them, so each arm is the evaluation its settings alone would make. (A latency sweep's arms
+# each set latency to one of its values: EvalConfig.arm_flags.)
 ARM_SETTINGS = ("perturbations", "repeats")
 # --videos: the env's frames, or the model's input and predicted future beside them.
 VIDEO_KINDS = ("env", "imagined")
@@ -709,8 +710,9 @@ def evaluate(
 ) -> dict[str, Any] | None:
     """Run (or resume) an evaluation into ``out_dir`` and return its results.json document
     (every rank of a torchrun launch); with ``summary`` rank 0 prints its table (the one
-    ``cosmos3-gym eval`` prints). Settings that make arms (``perturbations``, ``repeats``) run
-    them all into ``out_dir`` (:mod:`~cosmos3_gym.eval.arms`; rank 0 returns their document).
+    ``cosmos3-gym eval`` prints). Settings that make arms (``perturbations``, ``repeats``, a
+    comma list of ``latency`` values: :func:`arms_of`) run them all into ``out_dir``
+    (:mod:`~cosmos3_gym.eval.arms`; rank 0 returns their document).
     From a training loop, :func:`cosmos3_gym.evaluate` takes the model and the env themselves
     and keeps the caller's state.
 
