@@ -511,7 +511,8 @@ class LatencySettings:
         "synchronous protocol), a duration (150ms, 0.3s: steps at the env's control rate, "
         "rounded up), a step count (3steps), measured (each batched call's own wall time) or "
         "replay:DIR (the delays an evaluation in DIR recorded); a comma list runs each value as "
-        "an arm of one run folder, the first the control (eval)", group="latency",
+        "an arm of one run folder, the control 0 where the list holds it, else its first value "
+        "(eval)", group="latency",
         parse=latency_values, metavar="LATENCY")
     replan_at: int | None = setting(
         None, "ask for the next chunk when this many actions are left in an env's queue "
