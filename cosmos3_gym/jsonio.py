@@ -78,18 +78,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     and the error raised (an ``OSError`` naming ``path``); ``path`` is untouched."""
     path = Path(path)
     tmp = temporary_name(path, path.suffix)
-    try:
+    with _renamed_over(path, tmp):
         yield tmp
-        _fsync(tmp)
-        os.replace(tmp, path)
-    except OSError as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise _naming(err, path, tmp) from None
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
 
 
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
@@ -99,11 +89,17 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> None:
     is untouched."""
     path = Path(path)
     tmp = temporary_name(path)
+    with _renamed_over(path, tmp), open(tmp, "wb") as f:
+        write(f)
+
+
+@contextlib.contextmanager
+def _renamed_over(path: Path, tmp: Path) -> Iterator[None]:
+    """The block writes ``tmp``; then it is fsynced and renamed over ``path``. On any failure
+    ``tmp`` is removed and the error raised (an ``OSError`` naming ``path``)."""
     try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
+        yield
+        _fsync(tmp)
         os.replace(tmp, path)
     except OSError as err:
         with contextlib.suppress(OSError):
