@@ -69,15 +69,19 @@ def meaning(help_text: str) -> str:
 # ---------------------------------------------------------------------- readers for the CLI
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
+def _int_at_least(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"expected an integer >= 1; found {text!r}") from None
-    if value < 1:
-        raise ValueError(f"expected an integer >= 1; found {value}")
+        raise ValueError(f"expected an integer >= {low}; found {text!r}") from None
+    if value < low:
+        raise ValueError(f"expected an integer >= {low}; found {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    return _int_at_least(text, 1)
 
 
 def seed_value(text: str) -> int:
@@ -93,13 +97,7 @@ def seed_value(text: str) -> int:
 
 def nonnegative_int(text: str) -> int:
     """An integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"expected an integer >= 0; found {text!r}") from None
-    if value < 0:
-        raise ValueError(f"expected an integer >= 0; found {value}")
-    return value
+    return _int_at_least(text, 0)
 
 
 def positive_number(text: str) -> float:
