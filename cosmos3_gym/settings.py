@@ -538,5 +538,6 @@ class LatencySettings:
             given = [flag for flag, on in (("--rtc", self.rtc),
                                            ("--replan-at", self.replan_at is not None)) if on]
             if given:
-                raise ValueError(f"{' and '.join(given)} shape real-time execution; with "
-                                 "--latency 0 the env waits for every chunk. Give a --latency")
+                raise ValueError(f"{' and '.join(given)} shape{'s' if len(given) == 1 else ''} "
+                                 "real-time execution; with --latency 0 the env waits for every "
+                                 "chunk. Give a --latency")

@@ -182,7 +182,7 @@ def test_an_older_folder_without_latency_settings_resumes(tmp_path: Path) -> Non
     (["--latency", "fast"], "latency 'fast': expected 0, a duration"),
     (["--latency", "4steps", "--rtc"], "as long as a chunk or longer"),
     (["--latency", "2steps", "--rtc", "--sampler", "flow_sde"], "cannot take committed action"),
-    (["--rtc"], "--rtc shape real-time execution; with --latency 0"),
+    (["--rtc"], "--rtc shapes real-time execution; with --latency 0"),
     (["--latency", "2steps", "--replan-at", "-1"], "expected an integer >= 0"),
     (["--latency", "150ms", "--env", "gym:gym_pusht/PushT-v0", "--import", "gym_pusht",
       "--prompt", "push", "--synthetic", "tiny", "--action-map", "box"],
