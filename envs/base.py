@@ -61,10 +61,19 @@ class Episode:
     trial: int
     seed: int  # env reset seed
     init_state_id: int | None
+    # The name the episode's seeds derive from (its env seed, its chunks' noise): the task's,
+    # but where a family says two tasks are one episode seen two ways (a LIBERO-PRO perturbation
+    # of a task and the task), theirs is one name, so an arm and its control get the same seeds.
+    seed_task: str = ""
 
     @property
     def key(self) -> tuple[str, int]:
         return self.task, self.trial
+
+    @property
+    def seed_key(self) -> tuple[str, int]:
+        """``(name, trial)`` the episode's seeds derive from (:attr:`seed_task`)."""
+        return self.seed_task or self.task, self.trial
 
 
 class EpisodeSet(Sequence[Episode]):
@@ -194,14 +203,22 @@ class EvalEnv:
     def episode(self, task_index: int, trial: int, global_seed: int) -> Episode:
         """Trial ``trial`` of task ``task_index``, as every run of ``global_seed`` has it."""
         task = self.tasks[task_index]
+        seed_task = self.seed_task(task_index)
         return Episode(
             task=task,
             task_index=task_index,
             suite=self.task_suite(task_index),
             trial=trial,
-            seed=derive_seed(global_seed, task, trial),
+            seed=derive_seed(global_seed, seed_task, trial),
             init_state_id=self.init_state_id(trial),
+            seed_task=seed_task,
         )
+
+    def seed_task(self, task_index: int) -> str:
+        """The name task ``task_index``'s seeds derive from: its own name; a family whose
+        tasks come in variants of one episode (a perturbed suite beside its control) names the
+        control's, so both draw the same seeds."""
+        return self.tasks[task_index]
 
     def init_state_id(self, trial: int) -> int | None:
         return None

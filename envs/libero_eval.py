@@ -18,6 +18,7 @@ from .libero import (
     libero_max_episode_steps,
     make_libero_vector_env,
 )
+from .libero_pro import base_suite
 from .libero_suites import check_libero_tasks, libero_num_tasks, libero_task_description
 
 LIBERO_INIT_STATES_PER_TASK = 50
@@ -142,6 +143,13 @@ class LiberoEval(EvalEnv):
 
     def task_suite(self, task_index: int) -> str:
         return self.pairs[task_index][0]
+
+    def seed_task(self, task_index: int) -> str:
+        """A LIBERO-PRO perturbed suite's task draws its base suite's task's seeds
+        (``libero_10_lan/3`` those of ``libero_10/3``): the perturbation arm pairs with its
+        control on the same env seed and noise. The standard suites' are their own names."""
+        suite, task = self.pairs[task_index]
+        return f"{base_suite(suite)}/{task}"
 
     def task_prompt(self, task_index: int) -> str:
         return libero_task_description(*self.pairs[task_index])

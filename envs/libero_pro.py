@@ -12,7 +12,6 @@ episodes by task index): :func:`check_aligned` verifies it on the tasks a run ta
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -120,14 +119,16 @@ def perturbed_suite(suite: str, name: str) -> str:
     return f"{suite}_{found.suffix}"
 
 
-_SCENE_PREFIX = re.compile(r"^[A-Z0-9_]*SCENE\d+_")
+def base_suite(suite: str) -> str:
+    """The suite a LIBERO-PRO suite perturbs (``libero_10_lan`` -> ``libero_10``); any other
+    suite is its own.
 
-
-def task_key(name: str) -> str:
-    """A LIBERO task's file-name stem without its scene prefix: the same for a task and its
-    perturbations (the `_with_*` suites prefix another scene's name).
-
-    >>> task_key("MAIN_TABLE_SCENE1_put_both_the_alphabet_soup_and_the_tomato_sauce_in_the_basket")
-    'put_both_the_alphabet_soup_and_the_tomato_sauce_in_the_basket'
+    >>> base_suite("libero_10_lan"), base_suite("libero_goal_with_red_stick")
+    ('libero_10', 'libero_goal')
+    >>> base_suite("libero_10")
+    'libero_10'
     """
-    return _SCENE_PREFIX.sub("", name)
+    for base in sorted(BASE_SUITES, key=len, reverse=True):
+        if suite.startswith(base + "_"):
+            return base
+    return suite

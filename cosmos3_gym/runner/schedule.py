@@ -203,7 +203,7 @@ def episode_seed_rule(global_seed: int, episode_of: Callable[[int], Episode],
     repeat_seed(0, repeat)  # a bad repeat is refused now, not at the first chunk
 
     def seed_of(env: int, episode: int, chunk: int) -> int:
-        task, trial = episode_of(episode).key
+        task, trial = episode_of(episode).seed_key
         return repeat_seed(derive_seed(global_seed, task, trial, chunk), repeat)
 
     return SeedRule(seed_of)
