@@ -164,6 +164,13 @@ def test_each_variant_s_action_width_is_the_env_s(capsys) -> None:
     for preset in PRESETS.values():
         assert preset.action_dim, f"{preset.name} declares no action width"
         variants = preset.variants if preset.family != "metaworld" else preset.variants[:1]
+        if preset.name == "robosuite":
+            from cosmos3_gym.envs.robotics import robosuite_unavailable
+
+            if robosuite_unavailable() is not None:  # it builds, with other controllers
+                unchecked.append(f"robosuite ({robosuite_unavailable()}; checked in "
+                                 "tests/test_robosuite.py under .ci/robosuite)")
+                continue
         for v in variants:
             try:
                 space = make_eval_env(f"{preset.name}:{v.task}",

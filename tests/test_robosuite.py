@@ -40,6 +40,13 @@ def _cube_position(env: gym.Env) -> np.ndarray:
     return suite.sim.data.body_xpos[suite.cube_body_id].copy()
 
 
+def test_the_action_width_is_the_one_the_preset_declares(lift) -> None:
+    """The Panda's OSC_POSE arm and its gripper: what the presets table and ``inspect --env``
+    show (tests/test_presets.py cannot check it in the main venv, where robosuite builds with
+    other controllers)."""
+    assert lift.action_space.shape == (PRESETS["robosuite"].action_dim_of("lift"),)
+
+
 @pytest.mark.slow
 def test_a_random_episode_that_reaches_the_horizon_is_truncated_not_a_success(lift) -> None:
     lift.reset(seed=0)
