@@ -304,3 +304,12 @@ def test_every_docs_run_has_its_own_out() -> None:
     shared = {out: [where for where, _ in seen] for out, seen in runs.items()
               if len({repr(run) for _, run in seen}) > 1}
     assert not shared, f"different runs share an --out: {shared}"
+
+
+def test_no_page_holds_a_placeholder_for_a_measurement() -> None:
+    """A line that is one upper-case token alone (``COSTS_SHARDS``, ``MEASURED-TABLES``) is a
+    slot a writer meant to fill with measured numbers: a page never ships one."""
+    slots = [f"{page.relative_to(ROOT)}:{n}" for page in PAGES
+             for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+             if re.fullmatch(r"[A-Z][A-Z0-9_-]{5,}", line.strip())]
+    assert slots == [], slots
