@@ -634,3 +634,30 @@ def test_more_ranks_than_groups_is_refused(monkeypatch: pytest.MonkeyPatch,
     with pytest.raises(ValueError, match="each of the 4 ranks needs at least one group"):
         grpo.run_grpo(grpo.GRPOConfig(groups=2, out=str(tmp_path / "o")))
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"lr_warmup": -1}, "lr_warmup must be an integer >= 0; found -1"),
+    ({"target_kl": 0.0}, "target_kl must be"),
+    ({"advantages": "median"}, "advantages must be one of"),
+])
+def test_the_update_knobs_are_refused_where_every_setting_is(given, message) -> None:
+    """The settings' own declarations hold the knobs' rules (check_settings, as for every
+    setting), for the Python API and the command line alike."""
+    from cosmos3_gym.train.config import GRPOConfig
+
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(**given)
+
+
+def test_a_negative_warmup_is_one_error_line_before_anything_runs(tmp_path: Path,
+                                                                  capsys) -> None:
+    from cosmos3_gym.eval.cli import main
+
+    out = tmp_path / "grpo"
+    with pytest.raises(SystemExit) as stop:
+        main(["rl", "grpo", "--lr-warmup", "-1", "--out", str(out)])
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "error:" in lines[-1] and "--lr-warmup" in lines[-1] and ">= 0" in lines[-1], lines
+    assert not out.exists()

@@ -14,7 +14,9 @@ from cosmos3_gym.settings import (
     ModelSettings,
     RuntimeSettings,
     check_settings,
+    nonnegative_int,
     positive_int,
+    positive_number,
     seed_value,
     setting,
 )
@@ -237,11 +239,12 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
                         "warmup (docs/rl.md: 3e-4 collapsed on ColorReach)", group="rl")
     lr_warmup: int = setting(
         10, "optimiser steps over which the learning rate rises linearly to --lr (Adam's first "
-        "steps move every weight by about lr, whatever its gradient)", group="rl", parse=int)
+        "steps move every weight by about lr, whatever its gradient)", group="rl",
+        parse=nonnegative_int)
     target_kl: float | None = setting(
         None, "end an iteration's update early once a minibatch's approx_kl (the sampling "
         "policy against the updated one) exceeds this: a trust region per iteration; default: "
-        "no limit", group="rl")
+        "no limit", group="rl", parse=positive_number)
     advantages: str = setting(
         "group", "an episode's advantage: group (its reward minus its group's mean, over the "
         "group's standard deviation), mean (minus the group's mean only) or batch (minus the "

@@ -344,7 +344,6 @@ def run_grpo(cfg: GRPOConfig, progress: bool = True, run: Any = None
     given)."""
     from cosmos3_gym.eval.distributed import destroy_process_group, init_process_group
 
-    check_algorithm(cfg)
     run = run if run is not None else cfg.preflight()
     cfg, rank, device = run.settings, run.rank, run.runtime.device
     if cfg.threads is not None:
@@ -500,17 +499,6 @@ def _finish(cfg: GRPOConfig, learner: Learner, curve: list[dict[str, Any]], out:
 
 # Settings added since the first GRPO folders, as those runs had them.
 _ADDED_SETTINGS = {"lr_warmup": 0, "target_kl": None, "advantages": "group"}
-
-
-def check_algorithm(cfg: GRPOConfig) -> None:
-    """The algorithm's settings that the config's own checks do not cover; changes nothing."""
-    if isinstance(cfg.lr_warmup, bool) or not isinstance(cfg.lr_warmup, int) \
-            or cfg.lr_warmup < 0:
-        raise ValueError(f"lr_warmup must be an integer >= 0; found {cfg.lr_warmup!r}")
-    if cfg.target_kl is not None and not cfg.target_kl > 0:
-        raise ValueError(f"target_kl must be > 0 (or None: no limit); found {cfg.target_kl}")
-    if cfg.advantages not in ADVANTAGES:
-        raise ValueError(f"advantages must be one of {ADVANTAGES}; found {cfg.advantages!r}")
 
 
 # ---------------------------------------------------------------------- set-up
