@@ -64,7 +64,7 @@ class Episode:
     # The name the episode's seeds derive from (its env seed, its chunks' noise): the task's,
     # but where a family says two tasks are one episode seen two ways (a LIBERO-PRO perturbation
     # of a task and the task), theirs is one name, so an arm and its control get the same seeds.
-    seed_task: str = ""
+    seed_task: str
 
     @property
     def key(self) -> tuple[str, int]:
@@ -73,7 +73,7 @@ class Episode:
     @property
     def seed_key(self) -> tuple[str, int]:
         """``(name, trial)`` the episode's seeds derive from (:attr:`seed_task`)."""
-        return self.seed_task or self.task, self.trial
+        return self.seed_task, self.trial
 
 
 class EpisodeSet(Sequence[Episode]):
