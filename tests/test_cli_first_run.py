@@ -81,8 +81,11 @@ def test_rerunning_a_finished_eval_prints_its_stored_results(checkpoint, tmp_pat
 # records says "blocked" on stdout and waits: the test interrupts it there, with an episode in
 # flight. It waits on the word, not on a clock.
 _CLI_THAT_BLOCKS_AFTER_TWO_EPISODES = """
-import sys, threading
+import signal, sys, threading
 from pathlib import Path
+# A Python started with SIGINT ignored (a background job, nohup) never turns it into
+# KeyboardInterrupt: restore the handler a terminal's Ctrl-C reaches, which this test imitates.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from cosmos3_gym.eval.cli import main
 from cosmos3_gym.pipeline import Cosmos3ActionPipeline
 
@@ -110,7 +113,7 @@ def test_ctrl_c_ends_with_one_line_and_the_same_command_resumes(checkpoint, tmp_
         said = proc.stdout.readline()  # returns at the word, or at the run's end (EOF)
         assert said == "blocked\n", f"the run ended before it could be interrupted: {said!r}"
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate()
+        stdout, stderr = proc.communicate(timeout=300)  # a run deaf to SIGINT fails, not hangs
     finally:
         proc.kill()
         proc.wait()
