@@ -91,7 +91,8 @@ def run(preset: str, *, device: str, train: str, groups: int, group_size: int, s
     members = torch.arange(len(batch["episode_id"])) % group_size
     batch["episode_success"] = members % 2 == 0
     batch["episode_finished"][:] = True
-    signal = grpo.batch_signal(batch, group_size, "success")
+    signal = grpo.batch_signal(batch, group_size, cfg.reward, cfg.advantages,
+                               aggregate=cfg.aggregate)
     result["chunks_with_signal"] = len(signal.rows)
     save()
     if dev.type == "cuda":

@@ -111,6 +111,38 @@ def positive_number(text: str) -> float:
     return value
 
 
+def ratio_above_one(text: str) -> float | None:
+    """A ratio > 1, or ``none`` (off).
+
+    >>> ratio_above_one("3"), ratio_above_one("none")
+    (3.0, None)
+    """
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number > 1 or none; found {text!r}") from None
+    if not 1 < value < float("inf"):
+        raise ValueError(f"expected a finite number > 1 or none; found {text!r}")
+    return value
+
+
+def sde_steps_value(text: str) -> str | tuple[int, ...]:
+    """``--sde-steps``: ``random``, ``all`` or comma-separated step indices.
+
+    >>> sde_steps_value("2,3"), sde_steps_value("all")
+    ((2, 3), 'all')
+    """
+    if text in ("random", "all"):
+        return text
+    try:
+        return tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise ValueError(f"expected 'random', 'all' or comma-separated step indices; found "
+                         f"{text!r}") from None
+
+
 def latency_values(text: str) -> str:
     """``--latency``: one latency or a comma list, in its canonical spelling
     (:func:`~cosmos3_gym.policy.realtime.parse_latencies`).
@@ -214,6 +246,11 @@ RULES: dict[Callable[[str], Any], tuple[Callable[[Any], bool], str]] = {
     nonnegative_int: (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
     positive_number: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
                       and 0 < v < float("inf"), "a finite number > 0"),
+    ratio_above_one: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                      and 1 < v < float("inf"), "a finite number > 1 (or None: off)"),
+    sde_steps_value: (lambda v: v in ("random", "all") or (
+        isinstance(v, (list, tuple)) and bool(v) and all(_is_int(x) and x >= 0 for x in v)
+        and len(set(v)) == len(v)), "random, all or distinct step indices >= 0"),
     latency_values: (lambda v: isinstance(v, str) and _reads(latency_values, v),
                      "0, a duration (150ms, 0.3s), a step count (3steps), measured or "
                      "replay:DIR, or several comma-separated"),

@@ -120,6 +120,21 @@ def test_the_learning_rate_warms_up_over_the_first_steps(checkpoint: Path) -> No
     assert seen == pytest.approx([2.5e-5, 5e-5, 7.5e-5, 1e-4, 1e-4, 1e-4])
 
 
+
+def test_the_learning_rate_halves_every_half_life_after_the_warmup(checkpoint: Path) -> None:
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
+    learner = grpo.Learner(pipe, grpo.GRPOConfig(checkpoint=str(checkpoint), lr=1e-4,
+                                                 lr_warmup=2, lr_half_life=2))
+    seen = []
+    for _ in range(7):
+        seen.append(learner.learning_rate())
+        for p in learner.masters.params:
+            p.grad = torch.zeros_like(p)
+        learner.step()
+    assert seen == pytest.approx([5e-5, 1e-4, 1e-4, 1e-4 / 2 ** 0.5, 5e-5, 5e-5 / 2 ** 0.5,
+                                  2.5e-5])
+
+
 def test_batch_advantages_share_one_scale_across_the_groups() -> None:
     """``batch``: each group's differences from its mean, over their root mean square across the
     iteration's groups that disagree; ``mean``: the differences alone."""
@@ -135,6 +150,44 @@ def test_batch_advantages_share_one_scale_across_the_groups() -> None:
     scaled = grpo.batch_signal(batch, 2, "success", "batch")
     assert scaled.advantages.tolist() == pytest.approx([1.0, -1.0, 1.0, -1.0], abs=1e-5)
     assert scaled.rows.tolist() == [0, 1, 4, 5] and scaled.stats["silent_groups"] == 1
+
+
+def test_episode_aggregation_weighs_every_episode_as_much_as_any_other() -> None:
+    """A failure that ran to the time limit (4 chunks) and a success that ended early (1 chunk):
+    ``chunk`` counts the failure 4 times as much, ``episode`` gives each episode's chunks one
+    share, equal for the two episodes, the weights still averaging 1 over the chunks."""
+    batch = {"episode_finished": torch.ones(4, dtype=torch.bool),
+             "episode_group": torch.tensor([0, 0, 1, 1]),
+             "episode_success": torch.tensor([True, False, True, False]),
+             "episode_return": torch.tensor([1.0, 0.0, 1.0, 0.0]),
+             "episode_id": torch.arange(4),
+             "chunk_episode": torch.tensor([0, 1, 1, 1, 1, 2, 2, 3, 3]),
+             "chunk_index": torch.tensor([0, 0, 1, 2, 3, 0, 1, 0, 1]),
+             "chunk_log_prob": torch.zeros(9)}
+    chunk = grpo.batch_signal(batch, 2, "success", aggregate="chunk")
+    assert chunk.weights.tolist() == [1.0] * 9
+    episode = grpo.batch_signal(batch, 2, "success", aggregate="episode")
+    per_episode = torch.zeros(4).index_add_(0, batch["chunk_episode"], episode.weights)
+    assert per_episode.tolist() == pytest.approx([9 / 4] * 4)
+    assert float(episode.weights.mean()) == pytest.approx(1.0)
+    # What the loss adds up over the group of the early success and the long failure: chunk
+    # weighting pushes the failure down 4 times as hard as it pulls the success up.
+    signed = (chunk.advantages * chunk.weights)[:5].sum()
+    assert float(signed) == pytest.approx(1.0 - 4.0, abs=1e-4)
+    assert float((episode.advantages * episode.weights)[:5].sum()) == pytest.approx(0.0, abs=1e-4)
+
+
+@pytest.mark.parametrize(("dual_clip", "grads"), [(None, [-1.0, -1.0, 0.0]),
+                                                  (3.0, [0.0, -1.0, 0.0])])
+def test_the_dual_clip_stops_a_bad_chunk_the_update_made_far_likelier(dual_clip, grads) -> None:
+    """Negative advantages at ratios 5, 2 and 0.5: PPO's clip stops the chunk already made
+    unlikely (0.5 < 0.8) but not the one made 5 times likelier, whose term -5 grows without
+    bound; the dual clip holds it at 3 x A, without gradient, and leaves the ratio 2 alone."""
+    ratio = torch.tensor([5.0, 2.0, 0.5], requires_grad=True)
+    objective = grpo.surrogate(ratio, torch.tensor([-1.0, -1.0, -1.0]), 0.2, dual_clip)
+    objective.sum().backward()
+    assert ratio.grad.tolist() == grads
+    assert objective.tolist()[0] == (-5.0 if dual_clip is None else -3.0)
 
 
 def test_groups_split_over_ranks_are_the_episodes_of_the_whole_iteration() -> None:
@@ -640,6 +693,9 @@ def test_more_ranks_than_groups_is_refused(monkeypatch: pytest.MonkeyPatch,
     ({"lr_warmup": -1}, "lr_warmup must be an integer >= 0; found -1"),
     ({"target_kl": 0.0}, "target_kl must be"),
     ({"advantages": "median"}, "advantages must be one of"),
+    ({"aggregate": "token"}, "aggregate must be one of"),
+    ({"dual_clip": 1.0}, "dual_clip must be a finite number > 1"),
+    ({"lr_half_life": 0}, "lr_half_life must be an integer >= 1"),
 ])
 def test_the_update_knobs_are_refused_where_every_setting_is(given, message) -> None:
     """The settings' own declarations hold the knobs' rules (check_settings, as for every

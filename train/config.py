@@ -17,6 +17,8 @@ from cosmos3_gym.settings import (
     nonnegative_int,
     positive_int,
     positive_number,
+    ratio_above_one,
+    sde_steps_value,
     seed_value,
     setting,
 )
@@ -177,6 +179,7 @@ STATE_PREFIX = "state-"
 EVALS = "evals"
 REWARDS = ("success", "return")
 ADVANTAGES = ("group", "mean", "batch")
+AGGREGATES = ("episode", "chunk")
 
 
 def _positive_or_none(text: str) -> int | None:
@@ -199,7 +202,7 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
     seed: int = setting(
         0, "the run's root seed; the training episodes, their noise and the minibatch order "
         "derive from it and the iteration", group="rl", parse=seed_value)
-    iterations: int = setting(60, "GRPO iterations (collect, then update); a run's length is "
+    iterations: int = setting(120, "GRPO iterations (collect, then update); a run's length is "
                               "its iterations (docs/rl.md measures them over seeds)", group="rl",
                               parse=positive_int)
     group_size: int = setting(
@@ -218,6 +221,11 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
     noise_level: float = setting(
         0.5, "the stochastic steps' noise level (flow_sde, flow_cps); RLinf's default",
         group="sampler")
+    sde_steps: str | tuple[int, ...] = setting(
+        "random", "which denoising steps are stochastic (flow_sde, flow_cps): random (one per "
+        "chunk, from its seed), all, or step indices such as 2,3; a chunk's log-probability is "
+        "that of its stochastic steps, which each update scores",
+        group="sampler", parse=sde_steps_value)
     num_inference_steps: int | None = setting(
         None, "denoising steps per chunk (default: the checkpoint's)", group="sampler",
         flag="denoising-steps", parse=positive_int)
@@ -241,6 +249,10 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         10, "optimiser steps over which the learning rate rises linearly to --lr (Adam's first "
         "steps move every weight by about lr, whatever its gradient)", group="rl",
         parse=nonnegative_int)
+    lr_half_life: int | None = setting(
+        None, "optimiser steps after the warmup over which the learning rate halves (an "
+        "exponential decay: late steps move the policy less); default: constant", group="rl",
+        parse=positive_int)
     target_kl: float | None = setting(
         None, "end an iteration's update early once a minibatch's approx_kl (the sampling "
         "policy against the updated one) exceeds this: a trust region per iteration; default: "
@@ -250,7 +262,18 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         "group's standard deviation), mean (minus the group's mean only) or batch (minus the "
         "group's mean, over the standard deviation of those differences across the iteration)",
         group="rl", choices=ADVANTAGES)
+    aggregate: str = setting(
+        "episode", "how the loss weighs chunks: episode (an episode's chunks share one weight, "
+        "equal for every episode, as GRPO averages a sequence's tokens: a failure that runs to "
+        "the time limit counts as much as a success that ends early) or chunk (every chunk "
+        "counts once)", group="rl", choices=AGGREGATES)
     clip: float = setting(0.2, "PPO's clip on the chunk probability ratio", group="rl")
+    dual_clip: float | None = setting(
+        None, "PPO's second clip (dual-clip PPO; verl's clip_ratio_c is 3): a chunk with a "
+        "negative advantage whose probability ratio passes this counts as this ratio, with no "
+        "gradient, so one chunk the update made far likelier cannot steer it; must be > 1; "
+        "default: off (docs/rl.md measured no gain on ColorReach)", group="rl",
+        parse=ratio_above_one)
     kl_coef: float = setting(
         0.0, "weight of a KL term to the base policy (the k3 estimate on each chunk; LoRA's "
         "reference is the base with adapters off, full fine-tuning keeps a frozen copy); 0: "

@@ -76,6 +76,23 @@ def group_advantages(returns: torch.Tensor, groups: torch.Tensor,
     return adv
 
 
+def surrogate(ratio: torch.Tensor, adv: torch.Tensor, clip: float,
+              dual_clip: float | None) -> torch.Tensor:
+    """PPO's clipped surrogate per chunk, ``min(r·A, clip(r, 1 − clip, 1 + clip)·A)``; with
+    ``dual_clip`` c, a negative advantage's term is at least ``c·A`` (dual-clip PPO): a chunk
+    the update made far likelier than it was sampled stops pushing, as the first clip already
+    stops a chunk of positive advantage.
+
+    >>> r, a = torch.tensor([0.5, 1.5, 5.0, 5.0]), torch.tensor([1.0, 1.0, 1.0, -1.0])
+    >>> surrogate(r, a, 0.25, None).tolist(), surrogate(r, a, 0.25, 3.0).tolist()
+    ([0.5, 1.25, 1.25, -5.0], [0.5, 1.25, 1.25, -3.0])
+    """
+    objective = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
+    if dual_clip is not None:
+        objective = torch.where(adv < 0, torch.maximum(objective, dual_clip * adv), objective)
+    return objective
+
+
 def iteration_seed(seed: int, iteration: int, stream: int) -> int:
     """A 63-bit seed for one random stream of one iteration (0: the minibatch order)."""
     state = np.random.SeedSequence([int(seed), int(iteration), int(stream)]).generate_state(
@@ -91,16 +108,18 @@ class Signal:
     rows: np.ndarray  # rows of the batch's chunk arrays
     keys: np.ndarray  # int64 [N, 2]: (run-wide episode id, chunk index), the run-wide order
     advantages: torch.Tensor  # [N]
+    weights: torch.Tensor  # [N]: each chunk's share of the loss (1 per chunk on average)
     old_log_prob: torch.Tensor  # [N]
     stats: dict[str, float]
 
 
 def batch_signal(batch: dict[str, Any], group_size: int, reward: str, advantages: str = "group",
-                 dp: DataParallel | None = None) -> Signal:
+                 dp: DataParallel | None = None, aggregate: str = "episode") -> Signal:
     """Group-relative advantages of the complete groups (every member finished) of a batch, and
     the chunks that carry a non-zero one. ``advantages="batch"`` divides the differences from
     the group means by their root mean square over every rank's episodes of groups that
-    disagree."""
+    disagree. ``aggregate`` weighs the chunks in the loss (:func:`chunk_weights`)."""
+    dp = dp or DataParallel(0, 1)
     finished = batch["episode_finished"]
     groups = batch["episode_group"]
     returns = (batch["episode_success"].float() if reward == "success"
@@ -119,7 +138,7 @@ def batch_signal(batch: dict[str, Any], group_size: int, reward: str, advantages
         for g in torch.unique(groups[complete]):
             members = groups == g
             informative |= members & bool((adv_ep[members] != 0).any())
-        totals = (dp or DataParallel(0, 1)).all_sum(
+        totals = dp.all_sum(
             {"square": float((adv_ep[informative] ** 2).sum()),
              "count": float(informative.sum())})
         if totals["count"]:
@@ -141,8 +160,30 @@ def batch_signal(batch: dict[str, Any], group_size: int, reward: str, advantages
                                    if (adv_ep[groups == g] == 0).all())),
         "chunks_with_signal": float(rows.size),
     }
-    return Signal(rows, keys.astype(np.int64), adv_ep[chunk_ep_row][rows],
+    weights = chunk_weights(chunk_episode[rows], aggregate, dp)
+    return Signal(rows, keys.astype(np.int64), adv_ep[chunk_ep_row][rows], weights,
                   batch["chunk_log_prob"][rows], stats)
+
+
+def chunk_weights(episodes: torch.Tensor, aggregate: str, dp: DataParallel | None = None
+                  ) -> torch.Tensor:
+    """Each chunk's weight in the loss, from the episode each belongs to (run-wide ids).
+    ``chunk``: 1 each, so an episode weighs as many chunks as it ran. ``episode``: an episode's
+    chunks share one weight, equal for every episode (GRPO's mean over a sequence's tokens, then
+    over sequences), scaled so the weights still average 1 over every rank's chunks: a failure
+    that runs to the time limit no longer outweighs a success that ended early.
+
+    >>> [round(w, 4) for w in chunk_weights(torch.tensor([7, 7, 7, 9]), "episode").tolist()]
+    [0.6667, 0.6667, 0.6667, 2.0]
+    >>> chunk_weights(torch.tensor([7, 7, 7, 9]), "chunk").tolist()
+    [1.0, 1.0, 1.0, 1.0]
+    """
+    if aggregate == "chunk" or episodes.numel() == 0:
+        return torch.ones(episodes.numel())
+    ids, index, counts = torch.unique(episodes, return_inverse=True, return_counts=True)
+    totals = (dp or DataParallel(0, 1)).all_sum(
+        {"chunks": float(episodes.numel()), "episodes": float(ids.numel())})
+    return (totals["chunks"] / totals["episodes"]) / counts[index].float()
 
 
 def update(learner: Learner, batch: dict[str, Any], signal: Signal, iteration: int,
@@ -188,17 +229,17 @@ def update(learner: Learner, batch: dict[str, Any], signal: Signal, iteration: i
                 idx = np.asarray(mine[m : m + microbatch], np.int64)
                 new = score(idx)
                 old, adv = signal.old_log_prob[idx], signal.advantages[idx]
+                weight = signal.weights[idx]
                 log_ratio = (new - old).clamp(-20.0, 20.0)
                 ratio = torch.exp(log_ratio)
-                objective = torch.minimum(ratio * adv,
-                                          ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv)
+                objective = surrogate(ratio, adv, cfg.clip, cfg.dual_clip)
                 if ref is not None:
                     # k3: exp(ref − new) − (ref − new) − 1 >= 0, unbiased under the new policy.
                     d = (ref[idx] - new).clamp(-20.0, 20.0)
                     kl = torch.exp(d) - d - 1
                     objective = objective - cfg.kl_coef * kl
                     part_sums["kl_ref"] += float(kl.detach().sum())
-                loss = -objective.sum() / size
+                loss = -(weight * objective).sum() / size
                 loss.backward()
                 with torch.no_grad():
                     part_sums["loss"] += float(loss.detach())
@@ -247,11 +288,14 @@ class Learner:
         self.frozen = self.trainable.frozen_copy() if cfg.kl_coef > 0 else None
 
     def learning_rate(self) -> float:
-        """``lr`` for the next step: a linear warmup over the first ``lr_warmup`` steps."""
-        done = self.steps_taken()
-        if self.cfg.lr_warmup > 0 and done < self.cfg.lr_warmup:
-            return self.cfg.lr * (done + 1) / self.cfg.lr_warmup
-        return self.cfg.lr
+        """``lr`` for the next step: a linear warmup over the first ``lr_warmup`` steps, then
+        constant, or halving every ``lr_half_life`` steps after the warmup."""
+        done, cfg = self.steps_taken(), self.cfg
+        if cfg.lr_warmup > 0 and done < cfg.lr_warmup:
+            return cfg.lr * (done + 1) / cfg.lr_warmup
+        if cfg.lr_half_life is not None:
+            return cfg.lr * 0.5 ** ((done - cfg.lr_warmup) / cfg.lr_half_life)
+        return cfg.lr
 
     def steps_taken(self) -> int:
         """Optimiser steps taken so far in the run (AdamW's own count, saved with its state)."""
@@ -380,7 +424,8 @@ def _run(run: Any, progress: bool, budget: int, folder: Any) -> dict[str, Any] |
               f"{sum(p.numel() for p in learner.model.parameters()):,} parameters; memory "
               f"estimate per device: {estimate.table()}", flush=True)
     sampling = SamplerConfig(sampler=cfg.sampler, noise_level=cfg.noise_level,
-                             num_inference_steps=cfg.num_inference_steps, noise="per_chunk")
+                             sde_steps=cfg.sde_steps, num_inference_steps=cfg.num_inference_steps,
+                             noise="per_chunk")
     bar = progress_bar(enabled=progress and rank.is_main, total=cfg.iterations,
                        initial=first - 1, desc="grpo", unit="it")
     try:
@@ -403,7 +448,8 @@ def _run(run: Any, progress: bool, budget: int, folder: Any) -> dict[str, Any] |
             batch = collect_on_policy(policy, envs, budget, eval_env=eval_env,
                                       schedule=schedule, env_timeout=cfg.env_timeout)
             # 2. Advantages.
-            signal = batch_signal(batch, cfg.group_size, cfg.reward, cfg.advantages, dp)
+            signal = batch_signal(batch, cfg.group_size, cfg.reward, cfg.advantages, dp,
+                                  cfg.aggregate)
             t1 = time.perf_counter()
             # 3. Update.
             lr = learner.learning_rate()
@@ -498,7 +544,8 @@ def _finish(cfg: GRPOConfig, learner: Learner, curve: list[dict[str, Any]], out:
 
 
 # Settings added since the first GRPO folders, as those runs had them.
-_ADDED_SETTINGS = {"lr_warmup": 0, "target_kl": None, "advantages": "group"}
+_ADDED_SETTINGS = {"lr_warmup": 0, "target_kl": None, "advantages": "group", "aggregate": "chunk",
+                   "dual_clip": None, "lr_half_life": None, "sde_steps": "random"}
 
 
 # ---------------------------------------------------------------------- set-up

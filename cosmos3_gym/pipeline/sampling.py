@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cosmos3_gym.settings import setting
+from cosmos3_gym.settings import sde_steps_value, setting
 
 DETERMINISTIC_SAMPLER = "flow_unipc"
 SAMPLERS = (DETERMINISTIC_SAMPLER, "flow_sde", "flow_cps")
@@ -44,16 +44,6 @@ def unscorable(head: Any, *, state_rows: bool, guidance_interval: Any,
                      "steps are defined on the official FlowUniPC)")
     return found
 NOISE_RULES = ("per_chunk", "fixed")
-
-
-def _steps(text: str) -> str | tuple[int, ...]:
-    if text in ("random", "all"):
-        return text
-    try:
-        return tuple(int(t) for t in text.split(","))
-    except ValueError:
-        raise ValueError(f"expected 'random', 'all' or comma-separated step indices; found "
-                         f"{text!r}") from None
 
 
 def _interval(text: str) -> tuple[float, float]:
@@ -96,7 +86,7 @@ class SamplerConfig:
     sde_steps: str | tuple[int, ...] = setting(
         "random", "which denoising steps are stochastic (flow_sde, flow_cps): random (one per "
         "chunk, from its seed), all, or step indices such as 2,3", group="sampler",
-        parse=_steps)
+        parse=sde_steps_value)
     noise: str | None = setting(
         None, "the noise rule: per_chunk (fresh starting noise for every chunk, from its seed) "
         "or fixed (every chunk from the run's seed, as the official server runs); none: "
