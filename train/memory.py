@@ -251,6 +251,16 @@ def preset_estimate(preset: str, train: str, *, lora_rank: int = 16, microbatch:
         checkpointing=checkpointing, text_trains=train == "full")
 
 
+def stochastic_steps(cfg: Any, default_steps: int) -> int:
+    """How many denoising steps each chunk's scoring forward runs with gradients: one for
+    ``--sde-steps random``, every stochastic step for ``all`` or a list of indices."""
+    from cosmos3_gym.pipeline.sde import StochasticSampling
+
+    steps = cfg.sde_steps if isinstance(cfg.sde_steps, str) else tuple(cfg.sde_steps)
+    sampling = StochasticSampling(cfg.sampler, cfg.noise_level, steps)
+    return len(sampling.steps_for(0, cfg.num_inference_steps or default_steps))
+
+
 def run_estimate(learner: Any, cfg: Any, eval_env: Any, envs: Any, adapter: Any, device: Any,
                  rollout_batch: int) -> MemoryEstimate:
     """This rank's training memory for a GRPO run (``learner``: its pipeline and what trains,
@@ -272,7 +282,8 @@ def run_estimate(learner: Any, cfg: Any, eval_env: Any, envs: Any, adapter: Any,
         trained_in_fp32=not learner.masters.copies and all(
             p.dtype == torch.float32 for p in trained.parameters()),
         dtype_bytes=pipe.transformer.dtype.itemsize, tokens=tokens, microbatch=microbatch,
-        stochastic_steps=1, rollout_batch=rollout_batch,
+        stochastic_steps=stochastic_steps(cfg, pipe.policy.num_inference_steps),
+        rollout_batch=rollout_batch,
         lora_rank=cfg.lora_rank if cfg.train == "lora" else 0,
         checkpointing=cfg.gradient_checkpointing,
         kl_reference_params=trained.fully_trained_count if cfg.kl_coef > 0 else 0,
