@@ -107,32 +107,27 @@ def test_the_trust_region_ends_the_update_once_the_policy_has_moved(checkpoint: 
             checkpoint, trainable=True).transformer.state_dict())
 
 
-def test_the_learning_rate_warms_up_over_the_first_steps(checkpoint: Path) -> None:
+def _learning_rates(checkpoint: Path, steps: int, **settings) -> list[float]:
+    """The learning rate of each of ``steps`` optimiser steps (on zero gradients)."""
     pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
-    learner = grpo.Learner(pipe, grpo.GRPOConfig(checkpoint=str(checkpoint), lr=1e-4,
-                                                 lr_warmup=4))
+    learner = grpo.Learner(pipe, grpo.GRPOConfig(checkpoint=str(checkpoint), **settings))
     seen = []
-    for _ in range(6):
+    for _ in range(steps):
         seen.append(learner.learning_rate())
         for p in learner.masters.params:
             p.grad = torch.zeros_like(p)
         learner.step()
-    assert seen == pytest.approx([2.5e-5, 5e-5, 7.5e-5, 1e-4, 1e-4, 1e-4])
+    return seen
 
+
+def test_the_learning_rate_warms_up_over_the_first_steps(checkpoint: Path) -> None:
+    assert _learning_rates(checkpoint, 6, lr=1e-4, lr_warmup=4) == pytest.approx(
+        [2.5e-5, 5e-5, 7.5e-5, 1e-4, 1e-4, 1e-4])
 
 
 def test_the_learning_rate_halves_every_half_life_after_the_warmup(checkpoint: Path) -> None:
-    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
-    learner = grpo.Learner(pipe, grpo.GRPOConfig(checkpoint=str(checkpoint), lr=1e-4,
-                                                 lr_warmup=2, lr_half_life=2))
-    seen = []
-    for _ in range(7):
-        seen.append(learner.learning_rate())
-        for p in learner.masters.params:
-            p.grad = torch.zeros_like(p)
-        learner.step()
-    assert seen == pytest.approx([5e-5, 1e-4, 1e-4, 1e-4 / 2 ** 0.5, 5e-5, 5e-5 / 2 ** 0.5,
-                                  2.5e-5])
+    assert _learning_rates(checkpoint, 7, lr=1e-4, lr_warmup=2, lr_half_life=2) == \
+        pytest.approx([5e-5, 1e-4, 1e-4, 1e-4 / 2 ** 0.5, 5e-5, 5e-5 / 2 ** 0.5, 2.5e-5])
 
 
 def test_batch_advantages_share_one_scale_across_the_groups() -> None:
