@@ -602,8 +602,8 @@ def test_every_step_stochastic_scores_back_on_gpu_and_trains(tmp_path) -> None:
     assert any(float(p.grad.abs().sum()) > 0 for p in trainable.parameters()
                if p.grad is not None)
     run = tmp_path / "grpo"
-    assert main(["rl", "grpo", "--sde-steps", "all", "--device", "cuda", "--iterations", "2",
-                 "--groups", "2", "--group-size", "4", "--num-envs", "8", "--eval-trials", "2",
+    assert main(["rl", "grpo", "--sde-steps", "all", "--device", "cuda", "--iterations", "1",
+                 "--groups", "2", "--group-size", "4", "--num-envs", "8", "--eval-trials", "1",
                  "--env-kwargs", '{"max_speed": 0.28}', "--no-progress",
                  "--out", str(run)]) == 0
     curve = json.loads((run / "curve.json").read_text())["curve"]
