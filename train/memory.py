@@ -254,10 +254,9 @@ def preset_estimate(preset: str, train: str, *, lora_rank: int = 16, microbatch:
 def stochastic_steps(cfg: Any, default_steps: int) -> int:
     """How many denoising steps each chunk's scoring forward runs with gradients: one for
     ``--sde-steps random``, every stochastic step for ``all`` or a list of indices."""
-    from cosmos3_gym.pipeline.sde import StochasticSampling
+    from cosmos3_gym.pipeline.sde import stochastic_sampling
 
-    steps = cfg.sde_steps if isinstance(cfg.sde_steps, str) else tuple(cfg.sde_steps)
-    sampling = StochasticSampling(cfg.sampler, cfg.noise_level, steps)
+    sampling = stochastic_sampling(cfg.sampler, cfg.noise_level, cfg.sde_steps, None)
     return len(sampling.steps_for(0, cfg.num_inference_steps or default_steps))
 
 
