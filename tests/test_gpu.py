@@ -576,9 +576,9 @@ def test_maniskill_simulates_on_the_gpu_from_the_command_line(tmp_path, monkeypa
 
 
 def test_every_step_stochastic_scores_back_on_gpu_and_trains(tmp_path) -> None:
-    """``rl grpo --sde-steps all`` on CUDA: a chunk's recomputed log-probability over its eight
-    Gaussian steps equals the recorded one (the on-policy ratio the update starts from is 1),
-    gradients reach the weights, and a short run finishes with finite update statistics and the
+    """``rl grpo --sde-steps all --ratio step`` on CUDA: a chunk's recomputed log-probability
+    over its eight Gaussian steps equals the recorded one (the on-policy ratio the update starts
+    from is 1), per step too, gradients reach the weights, and a short run finishes with finite update statistics and the
     memory estimate's device check passed."""
     import json
 
@@ -601,8 +601,13 @@ def test_every_step_stochastic_scores_back_on_gpu_and_trains(tmp_path) -> None:
     log_prob.sum().backward()
     assert any(float(p.grad.abs().sum()) > 0 for p in trainable.parameters()
                if p.grad is not None)
+    steps = chunk_log_prob(pipe, out.stochastic, prompts, model=trainable, per_step=True)
+    assert steps.shape == (4, pipe.policy.num_inference_steps)  # --ratio step's scores
+    np.testing.assert_allclose(steps.sum(1).detach().cpu().numpy(), out.stochastic.log_prob,
+                               rtol=0, atol=1e-3)
     run = tmp_path / "grpo"
-    assert main(["rl", "grpo", "--sde-steps", "all", "--device", "cuda", "--iterations", "1",
+    assert main(["rl", "grpo", "--sde-steps", "all", "--ratio", "step", "--device", "cuda",
+                 "--iterations", "1",
                  "--groups", "2", "--group-size", "4", "--num-envs", "8", "--eval-trials", "1",
                  "--env-kwargs", '{"max_speed": 0.28}', "--no-progress",
                  "--out", str(run)]) == 0

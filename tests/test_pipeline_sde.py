@@ -3,6 +3,7 @@ sampling time and recomputed under the weights, and the deterministic sampler le
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -124,6 +125,18 @@ def test_recomputed_log_probs_equal_the_recorded_ones(pipe, trainable, sampler, 
     grads = [p.grad for p in trainable.parameters() if p.grad is not None]
     assert grads and any(float(g.abs().sum()) > 0 for g in grads)
     trainable.zero_grad(set_to_none=True)
+    # Per step (--ratio step): one column per stochastic step, each the score of a record that
+    # kept that step alone; together the chunk's.
+    steps = chunk_log_prob(pipe, record, prompts, model=trainable, per_step=True).detach()
+    assert steps.shape == record.steps.shape
+    np.testing.assert_allclose(steps.sum(1).numpy(), record.log_prob, rtol=0, atol=1e-5)
+    for k in range(record.steps.shape[1]):
+        alone = dataclasses.replace(record, **{
+            name: getattr(record, name)[:, k : k + 1] for name in (
+                "steps", "sigmas", "timesteps", "vision", "actions_before", "actions_after")})
+        np.testing.assert_allclose(
+            steps[:, k].numpy(), chunk_log_prob(pipe, alone, prompts).detach().numpy(),
+            rtol=0, atol=1e-5)
 
 
 def test_log_prob_counts_the_executed_actions_and_real_dims_only(pipe, trainable) -> None:

@@ -5,6 +5,7 @@ data-parallel update, what trains (train/trainable.py), and the memory estimate
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import socket
@@ -52,14 +53,14 @@ def _masters(out: Path) -> dict[str, torch.Tensor]:
     return load_file(grpo_state.state_dirs(out)[-1] / "trained.safetensors")
 
 
-def _iteration(pipe: Cosmos3ActionPipeline) -> dict:
+def _iteration(pipe: Cosmos3ActionPipeline, sde_steps: str = "random") -> dict:
     """Two groups of two 3-step episodes; in each group one episode is the better one (a random
     policy rarely succeeds by itself)."""
     from cosmos3_gym.policy import VectorPolicy
 
     eval_env = ColorReachEval(image_size=32, max_episode_steps=3)
     envs = eval_env.make(4, False, autoreset_mode=AutoresetMode.DISABLED)
-    policy = VectorPolicy(pipe, num_inference_steps=3, sampler="flow_sde",
+    policy = VectorPolicy(pipe, num_inference_steps=3, sampler="flow_sde", sde_steps=sde_steps,
                           seed_rule=schedule.group_seed_rule(0))
     batch = onpolicy.collect_on_policy(policy, envs, 3, eval_env=eval_env,
                                        schedule=GroupEpisodes(eval_env, 0, [0, 1], 2))
@@ -90,6 +91,60 @@ def test_an_update_moves_the_weights_towards_the_better_episodes(checkpoint: Pat
     chunk_adv = adv[batch["chunk_episode"] - int(batch["episode_id"].min())]
     # The chunks of the better episodes became likelier relative to the worse ones'.
     assert float(((new - old) * chunk_adv).sum()) > 0
+
+
+def test_per_step_ratios_move_the_weights_towards_the_better_episodes(checkpoint: Path) -> None:
+    """--ratio step on chunks whose every step is stochastic: each step's log-probability is
+    scored on its own, and the update makes the better episodes' chunks likelier."""
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
+    cfg = grpo.GRPOConfig(checkpoint=str(checkpoint), group_size=2, groups=2, epochs=1,
+                          minibatch=64, lr=1e-3, lr_warmup=0, sde_steps="all", ratio="step")
+    learner = grpo.Learner(pipe, cfg)
+    batch = _iteration(pipe, sde_steps="all")
+    record = onpolicy.stochastic_record(batch)
+    assert record.steps.shape[1] == 3
+    signal = grpo.batch_signal(batch, 2, "success")
+    with torch.no_grad():
+        old = chunk_log_prob(pipe, record, batch["chunk_prompts"], per_step=True)
+    sums = grpo.update(learner, batch, signal, 1, cfg, DataParallel(0, 1))
+    assert sums["steps"] == 1 and sums["scored"] == len(signal.rows)
+    with torch.no_grad():
+        new = chunk_log_prob(pipe, record, batch["chunk_prompts"], per_step=True)
+    adv = grpo.group_advantages(batch["episode_success"].float(), batch["episode_group"])
+    chunk_adv = adv[batch["chunk_episode"] - int(batch["episode_id"].min())]
+    assert float(((new - old).sum(1) * chunk_adv).sum()) > 0
+
+
+def test_one_stochastic_step_makes_per_step_and_chunk_ratios_one_update(checkpoint: Path
+                                                                       ) -> None:
+    """Under --sde-steps random a chunk has one stochastic step: its ratio is the chunk's, and
+    --ratio step takes the step --ratio chunk takes (the per-step scores start from the
+    weights' own scoring, the chunk's from the record: equal to rounding)."""
+    masters = {}
+    for ratio in ("chunk", "step"):
+        pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
+        cfg = grpo.GRPOConfig(checkpoint=str(checkpoint), group_size=2, groups=2, epochs=2,
+                              minibatch=64, lr=1e-3, lr_warmup=0, ratio=ratio)
+        learner = grpo.Learner(pipe, cfg)
+        batch = _iteration(pipe)
+        grpo.update(learner, batch, grpo.batch_signal(batch, 2, "success"), 1, cfg,
+                    DataParallel(0, 1))
+        masters[ratio] = [p.detach().clone() for p in learner.masters.params]
+    for a, b in zip(masters["chunk"], masters["step"], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_per_step_clipping_keeps_the_steps_a_chunk_clip_would_stop() -> None:
+    """Eight steps each made 1.05 times likelier: the chunk's ratio 1.48 is past a 0.2 clip (no
+    gradient), each step's is inside it (each pushes, an eighth of the chunk's objective)."""
+    log_ratio = torch.full((1, 8), math.log(1.05), requires_grad=True)
+    grpo.surrogate(torch.exp(log_ratio.sum(1)), torch.ones(1), 0.2, None).sum().backward()
+    assert float(log_ratio.grad.abs().sum()) == 0.0
+    log_ratio.grad = None
+    objective = grpo.surrogate(torch.exp(log_ratio), torch.ones(1), 0.2, None)
+    objective.sum().backward()
+    assert objective.tolist() == pytest.approx([1.05])
+    assert log_ratio.grad.flatten().tolist() == pytest.approx([1.05 / 8] * 8)
 
 
 def test_the_trust_region_ends_the_update_once_the_policy_has_moved(checkpoint: Path) -> None:
@@ -701,6 +756,7 @@ def test_more_ranks_than_groups_is_refused(monkeypatch: pytest.MonkeyPatch,
     ({"target_kl": 0.0}, "target_kl must be"),
     ({"advantages": "median"}, "advantages must be one of"),
     ({"aggregate": "token"}, "aggregate must be one of"),
+    ({"ratio": "token"}, "ratio must be one of"),
     ({"dual_clip": 1.0}, "dual_clip must be a finite number > 1"),
     ({"lr_half_life": 0}, "lr_half_life must be an integer >= 1"),
 ])

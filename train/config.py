@@ -180,6 +180,7 @@ EVALS = "evals"
 REWARDS = ("success", "return")
 ADVANTAGES = ("group", "mean", "batch")
 AGGREGATES = ("episode", "chunk")
+RATIOS = ("chunk", "step")
 
 
 def _positive_or_none(text: str) -> int | None:
@@ -267,7 +268,13 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         "equal for every episode, as GRPO averages a sequence's tokens: a failure that runs to "
         "the time limit counts as much as a success that ends early) or chunk (every chunk "
         "counts once)", group="rl", choices=AGGREGATES)
-    clip: float = setting(0.2, "PPO's clip on the chunk probability ratio", group="rl")
+    ratio: str = setting(
+        "chunk", "what PPO's probability ratio is taken of: chunk (the chunk's, the product over "
+        "its stochastic steps) or step (each stochastic denoising step's own, clipped on its own "
+        "and averaged over the chunk's steps, as Flow-GRPO scores each step of the denoising "
+        "chain); the same under --sde-steps random (one step per chunk)", group="rl",
+        choices=RATIOS)
+    clip: float = setting(0.2, "PPO's clip on the probability ratio", group="rl")
     dual_clip: float | None = setting(
         None, "PPO's second clip (dual-clip PPO; verl's clip_ratio_c is 3): a chunk with a "
         "negative advantage whose probability ratio passes this counts as this ratio, with no "

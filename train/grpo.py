@@ -81,16 +81,21 @@ def surrogate(ratio: torch.Tensor, adv: torch.Tensor, clip: float,
     """PPO's clipped surrogate per chunk, ``min(r·A, clip(r, 1 − clip, 1 + clip)·A)``; with
     ``dual_clip`` c, a negative advantage's term is at least ``c·A`` (dual-clip PPO): a chunk
     the update made far likelier than it was sampled stops pushing, as the first clip already
-    stops a chunk of positive advantage.
+    stops a chunk of positive advantage. Ratios ``[n, K]``, one per stochastic step of each
+    chunk (``--ratio step``): each step's term as above, the chunk's objective their mean.
 
     >>> r, a = torch.tensor([0.5, 1.5, 5.0, 5.0]), torch.tensor([1.0, 1.0, 1.0, -1.0])
     >>> surrogate(r, a, 0.25, None).tolist(), surrogate(r, a, 0.25, 3.0).tolist()
     ([0.5, 1.25, 1.25, -5.0], [0.5, 1.25, 1.25, -3.0])
+    >>> surrogate(torch.tensor([[1.1, 1.1], [1.5, 1.0]]), torch.ones(2), 0.25, None).tolist()
+    [1.100000023841858, 1.125]
     """
+    per_step = ratio.ndim == 2
+    adv = adv[:, None] if per_step else adv
     objective = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
     if dual_clip is not None:
         objective = torch.where(adv < 0, torch.maximum(objective, dual_clip * adv), objective)
-    return objective
+    return objective.mean(1) if per_step else objective
 
 
 def iteration_seed(seed: int, iteration: int, stream: int) -> int:
@@ -205,17 +210,30 @@ def update(learner: Learner, batch: dict[str, Any], signal: Signal, iteration: i
     prompts = batch["chunk_prompts"]
     params = learner.masters.params
 
+    per_step = cfg.ratio == "step"
+
     def score(idx: np.ndarray) -> torch.Tensor:
+        """[n] chunk log-probabilities, or [n, K] per stochastic step under ``--ratio step``."""
         rows = signal.rows[idx]
         return chunk_log_prob(learner.pipe, stochastic_record(batch, rows),
-                              [prompts[r] for r in rows], model=learner.model)
+                              [prompts[r] for r in rows], model=learner.model,
+                              per_step=per_step)
+
+    def score_all() -> torch.Tensor:
+        """Every signal chunk of this rank, without gradients, a microbatch at a time."""
+        n = len(signal.rows)
+        with torch.no_grad():
+            return torch.cat([score(np.arange(m, min(m + microbatch, n)))
+                              for m in range(0, n, microbatch)]) if n else torch.zeros(0)
 
     ref = None
     if cfg.kl_coef > 0:  # the reference does not move: scored once per iteration
-        with torch.no_grad(), learner.reference():
-            ref = torch.cat([score(np.arange(m, min(m + microbatch, len(signal.rows))))
-                             for m in range(0, len(signal.rows), microbatch)]) \
-                if len(signal.rows) else torch.zeros(0)
+        with learner.reference():
+            ref = score_all()
+        ref = ref.sum(-1) if per_step and ref.ndim == 2 else ref
+    # The record keeps each chunk's log-probability, not its steps': --ratio step scores the
+    # steps once under the weights that sampled them (an update has not moved them yet).
+    old_all = score_all() if per_step else signal.old_log_prob
     for _ in range(cfg.epochs):
         order = torch.randperm(total, generator=generator).numpy()
         for start in range(0, total, cfg.minibatch):
@@ -227,15 +245,15 @@ def update(learner: Learner, batch: dict[str, Any], signal: Signal, iteration: i
                          "scored": 0.0}
             for m in range(0, len(mine), microbatch):
                 idx = np.asarray(mine[m : m + microbatch], np.int64)
-                new = score(idx)
-                old, adv = signal.old_log_prob[idx], signal.advantages[idx]
+                new = score(idx)  # [n], or [n, K] under --ratio step
+                old, adv = old_all[idx], signal.advantages[idx]
                 weight = signal.weights[idx]
                 log_ratio = (new - old).clamp(-20.0, 20.0)
                 ratio = torch.exp(log_ratio)
                 objective = surrogate(ratio, adv, cfg.clip, cfg.dual_clip)
                 if ref is not None:
                     # k3: exp(ref − new) − (ref − new) − 1 >= 0, unbiased under the new policy.
-                    d = (ref[idx] - new).clamp(-20.0, 20.0)
+                    d = (ref[idx] - (new.sum(1) if per_step else new)).clamp(-20.0, 20.0)
                     kl = torch.exp(d) - d - 1
                     objective = objective - cfg.kl_coef * kl
                     part_sums["kl_ref"] += float(kl.detach().sum())
@@ -243,8 +261,11 @@ def update(learner: Learner, batch: dict[str, Any], signal: Signal, iteration: i
                 loss.backward()
                 with torch.no_grad():
                     part_sums["loss"] += float(loss.detach())
-                    part_sums["clipped"] += float(((ratio - 1).abs() > cfg.clip).float().sum())
-                    # k3 of the sampling policy against the current one (PPO's diagnostic).
+                    # Per chunk: the share of its ratios clipped; k3 of the sampling policy
+                    # against the current one (PPO's diagnostic), summed over a chunk's steps.
+                    clipped = ((ratio - 1).abs() > cfg.clip).float()
+                    part_sums["clipped"] += float(clipped.mean(1).sum() if per_step
+                                                  else clipped.sum())
                     part_sums["approx_kl"] += float((torch.exp(-log_ratio) + log_ratio - 1).sum())
                     part_sums["scored"] += len(idx)
             if cfg.target_kl is not None:
@@ -545,7 +566,8 @@ def _finish(cfg: GRPOConfig, learner: Learner, curve: list[dict[str, Any]], out:
 
 # Settings added since the first GRPO folders, as those runs had them.
 _ADDED_SETTINGS = {"lr_warmup": 0, "target_kl": None, "advantages": "group", "aggregate": "chunk",
-                   "dual_clip": None, "lr_half_life": None, "sde_steps": "random"}
+                   "dual_clip": None, "lr_half_life": None, "sde_steps": "random",
+                   "ratio": "chunk"}
 
 
 # ---------------------------------------------------------------------- set-up

@@ -316,10 +316,11 @@ class StochasticRecord:
 
 def chunk_log_prob(
     pipe: Any, record: StochasticRecord, prompts: Sequence[str], *,
-    model: torch.nn.Module | None = None,
+    model: torch.nn.Module | None = None, per_step: bool = False,
 ) -> torch.Tensor:
     """Recompute ``record``'s log-probabilities under ``model``'s current weights: fp32 ``[B]``,
-    with gradients where ``model`` has them (call it outside ``torch.inference_mode``).
+    with gradients where ``model`` has them (call it outside ``torch.inference_mode``);
+    ``per_step=True``: fp32 ``[B, K]``, each stochastic step's own (they sum to the chunk's).
 
     ``pipe`` is the :class:`~cosmos3_gym.pipeline.Cosmos3ActionPipeline` whose prompt stage and
     policy head sampled the chunks (the captions are rebuilt from ``prompts`` exactly as it
@@ -349,7 +350,7 @@ def chunk_log_prob(
         flow_shift=float(record.settings["flow_shift"]), progress=False,
     )
     device, dtype = model.device, model.dtype
-    out = torch.zeros(b, dtype=torch.float32, device=device)
+    out = torch.zeros(b, record.steps.shape[1], dtype=torch.float32, device=device)
     # Rows of one canvas share a caption format: one text pass and one forward per step each.
     canvases: dict[tuple[int, int], list[int]] = {}
     for r, (h, w) in enumerate(record.image_hw.tolist()):
@@ -360,7 +361,7 @@ def chunk_log_prob(
                         prompts=[prompts[r] for r in rows], seeds=[], plan=plan)
         ids, mask = pipe.prompt.tokenize(mb, params)
         text = model.encode_text(ids.to(device), mask.to(device))
-        part = torch.zeros(len(rows), dtype=torch.float32, device=device)
+        part = []
         for k in range(record.steps.shape[1]):
             vision = torch.from_numpy(record.vision[rows, k]).to(device)
             before = torch.from_numpy(record.actions_before[rows, k]).to(device)
@@ -406,6 +407,6 @@ def chunk_log_prob(
             mean = torch.cat(means)
             mask = torch.from_numpy(record.action_mask[rows]).to(device)
             std = torch.tensor(stds, dtype=torch.float32, device=device).view(n, 1, 1)
-            part = part + gaussian_log_prob(after, mean, std, mask)
-        out = out.index_put((torch.tensor(rows, device=device),), part)
-    return out
+            part.append(gaussian_log_prob(after, mean, std, mask))
+        out = out.index_put((torch.tensor(rows, device=device),), torch.stack(part, dim=1))
+    return out if per_step else out.sum(dim=1)
