@@ -156,3 +156,37 @@ def test_tiny_checkpoint_runs_chunks_in_metaworld(tmp_path) -> None:
             assert list(infos["steps_executed"]) == [4, 4]
     finally:
         envs.close()
+
+
+def test_without_shadows_the_scene_is_the_same_in_other_frames_and_bad_values_are_refused(
+) -> None:
+    """``shadows=False`` (software GL renders about 5x faster) turns off the lights' shadow maps
+    only: the same state, other but close frames; the family takes it from --env-kwargs and
+    hands it to every env it makes. Anything but a bool is refused."""
+    from cosmos3_gym.envs import make_eval_env
+
+    frames, states, envs = {}, {}, []
+    for shadows in (True, False):
+        env = MetaWorldEnv("reach-v3", image_size=64, shadows=shadows)
+        envs.append(env)
+        obs, _ = env.reset(options={"layout_id": 2})
+        frames[shadows], states[shadows] = obs["image"], obs["state"]
+        assert bool(env._sim.model.light_castshadow.any()) == shadows
+    try:
+        np.testing.assert_array_equal(states[True], states[False])
+        assert not np.array_equal(frames[True], frames[False])
+        assert np.abs(frames[True].astype(int) - frames[False]).mean() < 30
+    finally:
+        for env in envs:
+            env.close()
+    family = make_eval_env("metaworld", tasks=["reach-v3"], image_size=64,
+                           env_kwargs={"shadows": False})
+    vector = family.make(1, False)
+    try:
+        assert vector.get_attr("shadows") == (False,)
+    finally:
+        vector.close()
+    with pytest.raises(ValueError, match="shadows must be true or false; found 'no'"):
+        MetaWorldEnv("reach-v3", shadows="no")
+    with pytest.raises(ValueError, match="takes \\['shadows'\\] only"):
+        make_eval_env("metaworld", env_kwargs={"light": 0})

@@ -578,8 +578,8 @@ def test_maniskill_simulates_on_the_gpu_from_the_command_line(tmp_path, monkeypa
 def test_every_step_stochastic_scores_back_on_gpu_and_trains(tmp_path) -> None:
     """``rl grpo --sde-steps all --ratio step`` on CUDA: a chunk's recomputed log-probability
     over its eight Gaussian steps equals the recorded one (the on-policy ratio the update starts
-    from is 1), per step too, gradients reach the weights, and a short run finishes with finite update statistics and the
-    memory estimate's device check passed."""
+    from is 1), per step too, gradients reach the weights, and a short run finishes with
+    finite update statistics and the memory estimate's device check passed."""
     import json
 
     from cosmos3_gym.eval.cli import main
