@@ -128,6 +128,24 @@ def ratio_above_one(text: str) -> float | None:
     return value
 
 
+def unit_fraction(text: str) -> float | None:
+    """A number strictly between 0 and 1, or ``none`` (off).
+
+    >>> unit_fraction("0.9"), unit_fraction("none")
+    (0.9, None)
+    """
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number between 0 and 1 or none; found {text!r}") from None
+    if not 0 < value < 1:
+        raise ValueError(f"expected a number between 0 and 1 (both excluded) or none; found "
+                         f"{text!r}")
+    return value
+
+
 def sde_steps_value(text: str) -> str | tuple[int, ...]:
     """``--sde-steps``: ``random``, ``all`` or comma-separated step indices.
 
@@ -248,6 +266,8 @@ RULES: dict[Callable[[str], Any], tuple[Callable[[Any], bool], str]] = {
                       and 0 < v < float("inf"), "a finite number > 0"),
     ratio_above_one: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
                       and 1 < v < float("inf"), "a finite number > 1 (or None: off)"),
+    unit_fraction: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                    and 0 < v < 1, "a number between 0 and 1, both excluded (or None: off)"),
     sde_steps_value: (lambda v: v in ("random", "all") or (
         isinstance(v, (list, tuple)) and bool(v) and all(_is_int(x) and x >= 0 for x in v)
         and len(set(v)) == len(v)), "random, all or distinct step indices >= 0"),

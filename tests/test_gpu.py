@@ -606,8 +606,9 @@ def test_every_step_stochastic_scores_back_on_gpu_and_trains(tmp_path) -> None:
     np.testing.assert_allclose(steps.sum(1).detach().cpu().numpy(), out.stochastic.log_prob,
                                rtol=0, atol=1e-3)
     run = tmp_path / "grpo"
-    assert main(["rl", "grpo", "--sde-steps", "all", "--ratio", "step", "--device", "cuda",
-                 "--iterations", "1",
+    # --ema too: the average lives beside the trained weights on the device.
+    assert main(["rl", "grpo", "--sde-steps", "all", "--ratio", "step", "--ema", "0.9",
+                 "--device", "cuda", "--iterations", "1",
                  "--groups", "2", "--group-size", "4", "--num-envs", "8", "--eval-trials", "1",
                  "--env-kwargs", '{"max_speed": 0.28}', "--no-progress",
                  "--out", str(run)]) == 0

@@ -147,6 +147,36 @@ def test_per_step_clipping_keeps_the_steps_a_chunk_clip_would_stop() -> None:
     assert log_ratio.grad.flatten().tolist() == pytest.approx([1.05 / 8] * 8)
 
 
+def test_the_average_follows_the_trained_weights_and_stands_in_for_them_on_request(
+        checkpoint: Path) -> None:
+    """--ema D: after each iteration the average moves by 1 - D towards the trained weights;
+    inside ``averaged()`` the model holds the average, after it its own weights, bit for bit;
+    ``adopt_average()`` makes the average the trained weights (the run's result)."""
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
+    learner = grpo.Learner(pipe, grpo.GRPOConfig(checkpoint=str(checkpoint), ema=0.75))
+    start = [p.detach().clone() for p in learner.masters.params]
+    with torch.no_grad():
+        for p in learner.masters.params:
+            p.add_(1.0)
+    learner.update_average()  # start + 0.25 x 1
+    trained = [p.detach().clone() for p in learner.masters.params]
+    with learner.averaged():
+        for p, s0 in zip(learner.masters.params, start, strict=True):
+            torch.testing.assert_close(p, s0 + 0.25)
+    for p, t in zip(learner.masters.params, trained, strict=True):
+        assert torch.equal(p, t)
+    learner.update_average()  # 0.75 x 0.25 + 0.25 x 1 = 0.4375
+    learner.adopt_average()
+    for p, s0 in zip(learner.masters.params, start, strict=True):
+        torch.testing.assert_close(p, s0 + 0.4375)
+    # Off: nothing is averaged, and averaged() leaves the trained weights in place.
+    plain = grpo.Learner(pipe, grpo.GRPOConfig(checkpoint=str(checkpoint)))
+    plain.update_average()
+    with plain.averaged():
+        for p, t in zip(plain.masters.params, learner.masters.params, strict=True):
+            assert torch.equal(p, t)
+
+
 def test_the_trust_region_ends_the_update_once_the_policy_has_moved(checkpoint: Path) -> None:
     """The first minibatch of an iteration is on-policy (approx_kl 0): its step is taken; the
     second epoch finds the moved policy past a tiny target_kl and takes no step."""
@@ -253,10 +283,13 @@ def test_groups_split_over_ranks_are_the_episodes_of_the_whole_iteration() -> No
         (s.id, s.seed, str(s.reset_options)) for s in one)
 
 
+@pytest.mark.parametrize("ema", [[], ["--ema", "0.5"]], ids=["trained", "ema"])
 def test_the_command_writes_its_run_folder_and_the_eval_command_repeats_its_measure(
-        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture, ema: list[str]) -> None:
+    """Under --ema the measurements and the checkpoint are the averaged weights: the printed
+    command measures what the last held-out measurement measured."""
     out = tmp_path / "grpo"
-    assert _grpo("--out", str(out), "--iterations", "2", *SHORT) == 0
+    assert _grpo("--out", str(out), "--iterations", "2", *SHORT, *ema) == 0
     printed = capsys.readouterr().out
     curve = json.loads((out / "curve.json").read_text())
     assert [p["iteration"] for p in curve["curve"]] == [0, 1, 2]
@@ -282,6 +315,18 @@ def test_the_command_writes_its_run_folder_and_the_eval_command_repeats_its_meas
                       for r in read_episode_records(folder))
 
     assert outcomes(out / "eval") == outcomes(out / "evals" / "iter-000002")
+    if ema:  # the checkpoint holds the average the last state saved, not the trained weights
+        from safetensors.torch import load_file
+
+        state = grpo_state.state_dirs(out)[-1]
+        average = torch.load(state / grpo_state.OPTIMIZER, weights_only=True)["average"]
+        written = {}
+        for f in sorted((out / "checkpoint" / "transformer").glob("*.safetensors")):
+            written.update(load_file(f))
+        trained = _masters(out)
+        assert any(not torch.equal(average[k], trained[k]) for k in average)
+        for name, value in average.items():
+            torch.testing.assert_close(written[name].float(), value, rtol=0, atol=0)
 
 
 def test_init_is_refused_with_the_new_name(capsys: pytest.CaptureFixture) -> None:
@@ -298,10 +343,15 @@ def test_a_missing_checkpoint_says_how_to_make_one(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("ema", [[], ["--ema", "0.5"]], ids=["trained", "ema"])
 def test_a_killed_run_resumes_to_the_uninterrupted_curve(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         ema: list[str]) -> None:
+    """The saved state holds all a run goes on from: under --ema, the average too (the later
+    measurements are of it)."""
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    assert _grpo("--out", str(whole), "--iterations", "4", *SHORT) == 0
+    short = [*SHORT, *ema]
+    assert _grpo("--out", str(whole), "--iterations", "4", *short) == 0
 
     # Killed in iteration 3, after its episodes were collected: the newest state is
     # iteration 2's; the resumed run collects iteration 3 again and goes on.
@@ -316,10 +366,10 @@ def test_a_killed_run_resumes_to_the_uninterrupted_curve(tmp_path: Path,
 
     monkeypatch.setattr(grpo, "update", dies_in_the_third)
     with pytest.raises(SystemExit):
-        _grpo("--out", str(cut), "--iterations", "4", *SHORT)
+        _grpo("--out", str(cut), "--iterations", "4", *short)
     assert [p.name for p in grpo_state.state_dirs(cut)] == ["state-000001", "state-000002"]
     monkeypatch.setattr(grpo, "update", real)
-    assert _grpo("--out", str(cut), "--iterations", "4", *SHORT) == 0
+    assert _grpo("--out", str(cut), "--iterations", "4", *short) == 0
     assert _curve(cut) == _curve(whole)
     a, b = _masters(whole), _masters(cut)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -715,6 +765,10 @@ def test_a_setting_that_cannot_fit_is_refused_naming_the_knob() -> None:
     memory.check_fits(slim, 139 * memory.GIB, train="lora", checkpointing=True, microbatch=64,
                       kl=False)
     assert slim.total < 60 * memory.GIB < wide.total
+    # --ema keeps an fp32 average of every trained parameter.
+    averaged = memory.training_memory(nano, trained_params=lora, trained_in_fp32=False,
+                                      lora_rank=16, checkpointing=True, averaged=True, **common)
+    assert averaged.average == lora * 4 and averaged.total == slim.total + lora * 4
 
 
 def test_color_reach_takes_its_speed_from_env_kwargs_and_other_keys_are_refused() -> None:
@@ -726,6 +780,8 @@ def test_color_reach_takes_its_speed_from_env_kwargs_and_other_keys_are_refused(
     with pytest.raises(ValueError, match="positive number"):
         make_eval_env("color_reach", env_kwargs={"max_speed": -1})
     with pytest.raises(ValueError, match="apply to --env gym:ID and the benchmark presets only"):
+        make_eval_env("libero", env_kwargs={"max_speed": 0.28})
+    with pytest.raises(ValueError, match=r"takes \['shadows'\] only"):
         make_eval_env("metaworld", env_kwargs={"max_speed": 0.28})
 
 
@@ -757,6 +813,8 @@ def test_more_ranks_than_groups_is_refused(monkeypatch: pytest.MonkeyPatch,
     ({"advantages": "median"}, "advantages must be one of"),
     ({"aggregate": "token"}, "aggregate must be one of"),
     ({"ratio": "token"}, "ratio must be one of"),
+    ({"ema": 1.0}, "ema must be a number between 0 and 1"),
+    ({"ema": 0}, "ema must be a number between 0 and 1"),
     ({"dual_clip": 1.0}, "dual_clip must be a finite number > 1"),
     ({"lr_half_life": 0}, "lr_half_life must be an integer >= 1"),
 ])

@@ -21,6 +21,7 @@ from cosmos3_gym.settings import (
     sde_steps_value,
     seed_value,
     setting,
+    unit_fraction,
 )
 
 VIEW_POINT = "ego_view"
@@ -254,6 +255,11 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         None, "optimiser steps after the warmup over which the learning rate halves (an "
         "exponential decay: late steps move the policy less); default: constant", group="rl",
         parse=positive_int)
+    ema: float | None = setting(
+        None, "keep an exponential moving average of the trained weights, moved by (1 - this) "
+        "towards them after every iteration (0.9: about the last 10 iterations); the held-out "
+        "measurements and the fine-tuned checkpoint are the average, the training episodes "
+        "the trained weights; default: off", group="rl", parse=unit_fraction)
     target_kl: float | None = setting(
         None, "end an iteration's update early once a minibatch's approx_kl (the sampling "
         "policy against the updated one) exceeds this: a trust region per iteration; default: "

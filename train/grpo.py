@@ -307,6 +307,46 @@ class Learner:
         self.masters = MasterWeights(self.trainable.named_parameters())
         self.optimizer = torch.optim.AdamW(self.masters.masters, lr=cfg.lr, weight_decay=0.0)
         self.frozen = self.trainable.frozen_copy() if cfg.kl_coef > 0 else None
+        self.average: list[torch.Tensor] | None = None
+        self.reset_average()
+
+    def reset_average(self) -> None:
+        """``--ema``: the average starts at the trained weights as they are (fp32)."""
+        self.average = None if self.cfg.ema is None else [
+            m.detach().clone() for m in self.masters.masters]
+
+    def update_average(self) -> None:
+        """After an iteration: the average moves by ``1 - ema`` towards the trained weights."""
+        if self.average is None:
+            return
+        with torch.no_grad():
+            for a, m in zip(self.average, self.masters.masters, strict=True):
+                a.lerp_(m.detach(), 1.0 - self.cfg.ema)
+
+    @contextlib.contextmanager
+    def averaged(self) -> Any:
+        """The model acts with the averaged weights for the duration (``--ema``; without it,
+        with the trained weights as they are); the trained weights come back after."""
+        if self.average is None:
+            yield
+            return
+        params = self.masters.params
+        kept = [p.detach().clone() for p in params]
+        with torch.no_grad():
+            for p, a in zip(params, self.average, strict=True):
+                p.copy_(a)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, k in zip(params, kept, strict=True):
+                    p.copy_(k)
+
+    def adopt_average(self) -> None:
+        """The averaged weights become the trained ones (the run's result under ``--ema``)."""
+        if self.average is not None:
+            self.masters.load_state_dict(dict(zip(self.masters.names, self.average,
+                                                  strict=True)))
 
     def learning_rate(self) -> float:
         """``lr`` for the next step: a linear warmup over the first ``lr_warmup`` steps, then
@@ -345,11 +385,20 @@ class Learner:
         rng: dict[str, Any] = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available() and self.model.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.model.device)
-        return self.masters.state_dict(), {"optimizer": self.optimizer.state_dict(), "rng": rng}
+        rest: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "rng": rng}
+        if self.average is not None:
+            rest["average"] = {n: a.detach().contiguous().cpu()
+                               for n, a in zip(self.masters.names, self.average, strict=True)}
+        return self.masters.state_dict(), rest
 
     def restore(self, masters: dict[str, torch.Tensor], rest: dict[str, Any]) -> None:
         self.masters.load_state_dict(masters)
         self.optimizer.load_state_dict(rest["optimizer"])
+        if self.average is not None:
+            saved = rest["average"]  # a KeyError names what the state lacks
+            self.average = [saved[n].to(m.device, torch.float32).clone()
+                            for n, m in zip(self.masters.names, self.masters.masters,
+                                            strict=True)]
         torch.set_rng_state(rest["rng"]["torch"])
         if "cuda" in rest["rng"] and self.model.device.type == "cuda":
             torch.cuda.set_rng_state(rest["rng"]["cuda"], self.model.device)
@@ -379,15 +428,17 @@ def held_out(learner: Learner, run: Any, iteration: int) -> dict[str, Any] | Non
     """Success on the held-out episodes as ``cosmos3-gym eval`` records them, into
     ``evals/iter-{iteration:06d}/`` (resumable); rank 0 gets the summary. The evaluation is
     derived from the GRPO run (:meth:`~cosmos3_gym.eval.run.Run.derive`): the same env and the
-    same adapter as the training episodes, the weights as they are now."""
+    same adapter as the training episodes, the weights as they are now (their average under
+    ``--ema``)."""
     from cosmos3_gym.eval.evaluate import Evaluator
 
     folder = run.out / EVALS / f"iter-{iteration:06d}"
     was = learner.model.training
     learner.model.eval()
     try:
-        results = Evaluator(run.derive("evaluation", eval_config(run.settings), folder,
-                                       pipeline=learner.pipe)).run()
+        with learner.averaged():
+            results = Evaluator(run.derive("evaluation", eval_config(run.settings), folder,
+                                           pipeline=learner.pipe)).run()
     finally:
         learner.model.train(was)
     if results is None:
@@ -475,6 +526,7 @@ def _run(run: Any, progress: bool, budget: int, folder: Any) -> dict[str, Any] |
             # 3. Update.
             lr = learner.learning_rate()
             sums = update(learner, batch, signal, it, cfg, dp)
+            learner.update_average()
             t2 = time.perf_counter()
             point = grpo_report.curve_point(it, dp.all_sum(signal.stats), dp.all_sum(sums),
                                             t1 - t0, t2 - t1, device, lr)
@@ -532,6 +584,7 @@ def _start(run: Any, folder: Any, dp: DataParallel
     learner = Learner(pipe, cfg)
     dp.broadcast_parameters(learner.masters.params)
     learner.masters.sync_from_model()
+    learner.reset_average()
     if saved is None:
         if restart is not None and rank.is_main:
             print(restart, flush=True)
@@ -552,6 +605,7 @@ def _start(run: Any, folder: Any, dp: DataParallel
 def _finish(cfg: GRPOConfig, learner: Learner, curve: list[dict[str, Any]], out: Path,
             wall: float) -> dict[str, Any]:
     done = grpo_report.summary(cfg, curve, wall)
+    learner.adopt_average()  # under --ema the result is the average, as measured
     if cfg.synthetic is None:
         adapter = grpo_state.write_adapter(learner.trainable, out / grpo_state.ADAPTER)
         checkpoint = grpo_state.write_checkpoint(learner.pipe, learner.trainable.merged(),
@@ -567,7 +621,7 @@ def _finish(cfg: GRPOConfig, learner: Learner, curve: list[dict[str, Any]], out:
 # Settings added since the first GRPO folders, as those runs had them.
 _ADDED_SETTINGS = {"lr_warmup": 0, "target_kl": None, "advantages": "group", "aggregate": "chunk",
                    "dual_clip": None, "lr_half_life": None, "sde_steps": "random",
-                   "ratio": "chunk"}
+                   "ratio": "chunk", "ema": None}
 
 
 # ---------------------------------------------------------------------- set-up

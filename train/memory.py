@@ -2,7 +2,8 @@
 
 Training holds, beside what sampling needs: the trained parameters' fp32 master copies (where the
 model runs in bf16), their gradients, AdamW's two moments, a frozen copy of fully trained weights
-for the KL reference, and the activations autograd keeps for the backward of one microbatch of
+for the KL reference, the fp32 moving average of the trained weights (``--ema``), and the
+activations autograd keeps for the backward of one microbatch of
 chunks. The counts come from the model's configuration and the token counts of one chunk (a
 GEN forward over the video and action tokens per stochastic step, attending to the prompt's
 keys and values); :func:`training_memory` adds them up and :func:`check_fits` refuses a setting
@@ -47,6 +48,7 @@ class MemoryEstimate:
     gradients: int
     optimizer: int  # AdamW's two fp32 moments
     reference: int  # a frozen copy of fully trained weights, for the KL term
+    average: int  # --ema: the fp32 moving average of the trained weights
     activations: int  # autograd's saved tensors for one microbatch
     sampling: int  # the rollout batch's keys/values and one layer's working tensors
 
@@ -117,14 +119,15 @@ def training_memory(
     config: Any, *, weight_bytes: int, trained_params: int, trained_in_fp32: bool,
     dtype_bytes: int, tokens: ChunkTokens, microbatch: int, stochastic_steps: int,
     rollout_batch: int, lora_rank: int = 0, checkpointing: bool = False,
-    kl_reference_params: int = 0, text_trains: bool = False,
+    kl_reference_params: int = 0, text_trains: bool = False, averaged: bool = False,
 ) -> MemoryEstimate:
     """The memory of one rank's training setting (see the module notes).
 
     ``weight_bytes``: the transformer and VAE as loaded; ``trained_params``: how many parameters
     the optimiser updates (``trained_in_fp32``: they are fp32 already, so no master copy);
     ``kl_reference_params``: fully trained parameters whose frozen copy the KL term reads (LoRA's
-    reference is the base with adapters off: only its fully trained modules count).
+    reference is the base with adapters off: only its fully trained modules count);
+    ``averaged``: ``--ema`` keeps an fp32 average of every trained parameter.
     """
     master = 0 if trained_in_fp32 else trained_params * 4
     grad_bytes = 4 if trained_in_fp32 else dtype_bytes
@@ -135,6 +138,7 @@ def training_memory(
         weights=int(weight_bytes), trained=int(master),
         gradients=int(trained_params * grad_bytes), optimizer=int(trained_params * 8),
         reference=int(kl_reference_params * dtype_bytes),
+        average=int(trained_params * 4) if averaged else 0,
         activations=int(act * microbatch * stochastic_steps),
         sampling=sampling_bytes(config, tokens, rollout_batch, dtype_bytes),
     )
@@ -183,7 +187,7 @@ def check_fits(estimate: MemoryEstimate, available: int | None, *, train: str,
     if available is None or estimate.total <= available:
         return
     held = estimate.weights + estimate.sampling
-    optimiser = estimate.trained + estimate.gradients + estimate.optimizer
+    optimiser = estimate.trained + estimate.gradients + estimate.optimizer + estimate.average
     if train != "lora" and held + optimiser + estimate.reference > available:
         knob = "train LoRA adapters (--train lora)"
     elif kl and estimate.reference and held + optimiser + estimate.reference > available:
@@ -286,7 +290,7 @@ def run_estimate(learner: Any, cfg: Any, eval_env: Any, envs: Any, adapter: Any,
         lora_rank=cfg.lora_rank if cfg.train == "lora" else 0,
         checkpointing=cfg.gradient_checkpointing,
         kl_reference_params=trained.fully_trained_count if cfg.kl_coef > 0 else 0,
-        text_trains=cfg.train == "full")
+        text_trains=cfg.train == "full", averaged=cfg.ema is not None)
     check_fits(estimate, device_memory_bytes(device), train=cfg.train,
                checkpointing=cfg.gradient_checkpointing, microbatch=microbatch,
                kl=cfg.kl_coef > 0)
