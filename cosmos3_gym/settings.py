@@ -111,21 +111,26 @@ def positive_number(text: str) -> float:
     return value
 
 
+def _number_or_none(text: str, low: float, high: float, expected: str) -> float | None:
+    """``none`` (off), or a number strictly between ``low`` and ``high``."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected {expected} or none; found {text!r}") from None
+    if not low < value < high:
+        raise ValueError(f"expected {expected} or none; found {text!r}")
+    return value
+
+
 def ratio_above_one(text: str) -> float | None:
     """A ratio > 1, or ``none`` (off).
 
     >>> ratio_above_one("3"), ratio_above_one("none")
     (3.0, None)
     """
-    if text.strip().lower() == "none":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"expected a number > 1 or none; found {text!r}") from None
-    if not 1 < value < float("inf"):
-        raise ValueError(f"expected a finite number > 1 or none; found {text!r}")
-    return value
+    return _number_or_none(text, 1.0, float("inf"), "a finite number > 1")
 
 
 def unit_fraction(text: str) -> float | None:
@@ -134,16 +139,7 @@ def unit_fraction(text: str) -> float | None:
     >>> unit_fraction("0.9"), unit_fraction("none")
     (0.9, None)
     """
-    if text.strip().lower() == "none":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"expected a number between 0 and 1 or none; found {text!r}") from None
-    if not 0 < value < 1:
-        raise ValueError(f"expected a number between 0 and 1 (both excluded) or none; found "
-                         f"{text!r}")
-    return value
+    return _number_or_none(text, 0.0, 1.0, "a number between 0 and 1 (both excluded)")
 
 
 def sde_steps_value(text: str) -> str | tuple[int, ...]:
