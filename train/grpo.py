@@ -212,28 +212,26 @@ def update(learner: Learner, batch: dict[str, Any], signal: Signal, iteration: i
 
     per_step = cfg.ratio == "step"
 
-    def score(idx: np.ndarray) -> torch.Tensor:
-        """[n] chunk log-probabilities, or [n, K] per stochastic step under ``--ratio step``."""
+    def score(idx: np.ndarray, steps: bool = per_step) -> torch.Tensor:
+        """[n] chunk log-probabilities, or with ``steps`` [n, K], one per stochastic step."""
         rows = signal.rows[idx]
         return chunk_log_prob(learner.pipe, stochastic_record(batch, rows),
-                              [prompts[r] for r in rows], model=learner.model,
-                              per_step=per_step)
+                              [prompts[r] for r in rows], model=learner.model, per_step=steps)
 
-    def score_all() -> torch.Tensor:
+    def score_all(steps: bool) -> torch.Tensor:
         """Every signal chunk of this rank, without gradients, a microbatch at a time."""
         n = len(signal.rows)
         with torch.no_grad():
-            return torch.cat([score(np.arange(m, min(m + microbatch, n)))
+            return torch.cat([score(np.arange(m, min(m + microbatch, n)), steps)
                               for m in range(0, n, microbatch)]) if n else torch.zeros(0)
 
     ref = None
-    if cfg.kl_coef > 0:  # the reference does not move: scored once per iteration
+    if cfg.kl_coef > 0:  # the reference does not move: scored once per iteration, per chunk
         with learner.reference():
-            ref = score_all()
-        ref = ref.sum(-1) if per_step and ref.ndim == 2 else ref
+            ref = score_all(steps=False)
     # The record keeps each chunk's log-probability, not its steps': --ratio step scores the
     # steps once under the weights that sampled them (an update has not moved them yet).
-    old_all = score_all() if per_step else signal.old_log_prob
+    old_all = score_all(steps=True) if per_step else signal.old_log_prob
     for _ in range(cfg.epochs):
         order = torch.randperm(total, generator=generator).numpy()
         for start in range(0, total, cfg.minibatch):
