@@ -1,18 +1,19 @@
 """GRPO over seeds: one ``cosmos3-gym rl grpo`` command per seed (and per variant), then the
 table and the curves the docs show (docs/rl.md, "What holds the gains").
 
-``python -m cosmos3_gym.bench.grpo_seeds --out runs/grpo_seeds --seeds 0,1,2,3,4 -- ARGS``
-runs ``cosmos3-gym rl grpo ARGS --seed S --out OUT/default/seed-S`` for each seed, one run at
-a time, every variant's first seed before any second seed (each run in its own process, so one
+``python -m cosmos3_gym.bench.grpo_seeds --out runs/grpo_seeds --seeds 0,1,2,3,4 -- ARGS`` runs
+``cosmos3-gym rl grpo ARGS --seed S --out OUT/default/seed-S`` for each seed, one run at a
+time, every variant's first seed before any second seed (each run in its own process, so one
 run's threads and memory never meet the next's), and writes ``OUT/summary.json``,
 ``OUT/summary.md`` and ``OUT/curves.png``: per seed the held-out success at the start, its best
-measurement and its final one; per variant the mean and the range over seeds at every measured
-iteration. ``--variant NAME="--lr 1e-5"`` adds a variant: the same command with those flags
-appended (repeat it; ``default`` is the command as given). A run folder that already holds a
-finished run is read, not run again, and a killed run resumes (a rerun of this command goes on
-where it stopped), so the measurement can be spread over sessions. ``--report-only``
-aggregates what is there. ``--figure PATH`` also writes the figure and the summary there
-(``docs/grpo_curve``: PATH.png and PATH.json).
+measurement and its final one (a ``--keep best`` run: the start and the kept weights on the
+test episodes, beside the best held-out measurement that chose them); per variant the mean and
+the range over seeds at every measured iteration. ``--variant NAME="--lr 1e-5"`` adds a
+variant: the same command with those flags appended (repeat it; ``default`` is the command as
+given). A run folder that already holds a finished run is read, not run again, and a killed run
+resumes (a rerun of this command goes on where it stopped), so the measurement can be spread
+over sessions. ``--report-only`` aggregates what is there. ``--figure PATH`` also writes the
+figure and the summary there (``docs/grpo_curve``: PATH.png and PATH.json).
 
 The acceptance the docs state is computed for each run: final >= start + ``--min-gain`` points
 and final >= its own best - ``--max-drop`` points.
@@ -63,13 +64,19 @@ def run_seed(args: list[str], variant_args: list[str], seed: int, folder: Path) 
         raise SystemExit(f"{folder} failed (exit {code}); see {log}")
 
 
-def seed_row(curve: list[dict[str, Any]], min_gain: float, max_drop: float) -> dict[str, Any]:
-    """Start, best and final held-out success of one run (in points), and its acceptance."""
+def seed_row(curve: list[dict[str, Any]], min_gain: float, max_drop: float,
+             kept: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Start, best and final held-out success of one run (in points), and its acceptance.
+    ``kept`` (a ``--keep best`` run's summary entry): the final is the kept weights' success on
+    the test episodes and the start the start's on the same episodes (``curve[0]``); the best
+    stays the best held-out measurement, the one that chose them."""
     held = [(p["iteration"], p["held_out_success"]) for p in curve if "held_out_success" in p]
-    start, final = held[0][1], held[-1][1]
+    start, final, final_it = held[0][1], held[-1][1], held[-1][0]
+    if kept is not None:
+        start, final, final_it = curve[0]["test_success"], kept["test_success"], kept["iteration"]
     best_it, best = max(held, key=lambda ir: (ir[1], -ir[0]))
     return {"start": 100 * start, "best": 100 * best, "best_iteration": best_it,
-            "final": 100 * final, "final_iteration": held[-1][0],
+            "final": 100 * final, "final_iteration": final_it,
             "gain": 100 * (final - start), "below_best": 100 * (best - final),
             "holds": final - start >= min_gain / 100 - 1e-9
             and best - final <= max_drop / 100 + 1e-9}
@@ -99,7 +106,8 @@ def summarise(out: Path, variants: dict[str, list[str]], seeds: list[int], min_g
         done = {s: r for s, r in runs.items() if r is not None}
         if not done:
             continue
-        rows = {s: seed_row(r["curve"], min_gain, max_drop) for s, r in done.items()}
+        rows = {s: seed_row(r["curve"], min_gain, max_drop, r.get("kept"))
+                for s, r in done.items()}
         curves = [r["curve"] for r in done.values()]
         summary["variants"][name] = {
             "flags": extra, "seeds": {str(s): row for s, row in rows.items()},

@@ -23,6 +23,19 @@ def test_a_run_holds_only_with_the_gain_and_near_its_best() -> None:
     assert not short["holds"]  # within its best, but +18.5
 
 
+def test_a_kept_run_is_judged_on_its_test_episodes() -> None:
+    """--keep best: the final is the kept weights on the test episodes against the start on
+    the same episodes; the best is the held-out measurement that chose them."""
+    curve = _curve((0, 0.555), (15, 0.845), (30, 0.60))
+    curve[0]["test_success"] = 0.53
+    row = grpo_seeds.seed_row(curve, 20, 10, {"iteration": 15, "test_success": 0.78})
+    assert row["start"] == pytest.approx(53.0) and row["final"] == pytest.approx(78.0)
+    assert row["final_iteration"] == 15 and row["best"] == pytest.approx(84.5)
+    assert row["gain"] == pytest.approx(25.0) and row["holds"]
+    low = grpo_seeds.seed_row(curve, 20, 10, {"iteration": 15, "test_success": 0.72})
+    assert not low["holds"]  # +19 on the test episodes, 12.5 below the best that chose it
+
+
 def test_the_band_is_over_the_iterations_every_run_measured() -> None:
     band = grpo_seeds.band([_curve((0, 0.5), (15, 0.6), (30, 0.7)), _curve((0, 0.5), (30, 0.9))])
     assert band["iteration"] == [0, 30]

@@ -606,12 +606,16 @@ def test_every_step_stochastic_scores_back_on_gpu_and_trains(tmp_path) -> None:
     np.testing.assert_allclose(steps.sum(1).detach().cpu().numpy(), out.stochastic.log_prob,
                                rtol=0, atol=1e-3)
     run = tmp_path / "grpo"
-    # --ema too: the average lives beside the trained weights on the device.
+    # --ema too: the average lives beside the trained weights on the device; --keep best
+    # copies the measured weights to the host and back into the device's at the end.
     assert main(["rl", "grpo", "--sde-steps", "all", "--ratio", "step", "--ema", "0.9",
-                 "--device", "cuda", "--iterations", "1",
+                 "--keep", "best", "--device", "cuda", "--iterations", "1",
                  "--groups", "2", "--group-size", "4", "--num-envs", "8", "--eval-trials", "1",
                  "--env-kwargs", '{"max_speed": 0.28}', "--no-progress",
                  "--out", str(run)]) == 0
-    curve = json.loads((run / "curve.json").read_text())["curve"]
+    done = json.loads((run / "curve.json").read_text())
+    curve = done["curve"]
     updates = [p for p in curve if p.get("update_steps")]
     assert all(np.isfinite(p["approx_kl"]) and np.isfinite(p["loss"]) for p in updates)
+    assert done["kept"]["iteration"] in (0, 1) and done["kept"]["test_episodes"] == 4
+    assert (run / "checkpoint" / "transformer").is_dir()

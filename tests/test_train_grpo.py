@@ -151,7 +151,7 @@ def test_the_average_follows_the_trained_weights_and_stands_in_for_them_on_reque
         checkpoint: Path) -> None:
     """--ema D: after each iteration the average moves by 1 - D towards the trained weights;
     inside ``averaged()`` the model holds the average, after it its own weights, bit for bit;
-    ``adopt_average()`` makes the average the trained weights (the run's result)."""
+    ``settle()`` makes the average the trained weights (the run's result)."""
     pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
     learner = grpo.Learner(pipe, grpo.GRPOConfig(checkpoint=str(checkpoint), ema=0.75))
     start = [p.detach().clone() for p in learner.masters.params]
@@ -166,7 +166,7 @@ def test_the_average_follows_the_trained_weights_and_stands_in_for_them_on_reque
     for p, t in zip(learner.masters.params, trained, strict=True):
         assert torch.equal(p, t)
     learner.update_average()  # 0.75 x 0.25 + 0.25 x 1 = 0.4375
-    learner.adopt_average()
+    learner.settle()
     for p, s0 in zip(learner.masters.params, start, strict=True):
         torch.testing.assert_close(p, s0 + 0.4375)
     # Off: nothing is averaged, and averaged() leaves the trained weights in place.
@@ -175,6 +175,45 @@ def test_the_average_follows_the_trained_weights_and_stands_in_for_them_on_reque
     with plain.averaged():
         for p, t in zip(plain.masters.params, learner.masters.params, strict=True):
             assert torch.equal(p, t)
+
+
+def test_keep_best_keeps_the_measured_weights_of_a_strictly_better_measurement(
+        checkpoint: Path) -> None:
+    """--keep best: a measurement better than every earlier one keeps the weights it measured
+    (the average under --ema), a tie or a worse one keeps the earlier weights; the kept
+    weights travel with the state and become the result at the end, over the average."""
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
+    cfg = grpo.GRPOConfig(checkpoint=str(checkpoint), ema=0.5, keep="best")
+    learner = grpo.Learner(pipe, cfg)
+    start = [m.detach().clone() for m in learner.masters.masters]
+    assert learner.consider_keeping(0, 0.5)
+    with torch.no_grad():
+        for p in learner.masters.params:
+            p.add_(1.0)
+    learner.masters.sync_from_model()
+    learner.update_average()  # start + 0.5
+    assert not learner.consider_keeping(1, 0.5)  # a tie: the earlier weights stay
+    assert learner.kept["iteration"] == 0
+    assert learner.consider_keeping(2, 0.75)  # better: the average it measured is kept
+    assert learner.kept["iteration"] == 2 and learner.kept["success"] == 0.75
+    for k, s0 in zip(learner.kept["weights"], start, strict=True):
+        assert k.device.type == "cpu" and k.dtype == torch.float32
+        torch.testing.assert_close(k, s0.float() + 0.5)
+    assert not learner.consider_keeping(3, 0.25)
+    masters, rest = learner.state()
+    resumed = grpo.Learner(Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True),
+                           cfg)
+    resumed.restore(masters, rest)
+    assert resumed.kept["iteration"] == 2 and resumed.kept["success"] == 0.75
+    for a, b in zip(resumed.kept["weights"], learner.kept["weights"], strict=True):
+        assert torch.equal(a, b)
+    learner.settle()  # the kept weights, not the trained ones nor the average
+    assert learner.average is None
+    for p, s0 in zip(learner.masters.params, start, strict=True):
+        torch.testing.assert_close(p.float(), s0.float() + 0.5)
+    # --keep last keeps nothing.
+    last = grpo.Learner(pipe, grpo.GRPOConfig(checkpoint=str(checkpoint)))
+    assert not last.consider_keeping(0, 1.0) and last.kept is None
 
 
 def test_the_trust_region_ends_the_update_once_the_policy_has_moved(checkpoint: Path) -> None:
@@ -308,25 +347,80 @@ def test_the_command_writes_its_run_folder_and_the_eval_command_repeats_its_meas
     from cosmos3_gym.eval.cli import main
 
     assert main([*shlex.split(command)[1:], "--no-progress"]) == 0
-    from cosmos3_gym.eval.results import read_episode_records
-
-    def outcomes(folder: Path) -> list[tuple]:
-        return sorted((r["task"], r["trial"], r["obs_sha256"], r["success"])
-                      for r in read_episode_records(folder))
-
-    assert outcomes(out / "eval") == outcomes(out / "evals" / "iter-000002")
+    assert _outcomes(out / "eval") == _outcomes(out / "evals" / "iter-000002")
     if ema:  # the checkpoint holds the average the last state saved, not the trained weights
-        from safetensors.torch import load_file
-
         state = grpo_state.state_dirs(out)[-1]
         average = torch.load(state / grpo_state.OPTIMIZER, weights_only=True)["average"]
-        written = {}
-        for f in sorted((out / "checkpoint" / "transformer").glob("*.safetensors")):
-            written.update(load_file(f))
+        written = _written(out / "checkpoint")
         trained = _masters(out)
         assert any(not torch.equal(average[k], trained[k]) for k in average)
         for name, value in average.items():
             torch.testing.assert_close(written[name].float(), value, rtol=0, atol=0)
+
+
+def _outcomes(folder: Path) -> list[tuple]:
+    """An evaluation's episodes, each by its task, trial, first observation and outcome."""
+    from cosmos3_gym.eval.results import read_episode_records
+
+    return sorted((r["task"], r["trial"], r["obs_sha256"], r["success"])
+                  for r in read_episode_records(folder))
+
+
+def _written(checkpoint: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    written = {}
+    for f in sorted((checkpoint / "transformer").glob("*.safetensors")):
+        written.update(load_file(f))
+    return written
+
+
+def test_keep_best_writes_the_best_measured_weights_and_measures_them_on_test_episodes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """--keep best with the held-out successes scripted (25%, 75%, 50% at iterations 0, 2, 4):
+    the checkpoint is iteration 2's weights, bit for bit those a --keep last run of 2 iterations
+    ends with (what is kept does not change the training); the start and the kept weights are
+    measured on the test episodes, and the printed command repeats the kept weights'
+    measurement episode by episode."""
+    scripted = {0: 0.25, 2: 0.75, 4: 0.5}
+    real = grpo.held_out
+
+    def scripted_held_out(learner, run, iteration, test=False):
+        point = real(learner, run, iteration, test)
+        return point if test or point is None else {**point,
+                                                    "held_out_success": scripted[iteration]}
+
+    monkeypatch.setattr(grpo, "held_out", scripted_held_out)
+    best, last = tmp_path / "best", tmp_path / "last"
+    assert _grpo("--out", str(best), "--iterations", "4", *SHORT, "--keep", "best") == 0
+    printed = capsys.readouterr().out
+    monkeypatch.setattr(grpo, "held_out", real)
+    assert _grpo("--out", str(last), "--iterations", "2", *SHORT) == 0
+    kept, trained = _written(best / "checkpoint"), _written(last / "checkpoint")
+    assert kept.keys() == trained.keys() and all(torch.equal(kept[k], trained[k]) for k in kept)
+    done = json.loads((best / "curve.json").read_text())
+    assert done["kept"]["iteration"] == 2 and done["kept"]["held_out_success"] == 0.75
+    assert done["kept"]["test_episodes"] == 4 and done["test_before"] is not None
+    assert sorted(p.name for p in (best / "evals").iterdir()) == [
+        "iter-000000", "iter-000002", "iter-000004", "test-iter-000000", "test-iter-000002"]
+    assert "kept: the weights of iteration 2" in printed and "--seed 2000000" in printed
+    from cosmos3_gym.eval.cli import main
+
+    assert main([*shlex.split(done["eval_command"])[1:], "--no-progress"]) == 0
+    assert _outcomes(best / "eval") == _outcomes(best / "evals" / "test-iter-000002")
+    assert _outcomes(best / "eval") != _outcomes(best / "evals" / "iter-000002")  # other seeds
+
+
+def test_a_resume_drops_the_measurements_of_weights_it_no_longer_has(tmp_path: Path) -> None:
+    """Resumed from iteration 4's state: later held-out and test measurements go; the test
+    measurement of weights kept at iteration 4 or before stays (the state keeps them)."""
+    names = ["iter-000000", "iter-000004", "iter-000006", "test-iter-000000",
+             "test-iter-000004", "test-iter-000006"]
+    for name in names:
+        (tmp_path / "evals" / name).mkdir(parents=True)
+    grpo_state.drop_later_evals(tmp_path, 4)
+    assert sorted(p.name for p in (tmp_path / "evals").iterdir()) == [
+        "iter-000000", "iter-000004", "test-iter-000000", "test-iter-000004"]
 
 
 def test_init_is_refused_with_the_new_name(capsys: pytest.CaptureFixture) -> None:
@@ -343,12 +437,13 @@ def test_a_missing_checkpoint_says_how_to_make_one(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("ema", [[], ["--ema", "0.5"]], ids=["trained", "ema"])
+@pytest.mark.parametrize("ema", [[], ["--ema", "0.5"], ["--keep", "best"]],
+                         ids=["trained", "ema", "keep-best"])
 def test_a_killed_run_resumes_to_the_uninterrupted_curve(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch,
                                                          ema: list[str]) -> None:
     """The saved state holds all a run goes on from: under --ema, the average too (the later
-    measurements are of it)."""
+    measurements are of it); under --keep best, the kept weights (the result)."""
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     short = [*SHORT, *ema]
     assert _grpo("--out", str(whole), "--iterations", "4", *short) == 0
@@ -372,6 +467,8 @@ def test_a_killed_run_resumes_to_the_uninterrupted_curve(tmp_path: Path,
     assert _grpo("--out", str(cut), "--iterations", "4", *short) == 0
     assert _curve(cut) == _curve(whole)
     a, b = _masters(whole), _masters(cut)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    a, b = _written(whole / "checkpoint"), _written(cut / "checkpoint")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -792,6 +889,8 @@ def test_color_reach_takes_its_speed_from_env_kwargs_and_other_keys_are_refused(
     ({"microbatch": 65}, "between 1 and minibatch"),
     ({"sampler": "flow_unipc"}, r"sampler must be one of \['flow_sde', 'flow_cps'\]"),
     ({"synthetic": "tiny", "checkpoint": "tiny"}, "random weights"),
+    ({"keep": "best", "test_seed": 1_000_000}, "test_seed .* must differ from seed"),
+    ({"keep": "best", "test_seed": 0}, "neither training nor the selection saw"),
 ])
 def test_bad_settings_are_refused_before_anything_runs(settings, message) -> None:
     with pytest.raises(ValueError, match=message):
@@ -817,6 +916,7 @@ def test_more_ranks_than_groups_is_refused(monkeypatch: pytest.MonkeyPatch,
     ({"ema": 0}, "ema must be a number between 0 and 1"),
     ({"dual_clip": 1.0}, "dual_clip must be a finite number > 1"),
     ({"lr_half_life": 0}, "lr_half_life must be an integer >= 1"),
+    ({"keep": "first"}, "keep must be one of"),
 ])
 def test_the_update_knobs_are_refused_where_every_setting_is(given, message) -> None:
     """The settings' own declarations hold the knobs' rules (check_settings, as for every

@@ -178,10 +178,12 @@ IDENTITY_FILE = "grpo.json"
 CURVE_FILE = "curve.json"
 STATE_PREFIX = "state-"
 EVALS = "evals"
+TEST_PREFIX = "test-"  # evals/test-iter-NNNNNN/: --keep best's measurements on the test episodes
 REWARDS = ("success", "return")
 ADVANTAGES = ("group", "mean", "batch")
 AGGREGATES = ("episode", "chunk")
 RATIOS = ("chunk", "step")
+KEEPS = ("last", "best")
 
 
 def _positive_or_none(text: str) -> int | None:
@@ -305,6 +307,14 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
                              group="rl", parse=seed_value)
     eval_every: int = setting(15, "iterations between held-out measurements", group="rl",
                               parse=positive_int)
+    keep: str = setting(
+        "last", "the result: last (the weights as training left them) or best (the weights of "
+        "the best held-out measurement, kept in host memory, then measured with the start on "
+        "fresh episodes under --test-seed, since the best of several noisy measurements "
+        "overstates itself)", group="rl", choices=KEEPS)
+    test_seed: int = setting(
+        2_000_000, "the root seed of the episodes --keep best measures its result and the start "
+        "on (not --seed, not --eval-seed)", group="rl", parse=seed_value)
     save_every: int = setting(
         10, "iterations between saved states (the run resumes from the newest; every "
         "measurement saves one too)", group="rl", parse=positive_int)
@@ -341,6 +351,10 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         if self.eval_seed == self.seed:
             raise ValueError(f"eval_seed ({self.eval_seed}) must differ from seed: held-out "
                              "episodes would repeat the training episodes' seeds")
+        if self.keep == "best" and self.test_seed in (self.seed, self.eval_seed):
+            raise ValueError(f"test_seed ({self.test_seed}) must differ from seed ({self.seed}) "
+                             f"and eval_seed ({self.eval_seed}): --keep best measures its result "
+                             "on episodes neither training nor the selection saw")
         if self.overlap and self.num_envs < 2:  # the runner's rule (cosmos3_gym.runner)
             raise ValueError(f"overlap needs num_envs >= 2; found {self.num_envs}")
 

@@ -47,6 +47,7 @@ from cosmos3_gym.train.config import (  # noqa: F401  (GRPOConfig's home; re-exp
     REWARDS,
     RUN_ONLY,
     STATE_PREFIX,
+    TEST_PREFIX,
     GRPOConfig,
 )
 from cosmos3_gym.train.data_parallel import DataParallel
@@ -307,6 +308,9 @@ class Learner:
         self.frozen = self.trainable.frozen_copy() if cfg.kl_coef > 0 else None
         self.average: list[torch.Tensor] | None = None
         self.reset_average()
+        # --keep best: the measured weights of the best held-out measurement so far, in host
+        # memory, with that measurement's iteration and success.
+        self.kept: dict[str, Any] | None = None
 
     def reset_average(self) -> None:
         """``--ema``: the average starts at the trained weights as they are (fp32)."""
@@ -340,11 +344,27 @@ class Learner:
                 for p, k in zip(params, kept, strict=True):
                     p.copy_(k)
 
-    def adopt_average(self) -> None:
-        """The averaged weights become the trained ones (the run's result under ``--ema``)."""
-        if self.average is not None:
-            self.masters.load_state_dict(dict(zip(self.masters.names, self.average,
-                                                  strict=True)))
+    def settle(self) -> None:
+        """After the last iteration: the run's result becomes the trained weights, the kept
+        ones under ``--keep best`` (which are the average's under ``--ema``), else the average
+        under ``--ema``; the average is dropped (the weights measured from now on are these)."""
+        result = self.kept["weights"] if self.kept is not None else self.average
+        if result is not None:
+            self.masters.load_state_dict(dict(zip(self.masters.names, result, strict=True)))
+        self.average = None
+
+    def consider_keeping(self, iteration: int, success: float) -> bool:
+        """``--keep best``: keep the weights just measured (the average under ``--ema``) when
+        their held-out ``success`` beats every earlier measurement's (the earliest wins a tie:
+        the fewer updates). Every rank must pass the same ``success``. True when kept."""
+        if self.cfg.keep != "best" or (self.kept is not None
+                                       and success <= self.kept["success"]):
+            return False
+        measured = self.average if self.average is not None else self.masters.masters
+        self.kept = {"iteration": int(iteration), "success": float(success),
+                     "weights": [w.detach().to("cpu", torch.float32, copy=True)
+                                 for w in measured]}
+        return True
 
     def learning_rate(self) -> float:
         """``lr`` for the next step: a linear warmup over the first ``lr_warmup`` steps, then
@@ -387,6 +407,11 @@ class Learner:
         if self.average is not None:
             rest["average"] = {n: a.detach().contiguous().cpu()
                                for n, a in zip(self.masters.names, self.average, strict=True)}
+        if self.kept is not None:
+            rest["kept"] = {"iteration": self.kept["iteration"],
+                            "success": self.kept["success"],
+                            "weights": dict(zip(self.masters.names, self.kept["weights"],
+                                                strict=True))}
         return self.masters.state_dict(), rest
 
     def restore(self, masters: dict[str, torch.Tensor], rest: dict[str, Any]) -> None:
@@ -397,6 +422,11 @@ class Learner:
             self.average = [saved[n].to(m.device, torch.float32).clone()
                             for n, m in zip(self.masters.names, self.masters.masters,
                                             strict=True)]
+        if self.cfg.keep == "best":
+            kept = rest["kept"]  # every state of a --keep best run has one (iteration 0's on)
+            self.kept = {"iteration": int(kept["iteration"]), "success": float(kept["success"]),
+                         "weights": [kept["weights"][n].to(torch.float32).clone()
+                                     for n in self.masters.names]}
         torch.set_rng_state(rest["rng"]["torch"])
         if "cuda" in rest["rng"] and self.model.device.type == "cuda":
             torch.cuda.set_rng_state(rest["rng"]["cuda"], self.model.device)
@@ -405,9 +435,10 @@ class Learner:
 # ---------------------------------------------------------------------- measure
 
 
-def eval_config(cfg: GRPOConfig, **changes: Any) -> Any:
+def eval_config(cfg: GRPOConfig, test: bool = False, **changes: Any) -> Any:
     """The held-out evaluation's settings: the run's model and env, ``eval_trials`` per task
-    under ``eval_seed``, the deterministic sampler at the run's step count."""
+    under ``eval_seed`` (``test``: under ``test_seed``, the episodes ``--keep best`` measures
+    its result on), the deterministic sampler at the run's step count."""
     from cosmos3_gym.eval.evaluate import EvalConfig
     from cosmos3_gym.pipeline.sampling import SamplerConfig
 
@@ -415,36 +446,55 @@ def eval_config(cfg: GRPOConfig, **changes: Any) -> Any:
         "checkpoint": cfg.checkpoint, "domain": cfg.domain, "recipe": cfg.recipe,
         "action_stats": cfg.action_stats}
     env = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(EnvSettings)}
-    return EvalConfig(**model, **env, trials=cfg.eval_trials, seed=cfg.eval_seed,
+    return EvalConfig(**model, **env, trials=cfg.eval_trials,
+                      seed=cfg.test_seed if test else cfg.eval_seed,
                       n_action_steps=cfg.n_action_steps, device=cfg.device,
                       precision=cfg.precision, progress=False,
                       sampling=SamplerConfig(num_inference_steps=cfg.num_inference_steps),
                       **changes)
 
 
-def held_out(learner: Learner, run: Any, iteration: int) -> dict[str, Any] | None:
+def held_out(learner: Learner, run: Any, iteration: int, test: bool = False
+             ) -> dict[str, Any] | None:
     """Success on the held-out episodes as ``cosmos3-gym eval`` records them, into
     ``evals/iter-{iteration:06d}/`` (resumable); rank 0 gets the summary. The evaluation is
     derived from the GRPO run (:meth:`~cosmos3_gym.eval.run.Run.derive`): the same env and the
     same adapter as the training episodes, the weights as they are now (their average under
-    ``--ema``)."""
+    ``--ema``). ``test``: the same on the test episodes (``--test-seed``), into
+    ``evals/test-iter-{iteration:06d}/``, the keys ``test_*``; ``iteration`` is then the one
+    whose weights these are (``--keep best``: the start, and the kept weights)."""
     from cosmos3_gym.eval.evaluate import Evaluator
 
-    folder = run.out / EVALS / f"iter-{iteration:06d}"
+    name = f"{TEST_PREFIX if test else ''}iter-{iteration:06d}"
     was = learner.model.training
     learner.model.eval()
     try:
         with learner.averaged():
-            results = Evaluator(run.derive("evaluation", eval_config(run.settings), folder,
+            results = Evaluator(run.derive("evaluation", eval_config(run.settings, test),
+                                           run.out / EVALS / name,
                                            pipeline=learner.pipe)).run()
     finally:
         learner.model.train(was)
     if results is None:
         return None
     low, high = results["interval"]
-    return {"held_out_success": results["success_rate"], "held_out_successes":
-            results["successes"], "held_out_episodes": results["episodes"],
-            "held_out_interval": [low, high]}
+    key = "test" if test else "held_out"
+    return {f"{key}_success": results["success_rate"], f"{key}_successes":
+            results["successes"], f"{key}_episodes": results["episodes"],
+            f"{key}_interval": [low, high]}
+
+
+def measure(learner: Learner, run: Any, iteration: int, dp: DataParallel) -> dict[str, Any]:
+    """An iteration's held-out measurement (``{}`` on ranks other than 0), and under ``--keep
+    best`` the weights kept when it is the best so far; at iteration 0 (the start) also their
+    measurement on the test episodes, the start ``--keep best``'s result is compared with."""
+    point = held_out(learner, run, iteration) or {}
+    # Every rank keeps the same weights: rank 0's measurement decides.
+    success = dp.all_sum({"s": point.get("held_out_success", 0.0)})["s"]
+    learner.consider_keeping(iteration, success)
+    if iteration == 0 and run.settings.keep == "best":
+        point.update(held_out(learner, run, 0, test=True) or {})
+    return point
 
 
 # ---------------------------------------------------------------------- the run
@@ -500,8 +550,7 @@ def _run(run: Any, progress: bool, budget: int, folder: Any) -> dict[str, Any] |
                        initial=first - 1, desc="grpo", unit="it")
     try:
         if not curve:
-            curve.append({"iteration": 0, "wall_s": 0.0,
-                          **(held_out(learner, run, 0) or {})})
+            curve.append({"iteration": 0, "wall_s": 0.0, **measure(learner, run, 0, dp)})
             if rank.is_main:
                 grpo_report.report_held_out(curve[-1])
                 grpo_report.write_curve(out, cfg, curve)
@@ -533,7 +582,7 @@ def _run(run: Any, progress: bool, budget: int, folder: Any) -> dict[str, Any] |
                 time.perf_counter() - start > cfg.time_budget_s)
             if it % cfg.eval_every == 0 or it == cfg.iterations or over:
                 t3 = time.perf_counter()
-                point.update(held_out(learner, run, it) or {})
+                point.update(measure(learner, run, it, dp))
                 point["eval_s"] = round(time.perf_counter() - t3, 2)
             point["wall_s"] = round(time.perf_counter() - start, 1)
             curve.append(point)
@@ -549,9 +598,17 @@ def _run(run: Any, progress: bool, budget: int, folder: Any) -> dict[str, Any] |
     finally:
         bar.close()
         envs.close()
+    # The result: the kept weights (--keep best), else the average (--ema), else the trained
+    # weights; --keep best measures it on the test episodes, beside the start's measurement.
+    learner.settle()
+    kept = None
+    if cfg.keep == "best":
+        kept = {"iteration": learner.kept["iteration"], "held_out_success":
+                learner.kept["success"],
+                **(held_out(learner, run, learner.kept["iteration"], test=True) or {})}
     if not rank.is_main:
         return None
-    return _finish(cfg, learner, curve, out, time.perf_counter() - start)
+    return _finish(cfg, learner, curve, out, time.perf_counter() - start, kept)
 
 
 def _start(run: Any, folder: Any, dp: DataParallel
@@ -601,9 +658,8 @@ def _start(run: Any, folder: Any, dp: DataParallel
 
 
 def _finish(cfg: GRPOConfig, learner: Learner, curve: list[dict[str, Any]], out: Path,
-            wall: float) -> dict[str, Any]:
-    done = grpo_report.summary(cfg, curve, wall)
-    learner.adopt_average()  # under --ema the result is the average, as measured
+            wall: float, kept: dict[str, Any] | None) -> dict[str, Any]:
+    done = grpo_report.summary(cfg, curve, wall, kept)
     if cfg.synthetic is None:
         adapter = grpo_state.write_adapter(learner.trainable, out / grpo_state.ADAPTER)
         checkpoint = grpo_state.write_checkpoint(learner.pipe, learner.trainable.merged(),
@@ -619,7 +675,7 @@ def _finish(cfg: GRPOConfig, learner: Learner, curve: list[dict[str, Any]], out:
 # Settings added since the first GRPO folders, as those runs had them.
 _ADDED_SETTINGS = {"lr_warmup": 0, "target_kl": None, "advantages": "group", "aggregate": "chunk",
                    "dual_clip": None, "lr_half_life": None, "sde_steps": "random",
-                   "ratio": "chunk", "ema": None}
+                   "ratio": "chunk", "ema": None, "keep": "last", "test_seed": 2_000_000}
 
 
 # ---------------------------------------------------------------------- set-up

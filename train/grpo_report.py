@@ -63,21 +63,29 @@ def report_held_out(point: dict[str, Any]) -> None:
           f"[{low:.1%}, {high:.1%}])", flush=True)
 
 
-def summary(cfg: GRPOConfig, curve: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+def summary(cfg: GRPOConfig, curve: list[dict[str, Any]], wall: float,
+            kept: dict[str, Any] | None = None) -> dict[str, Any]:
     """The run's summary (``curve.json`` beside the curve): its settings, the first and the
-    last held-out measurement and their intervals, the best one, and the session's time."""
+    last held-out measurement and their intervals, the best one, and the session's time; under
+    ``--keep best`` also ``kept`` (the iteration whose weights are the result, its held-out
+    success, and its success on the test episodes) and ``test_before`` (the start's)."""
     from dataclasses import asdict
 
     measured = [p for p in curve if "held_out_success" in p]
     before, after = measured[0], measured[-1]
     best = max(measured, key=lambda p: (p["held_out_success"], -p["iteration"]))
-    return {"config": asdict(cfg), "before": before.get("held_out_success"),
+    done = {"config": asdict(cfg), "before": before.get("held_out_success"),
             "after": after.get("held_out_success"),
             "before_interval": before.get("held_out_interval"),
             "after_interval": after.get("held_out_interval"),
             "best": best["held_out_success"], "best_iteration": best["iteration"],
             "iterations_run": curve[-1]["iteration"], "wall_s": round(wall, 1),
             "torch": torch.__version__}
+    if kept is not None:
+        done["kept"] = kept
+        done["test_before"] = curve[0].get("test_success")
+        done["test_before_interval"] = curve[0].get("test_interval")
+    return done
 
 
 def print_summary(cfg: GRPOConfig, done: dict[str, Any]) -> None:
@@ -85,6 +93,12 @@ def print_summary(cfg: GRPOConfig, done: dict[str, Any]) -> None:
           f"before {done['before']:.1%}; best {done['best']:.1%} (iteration "
           f"{done['best_iteration']}); {done['wall_s'] / 60:.1f} min (this session)",
           flush=True)
+    kept = done.get("kept")
+    if kept is not None:
+        print(f"kept: the weights of iteration {kept['iteration']} (held-out "
+              f"{kept['held_out_success']:.1%}); on {kept['test_episodes']} test episodes "
+              f"(--test-seed {cfg.test_seed}) {kept['test_success']:.1%}, the start "
+              f"{done['test_before']:.1%}", flush=True)
     if cfg.synthetic is None:
         print(f"the fine-tuned checkpoint: {done['checkpoint']}; evaluate it with\n  "
               f"{done['eval_command']}", flush=True)
@@ -95,7 +109,8 @@ def print_summary(cfg: GRPOConfig, done: dict[str, Any]) -> None:
 
 def eval_command(cfg: GRPOConfig, checkpoint: Path) -> str:
     """The ``cosmos3-gym eval`` command that measures the fine-tuned checkpoint on the run's
-    held-out episodes (more trials: raise ``--trials``)."""
+    held-out episodes (under ``--keep best``: its test episodes, the result's own measurement;
+    more trials: raise ``--trials``)."""
     args = ["cosmos3-gym", "eval", "--checkpoint", str(checkpoint), "--env", cfg.env]
     for name, flag in (("suite", "--suite"), ("tasks", "--tasks"),
                        ("image_size", "--image-size"),
@@ -111,7 +126,8 @@ def eval_command(cfg: GRPOConfig, checkpoint: Path) -> str:
             args += [flag, value if isinstance(value, str) else json.dumps(value)]
     if cfg.num_inference_steps is not None:
         args += ["--denoising-steps", str(cfg.num_inference_steps)]
-    args += ["--trials", str(cfg.eval_trials), "--seed", str(cfg.eval_seed), "--n-action-steps",
+    seed = cfg.test_seed if cfg.keep == "best" else cfg.eval_seed
+    args += ["--trials", str(cfg.eval_trials), "--seed", str(seed), "--n-action-steps",
              str(cfg.n_action_steps), "--num-envs", str(cfg.num_envs), "--out",
              str(Path(cfg.out) / "eval")]
     return " ".join(shlex.quote(a) for a in args)

@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cosmos3_gym.train.config import EVALS, STATE_PREFIX
+from cosmos3_gym.train.config import EVALS, STATE_PREFIX, TEST_PREFIX
 
 if TYPE_CHECKING:  # torch loads where a state is read or written, not for a note
     import torch
@@ -141,9 +141,10 @@ def interrupted_note(out: Path) -> str:
 
 def drop_later_evals(out: Path, iteration: int) -> None:
     """Held-out evaluations of iterations after the restored state measured weights that are
-    gone: remove them (the resumed run measures its own)."""
-    for folder in sorted((out / EVALS).glob("iter-*")):
-        suffix = folder.name.removeprefix("iter-")
+    gone: remove them (the resumed run measures its own), on the test episodes too (``--keep
+    best``: a measurement of weights kept at an earlier iteration stays, as they do)."""
+    for folder in sorted((out / EVALS).glob("*iter-*")):
+        suffix = folder.name.removeprefix(TEST_PREFIX).removeprefix("iter-")
         if suffix.isdigit() and int(suffix) > iteration:
             shutil.rmtree(folder)
 
