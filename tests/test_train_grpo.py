@@ -212,7 +212,7 @@ def test_keep_best_keeps_the_measured_weights_of_a_strictly_better_measurement(
     for p, s0 in zip(learner.masters.params, start, strict=True):
         torch.testing.assert_close(p.float(), s0.float() + 0.5)
     # --keep last keeps nothing.
-    last = grpo.Learner(pipe, grpo.GRPOConfig(checkpoint=str(checkpoint)))
+    last = grpo.Learner(pipe, grpo.GRPOConfig(checkpoint=str(checkpoint), keep="last"))
     assert not last.consider_keeping(0, 1.0) and last.kept is None
 
 
@@ -322,11 +322,12 @@ def test_groups_split_over_ranks_are_the_episodes_of_the_whole_iteration() -> No
         (s.id, s.seed, str(s.reset_options)) for s in one)
 
 
-@pytest.mark.parametrize("ema", [[], ["--ema", "0.5"]], ids=["trained", "ema"])
+@pytest.mark.parametrize("ema", [["--keep", "last"], ["--keep", "last", "--ema", "0.5"]],
+                         ids=["trained", "ema"])
 def test_the_command_writes_its_run_folder_and_the_eval_command_repeats_its_measure(
         tmp_path: Path, capsys: pytest.CaptureFixture, ema: list[str]) -> None:
-    """Under --ema the measurements and the checkpoint are the averaged weights: the printed
-    command measures what the last held-out measurement measured."""
+    """--keep last: the printed command measures what the last held-out measurement measured;
+    under --ema the measurements and the checkpoint are the averaged weights."""
     out = tmp_path / "grpo"
     assert _grpo("--out", str(out), "--iterations", "2", *SHORT, *ema) == 0
     printed = capsys.readouterr().out
@@ -348,7 +349,7 @@ def test_the_command_writes_its_run_folder_and_the_eval_command_repeats_its_meas
 
     assert main([*shlex.split(command)[1:], "--no-progress"]) == 0
     assert _outcomes(out / "eval") == _outcomes(out / "evals" / "iter-000002")
-    if ema:  # the checkpoint holds the average the last state saved, not the trained weights
+    if "--ema" in ema:  # the checkpoint: the average the last state saved, not the trained weights
         state = grpo_state.state_dirs(out)[-1]
         average = torch.load(state / grpo_state.OPTIMIZER, weights_only=True)["average"]
         written = _written(out / "checkpoint")
@@ -377,11 +378,11 @@ def _written(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 def test_keep_best_writes_the_best_measured_weights_and_measures_them_on_test_episodes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    """--keep best with the held-out successes scripted (25%, 75%, 50% at iterations 0, 2, 4):
-    the checkpoint is iteration 2's weights, bit for bit those a --keep last run of 2 iterations
-    ends with (what is kept does not change the training); the start and the kept weights are
-    measured on the test episodes, and the printed command repeats the kept weights'
-    measurement episode by episode."""
+    """--keep best (the default) with the held-out successes scripted (25%, 75%, 50% at
+    iterations 0, 2, 4): the checkpoint is iteration 2's weights, bit for bit those a --keep
+    last run of 2 iterations ends with (what is kept does not change the training); the start
+    and the kept weights are measured on the test episodes, and the printed command repeats
+    the kept weights' measurement episode by episode."""
     scripted = {0: 0.25, 2: 0.75, 4: 0.5}
     real = grpo.held_out
 
@@ -392,10 +393,10 @@ def test_keep_best_writes_the_best_measured_weights_and_measures_them_on_test_ep
 
     monkeypatch.setattr(grpo, "held_out", scripted_held_out)
     best, last = tmp_path / "best", tmp_path / "last"
-    assert _grpo("--out", str(best), "--iterations", "4", *SHORT, "--keep", "best") == 0
+    assert _grpo("--out", str(best), "--iterations", "4", *SHORT) == 0  # the default
     printed = capsys.readouterr().out
     monkeypatch.setattr(grpo, "held_out", real)
-    assert _grpo("--out", str(last), "--iterations", "2", *SHORT) == 0
+    assert _grpo("--out", str(last), "--iterations", "2", *SHORT, "--keep", "last") == 0
     kept, trained = _written(best / "checkpoint"), _written(last / "checkpoint")
     assert kept.keys() == trained.keys() and all(torch.equal(kept[k], trained[k]) for k in kept)
     done = json.loads((best / "curve.json").read_text())
@@ -437,7 +438,7 @@ def test_a_missing_checkpoint_says_how_to_make_one(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("ema", [[], ["--ema", "0.5"], ["--keep", "best"]],
+@pytest.mark.parametrize("ema", [["--keep", "last"], ["--keep", "last", "--ema", "0.5"], []],
                          ids=["trained", "ema", "keep-best"])
 def test_a_killed_run_resumes_to_the_uninterrupted_curve(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch,

@@ -308,10 +308,10 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
     eval_every: int = setting(15, "iterations between held-out measurements", group="rl",
                               parse=positive_int)
     keep: str = setting(
-        "last", "the result: last (the weights as training left them) or best (the weights of "
-        "the best held-out measurement, kept in host memory, then measured with the start on "
-        "fresh episodes under --test-seed, since the best of several noisy measurements "
-        "overstates itself)", group="rl", choices=KEEPS)
+        "best", "the result: best (the weights of the best held-out measurement, kept in host "
+        "memory, then measured with the start on fresh episodes under --test-seed, since the "
+        "best of several noisy measurements overstates itself) or last (the weights as "
+        "training left them; docs/rl.md measured both over seeds)", group="rl", choices=KEEPS)
     test_seed: int = setting(
         2_000_000, "the root seed of the episodes --keep best measures its result and the start "
         "on (not --seed, not --eval-seed)", group="rl", parse=seed_value)
