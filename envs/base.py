@@ -275,6 +275,18 @@ class EvalEnv:
         return self.task_prompt((task_index + 1) % len(self.tasks))
 
 
+def make_render_context_current(env: Any) -> None:
+    """Make the GL context of ``env``'s Gymnasium MuJoCo renderer current, if it has one (a
+    no-op for any other env). Each such env renders in its own context, but Gymnasium makes it
+    current only when it builds it: in one process, another env built since leaves its own
+    current (this env's frame is then drawn with that env's meshes and textures), and one
+    closed since leaves none (a black frame). Call it before each ``render()``."""
+    renderer = getattr(getattr(env, "unwrapped", env), "mujoco_renderer", None)
+    make_current = getattr(getattr(renderer, "viewer", None), "make_context_current", None)
+    if make_current is not None:
+        make_current()
+
+
 def _plain(value: Any) -> bool:
     """Whether ``value`` is JSON data as it is (a setting a run folder can record)."""
     if value is None or isinstance(value, (bool, int, float, str)):

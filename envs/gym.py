@@ -35,6 +35,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from cosmos3_gym.vector_env import ForwardingVectorWrapper
 
+from .base import make_render_context_current
 from .chunking import EpisodeEndHold
 from .success import SuccessRule, parse_success
 
@@ -175,6 +176,7 @@ class CheckedRender(gym.Wrapper):
     """
 
     def render(self) -> Any:
+        make_render_context_current(self.env)  # a MuJoCo env's own GL context (base.py)
         frame = self.env.render()
         if not (isinstance(frame, np.ndarray) and frame.dtype == np.uint8 and frame.ndim == 3
                 and frame.shape[-1] in (1, 3, 4) and frame.shape[0] and frame.shape[1]):

@@ -25,7 +25,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from .base import Episode, EvalEnv
+from .base import Episode, EvalEnv, make_render_context_current
 from .chunking import make_held_env
 from .limits import OwnTimeLimit
 
@@ -112,6 +112,14 @@ def _check_task(task: str) -> str:
 def _check_shadows(shadows: Any) -> None:
     if not isinstance(shadows, bool):
         raise ValueError(f"metaworld shadows must be true or false; found {shadows!r}")
+
+
+def check_metaworld_tasks(tasks: Sequence[str]) -> None:
+    """A ``ValueError`` naming the tasks that are not Meta-World's."""
+    unknown = [t for t in tasks if t not in METAWORLD_TASKS]
+    if unknown:
+        raise ValueError(f"unknown Meta-World tasks {unknown}; expected some of "
+                         f"{list(METAWORLD_TASKS)}")
 
 
 def check_metaworld_runs() -> None:
@@ -312,6 +320,7 @@ class MetaWorldEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
 
     def _observation(self, raw: np.ndarray) -> dict[str, np.ndarray]:
         self.raw_observation = np.asarray(raw, dtype=np.float64).copy()
+        make_render_context_current(self._sim)  # another env built or closed since: base.py
         # Meta-World's corner cameras come out rotated by 180 degrees: reversing H and W turns
         # them upright (the orientation test checks it against the hand moving up).
         self._frame = np.ascontiguousarray(self._sim.render()[::-1, ::-1])
@@ -415,10 +424,7 @@ class MetaWorldEval(EvalEnv):
         _check_shadows(shadows)
         tasks = list(METAWORLD_MT10) if tasks is None else tasks
         check_metaworld_runs()  # the extra and a renderer: a worker would fault on each
-        unknown = [t for t in tasks if t not in METAWORLD_TASKS]
-        if unknown:
-            raise ValueError(f"unknown Meta-World tasks {unknown}; expected some of "
-                             f"{list(METAWORLD_TASKS)}")
+        check_metaworld_tasks(tasks)
         super().__init__(tasks)
         self.image_size = image_size
         self.max_episode_steps = max_episode_steps or 500

@@ -140,3 +140,25 @@ def test_aloha_serves_its_camera_and_success_unchanged() -> None:
     assert info["is_success"].tolist() == [False]
     assert envs.single_action_space.shape == (14,)
     envs.close()
+
+
+@pytest.mark.gym
+def test_a_mujoco_env_renders_its_frame_after_another_one_closes() -> None:
+    """Gymnasium's MuJoCo envs render in their own GL contexts, made current only when built:
+    after another env of the process closed, a frame came back black. Through the gym path's
+    render check each frame comes out of the env's own context."""
+    pytest.importorskip("mujoco")
+    first = gym_envs.CheckedRender(
+        gym.make("InvertedPendulum-v5", render_mode="rgb_array", width=64, height=64))
+    other = gym.make("Hopper-v5", render_mode="rgb_array", width=64, height=64)
+    try:
+        first.reset(seed=0)
+        alone = first.render()
+        other.reset(seed=0)
+        other.render()
+        other.close()
+        first.reset(seed=0)
+        np.testing.assert_array_equal(first.render(), alone)
+        assert alone.mean() > 1.0  # a scene, not a black frame
+    finally:
+        first.close()

@@ -131,6 +131,29 @@ def test_same_layout_replays_and_layouts_differ() -> None:
         env.close()
 
 
+def test_each_env_renders_its_own_scene_beside_others_and_after_one_closes() -> None:
+    """Envs of one process (a SyncVectorEnv over several tasks; GRPO's training envs beside its
+    held-out evaluation's): each renders its own task's scene, whatever env was built or
+    closed since. Without its GL context made current per frame, a frame came out of the last
+    built env's context (another task's scene) or, after that env closed, black."""
+    first = MetaWorldEnv("button-press-topdown-v3", image_size=64, shadows=False)
+    other = MetaWorldEnv("drawer-close-v3", image_size=64, shadows=False)
+    try:
+        alone = first.reset(options={"layout_id": 0})[0]["image"]
+        other_alone = other.reset(options={"layout_id": 0})[0]["image"]
+        beside = first.reset(options={"layout_id": 0})[0]["image"]
+        np.testing.assert_array_equal(beside, alone)
+        np.testing.assert_array_equal(other.reset(options={"layout_id": 0})[0]["image"],
+                                      other_alone)
+        other.close()
+        after = first.reset(options={"layout_id": 0})[0]["image"]
+        np.testing.assert_array_equal(after, alone)
+        assert alone.mean() > 20.0  # a scene, not a black frame
+    finally:
+        first.close()
+        other.close()
+
+
 @pytest.mark.slow
 def test_tiny_checkpoint_runs_chunks_in_metaworld(tmp_path) -> None:
     from cosmos3_gym import Cosmos3ActionPipeline, VectorPolicy
