@@ -467,7 +467,7 @@ class EnvSettings:
     """Which envs a command runs, and how many at once."""
 
     env: str = setting(
-        "color_reach", "the env family: color_reach (built in), libero, metaworld, a benchmark "
+        "color_reach", "the env family; color_reach (built in), libero, metaworld, a benchmark "
         "preset (pusht, aloha, metaworld:mt10, fetch, panda, robosuite, maniskill:ID, ...: "
         "docs/presets.md), or gym:ID (any registered Gymnasium env)", group="env",
         parse=env_name, metavar="ENV")
@@ -475,7 +475,7 @@ class EnvSettings:
         None, "the LIBERO suite(s): libero_10, several comma-separated, or libero_4 (spatial, "
         "object, goal, 10)", group="env")
     tasks: list[str] | None = setting(
-        None, "the tasks to run, comma-separated: colours for color_reach, task ids for LIBERO, "
+        None, "the tasks to run, comma-separated; colours for color_reach, task ids for LIBERO, "
         "task names for metaworld, a preset's variants (default: all)", group="env", parse=csv)
     num_envs: int = setting(4, "env slots stepped together", group="env", parse=positive_int)
     async_envs: bool = setting(
@@ -488,10 +488,10 @@ class EnvSettings:
         "planned (the same episodes, sooner where an env step costs about a model call)",
         group="env")
     image_size: int | None = setting(
-        None, "the env's square image size in pixels (default: the env's)", group="env",
+        None, "the env's square image size in pixels; default: the env's", group="env",
         parse=positive_int)
     max_episode_steps: int | None = setting(
-        None, "the episode's step limit (default: the env's)", group="env", parse=positive_int)
+        None, "the episode's step limit; default: the env's", group="env", parse=positive_int)
     step_budget: str | None = setting(
         None, "LIBERO's episode budget: cosmos3 (the official client's, settle steps counted "
         "inside: 510 on libero_10) or openpi (settle steps on top: 520)", group="env",

@@ -61,7 +61,7 @@ def _data(n: int = 6, grid: int = 4) -> EncodedDemos:
     actions[..., :2] = torch.rand(n, 4, 2, generator=generator) * 2 - 1
     return EncodedDemos(
         latents=torch.randn(n, 48, NUM_LATENT_FRAMES, grid, grid, generator=generator),
-        colors=torch.arange(n) % 4, actions=actions,
+        prompt_ids=torch.arange(n) % 4, actions=actions,
         input_ids=torch.randint(1, VOCAB, (4, 7), generator=generator),
         text_mask=torch.ones(4, 7, dtype=torch.bool),
     )
@@ -130,7 +130,8 @@ def test_motion_cells_are_the_share_of_each_cells_pixels_the_chunk_changes() -> 
     futures = np.zeros((2, 4, 32, 32, 3), np.uint8)
     futures[0, 3, 5, 20, 1] = 9  # one channel of one pixel in the chunk's last frame, cell (0, 1)
     futures[1, :, 16:18, 0:16] = 200  # two rows of cell (1, 0) in every frame
-    demos = Demos(images, np.zeros(2, np.int64), np.zeros((2, 4, 2), np.float32), futures)
+    demos = Demos(images, np.zeros(2, np.int64), np.zeros((2, 4, 2), np.float32), futures,
+                  ("reach the red target",))
     share = motion_cells(demos, 16)
     expected = torch.zeros(2, 2, 2)
     expected[0, 0, 1] = 1 / 256

@@ -14,6 +14,7 @@ from cosmos3_gym.settings import (
     ModelSettings,
     RuntimeSettings,
     check_settings,
+    csv,
     nonnegative_int,
     positive_int,
     positive_number,
@@ -24,9 +25,18 @@ from cosmos3_gym.settings import (
     unit_fraction,
 )
 
-VIEW_POINT = "ego_view"
-DOMAIN_NAME = "color_reach"
-DOMAIN_ID = 0  # ColorReach is no released embodiment; row 0 of the DomainAwareLinear tables
+# The env families whose scripted experts give demos, and the policy head each one's checkpoint
+# gets. Neither is a released Cosmos3 embodiment: both take row 0 of the DomainAwareLinear
+# tables. ColorReach: 2-D velocities; Meta-World: the metaworld adapter's raw actions (hand
+# deltas and the gripper in [0, 1], 1 open), at its 80 Hz control, seen from the corner camera.
+DEMO_HEADS: dict[str, dict[str, Any]] = {
+    "color_reach": {"domain_name": "color_reach", "domain_id": 0, "raw_action_dim": 2,
+                    "fps": 20.0, "view_point": "ego_view"},
+    "metaworld": {"domain_name": "metaworld", "domain_id": 0, "raw_action_dim": 4,
+                  "fps": 80.0, "view_point": "third_person_view"},
+}
+DEMO_ENVS = tuple(DEMO_HEADS)
+METAWORLD_DEMO_STEPS = 150  # Meta-World demo episodes' default step limit (the experts need <120)
 # How the future video's noise level relates to the actions' in training (train/trainer.py).
 VIDEO_NOISE = ("shared", "independent")
 
@@ -46,13 +56,22 @@ class TrainConfig:
                       "order derive from it")
     # Demo collection: episodes, the chance of a random detour per step, and the chance that
     # a visited state is kept as a sample (fewer samples per layout, more layouts per VAE second).
-    episodes: int = _knob(1400, "expert ColorReach episodes collected as demos")
+    episodes: int = _knob(1400, "expert episodes collected as demos")
     detour_prob: float = _knob(
         0.3, "chance per step that a random velocity replaces the expert's (off-expert states)"
     )
     keep_prob: float = _knob(0.3, "chance that a visited state is kept as a training sample")
-    image_size: int = _knob(128, "the env's square image size in pixels; ColorReach's, for the "
-                            "demos")
+    image_size: int = _knob(128, "the env's square image size in pixels; the demos'")
+    env: str = _knob("color_reach", "the env family; the one whose scripted expert gives the "
+                     "demos: color_reach, or metaworld (its experts, frames rendered without "
+                     "shadows)", choices=DEMO_ENVS)
+    tasks: list[str] | None = setting(
+        None, "the tasks to run, comma-separated; --env metaworld: those whose experts give the "
+        "demos (episode k runs task k mod their number)", group="train", parse=csv)
+    max_episode_steps: int | None = setting(
+        None, "the episode's step limit; --env metaworld's demo episodes (default "
+        f"{METAWORLD_DEMO_STEPS}); ColorReach's keep their own", group="train",
+        parse=positive_int)
     # Model: the real architecture at tiny widths.
     hidden_size: int = _knob(128, "transformer width")
     num_layers: int = _knob(2, "transformer layers")
@@ -95,8 +114,8 @@ class TrainConfig:
     # Success while training: the model being trained, evaluated in memory every eval_every
     # steps by the evaluation's own call (cosmos3_gym.evaluate); the training is unchanged.
     eval_every: int = _knob(0, "iterations between held-out measurements; here optimiser "
-                            "steps: the model being trained is evaluated on ColorReach as it "
-                            "is in memory, each result in train_log.json (0: none)")
+                            "steps: the model being trained is evaluated on the demos' env "
+                            "as it is in memory, each result in train_log.json (0: none)")
     eval_trials: int = _knob(2, "held-out episodes per task, with the deterministic sampler (the "
                              "family's own evaluation episodes under --eval-seed)")
     eval_seed: int = _knob(1_000_000, "the held-out evaluation's root seed (not --seed)")
@@ -140,12 +159,13 @@ def transformer_overrides(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def policy_overrides(cfg: TrainConfig) -> dict[str, Any]:
-    """``action_policy.json`` of the trained checkpoint: ColorReach's 2-D velocities in [-1, 1],
-    where the expert's saturate, so its samples are clipped to that range (``clip_actions``)."""
+    """``action_policy.json`` of the trained checkpoint: the demo family's head
+    (:data:`DEMO_HEADS`). Its raw actions lie in [-1, 1] (ColorReach's velocities, Meta-World's
+    hand deltas; the gripper in [0, 1]), where the experts' saturate, so its samples are clipped
+    to that range (``clip_actions``)."""
     return {
-        "domain_name": DOMAIN_NAME, "domain_id": DOMAIN_ID, "raw_action_dim": 2,
-        "action_horizon": cfg.action_horizon, "normalization": "none", "stats": None,
-        "fps": 20.0, "resolution_tier": 256, "view_point": VIEW_POINT,
+        **DEMO_HEADS[cfg.env], "action_horizon": cfg.action_horizon, "normalization": "none",
+        "stats": None, "resolution_tier": 256,
         "num_inference_steps": cfg.num_inference_steps, "flow_shift": cfg.flow_shift,
         "clip_actions": True,
     }

@@ -1,14 +1,16 @@
-"""Demos: ColorReach expert rollouts, and the tensors the transformer trains on.
+"""Demos: expert rollouts (ColorReach's or Meta-World's scripted experts), and the tensors the
+transformer trains on.
 
 Every sample goes through the pipeline's own functions, so training sees exactly what inference
 sees: the preprocess stage's canvas (the 128x128 image on the 256 canvas), the VAE latent of its
-content (8x8 latents, one 2x2 patch per arena cell; the clip of the observation and the frames its
-chunk renders, encoded causally, so latent frame 0 is the encode stage's conditioning latent) and
-the prompt stage's caption tokens.
+content (8x8 latents, one 2x2 patch per ColorReach arena cell; the clip of the observation and
+the frames after it, encoded causally, so latent frame 0 is the encode stage's conditioning
+latent) and the prompt stage's caption tokens.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,28 +22,30 @@ from cosmos3_gym.envs.color_reach import prompt_for
 from cosmos3_gym.pipeline.preprocess import CanvasPlan, plan_canvas
 from cosmos3_gym.pipeline.stages import MicroBatch, SamplingParams
 from cosmos3_gym.progress import progress_bar
-from cosmos3_gym.train.config import TrainConfig
+from cosmos3_gym.train.config import METAWORLD_DEMO_STEPS, TrainConfig
 from cosmos3_gym.train.vae import encode_clips
 
 
 @dataclass
 class Demos:
-    """Expert-labelled samples: ``images`` uint8 ``[N, S, S, 3]``, ``colors`` int ``[N]``
-    (index into ``COLOR_ORDER``), ``chunks`` float32 ``[N, H, 2]`` and ``futures`` uint8
-    ``[N, H, S, S, 3]``: the frames the env renders after each action of the chunk, so
-    ``futures[n, k]`` is the frame ``k + 1`` steps after ``images[n]``."""
+    """Expert-labelled samples: ``images`` uint8 ``[N, S, S, 3]``, ``prompt_ids`` int ``[N]``
+    (index into ``prompts``, the instruction of each sample's episode), ``chunks`` float32
+    ``[N, H, D]`` (the expert's raw actions) and ``futures`` uint8 ``[N, H, S, S, 3]``: the
+    frames after each action of the chunk, so ``futures[n, k]`` is the frame ``k + 1`` steps
+    after ``images[n]``."""
 
     images: np.ndarray
-    colors: np.ndarray
+    prompt_ids: np.ndarray
     chunks: np.ndarray
     futures: np.ndarray
+    prompts: tuple[str, ...]
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
 
     def __getitem__(self, index: slice | np.ndarray) -> Demos:
-        return Demos(self.images[index], self.colors[index], self.chunks[index],
-                     self.futures[index])
+        return Demos(self.images[index], self.prompt_ids[index], self.chunks[index],
+                     self.futures[index], self.prompts)
 
     @property
     def clips(self) -> np.ndarray:
@@ -50,18 +54,45 @@ class Demos:
 
 
 COLOR_ORDER = ("red", "green", "blue", "yellow")
+# One sample: (image, prompt id, chunk [H, D], futures [H, S, S, 3]).
+Sample = tuple[np.ndarray, int, np.ndarray, np.ndarray]
 
 
 def collect_demos(
     cfg: TrainConfig, progress: bool = False, *, episodes: range | None = None
 ) -> Demos:
-    """Roll the expert (with random detours) from fixed seeds; label states with expert chunks
-    and the frames those chunks render. ``episodes`` (default ``range(cfg.episodes)``) picks
-    the episode indices (the VAE's held-out clips come from indices past the training ones)."""
-    expert = ColorReachExpert()
-    images, colors, chunks, futures = [], [], [], []
+    """Roll the family's expert (``cfg.env``) with random detours from fixed seeds; label
+    states with expert chunks and the frames after them. ``episodes`` (default
+    ``range(cfg.episodes)``) picks the episode indices (the VAE's held-out clips come from
+    indices past the training ones)."""
     episodes = range(cfg.episodes) if episodes is None else episodes
+    if cfg.env == "metaworld":
+        prompts, samples = _metaworld_demos(cfg, episodes)
+    elif cfg.env == "color_reach":
+        prompts, samples = tuple(prompt_for(c) for c in COLOR_ORDER), _color_reach_demos(
+            cfg, episodes)
+    else:
+        raise ValueError(f"demos: no expert for env {cfg.env!r}; expected color_reach or "
+                         "metaworld")
+    images, prompt_ids, chunks, futures = [], [], [], []
     bar = progress_bar(enabled=progress, total=len(episodes), desc="demos", unit="ep")
+    for sample in samples:
+        if sample is None:  # an episode ended
+            bar.update(1)
+            continue
+        images.append(sample[0])
+        prompt_ids.append(sample[1])
+        chunks.append(sample[2])
+        futures.append(sample[3])
+    bar.close()
+    return Demos(np.stack(images), np.asarray(prompt_ids, np.int64), np.stack(chunks),
+                 np.stack(futures), prompts)
+
+
+def _color_reach_demos(cfg: TrainConfig, episodes: range) -> Iterator[Sample | None]:
+    """ColorReach: each kept state is labelled with the expert's open-loop chunk and the frames
+    that chunk renders (the env is deterministic: :meth:`ColorReachEnv.preview`)."""
+    expert = ColorReachExpert()
     for episode in episodes:
         env = ColorReachEnv(image_size=cfg.image_size, colors=COLOR_ORDER)
         rng = np.random.default_rng([cfg.seed, episode])
@@ -70,10 +101,7 @@ def collect_demos(
             state = env.state_dict()
             if rng.random() < cfg.keep_prob:
                 chunk = expert.chunk(state, cfg.action_horizon)
-                images.append(obs)
-                colors.append(COLOR_ORDER.index(state.goal))
-                chunks.append(chunk)
-                futures.append(env.preview(chunk))
+                yield obs, COLOR_ORDER.index(state.goal), chunk, env.preview(chunk)
             if rng.random() < cfg.detour_prob:
                 action = rng.uniform(-1.0, 1.0, size=2).astype(np.float32)
             else:
@@ -81,10 +109,69 @@ def collect_demos(
             obs, _, terminated, truncated, _ = env.step(action)
             if terminated or truncated:
                 break
-        bar.update(1)
-    bar.close()
-    return Demos(np.stack(images), np.asarray(colors, np.int64), np.stack(chunks),
-                 np.stack(futures))
+        yield None
+
+
+def _metaworld_demos(
+    cfg: TrainConfig, episodes: range
+) -> tuple[tuple[str, ...], Iterator[Sample | None]]:
+    """Meta-World: episode ``k`` runs task ``k mod T`` of ``cfg.tasks`` on layout
+    ``(k // T) mod 50``, frames rendered without shadows. Its expert reads the simulator's
+    state, so a chunk cannot be previewed: the episode is recorded whole (the expert's action
+    at every state, a random one executed instead with ``detour_prob``), and each kept state is
+    labelled with the expert's actions at it and the next ``H - 1`` states, and the ``H``
+    frames that follow it (where a detour ran, the frames show the detour; the labels stay the
+    expert's). Past the episode's end the last action and frame repeat. Actions are the
+    metaworld adapter's raw ones (:meth:`MetaWorldAdapter.raw_actions`)."""
+    from cosmos3_gym.envs.metaworld import (
+        METAWORLD_LAYOUTS_PER_TASK,
+        METAWORLD_TASK_DESCRIPTIONS,
+        MetaWorldEnv,
+        MetaWorldExpert,
+    )
+    from cosmos3_gym.policy.adapters import MetaWorldAdapter
+
+    tasks = list(cfg.tasks or ())
+    prompts = tuple(METAWORLD_TASK_DESCRIPTIONS[t] for t in tasks)
+    steps = cfg.max_episode_steps or METAWORLD_DEMO_STEPS
+    horizon = cfg.action_horizon
+
+    def run() -> Iterator[Sample | None]:
+        envs = {t: MetaWorldEnv(t, image_size=cfg.image_size, max_episode_steps=steps,
+                                shadows=False) for t in tasks}
+        experts = {t: MetaWorldExpert(t) for t in tasks}
+        try:
+            for episode in episodes:
+                index = episode % len(tasks)
+                env, expert = envs[tasks[index]], experts[tasks[index]]
+                rng = np.random.default_rng([cfg.seed, episode])
+                layout = (episode // len(tasks)) % METAWORLD_LAYOUTS_PER_TASK
+                obs, _ = env.reset(options={"layout_id": layout})
+                frames, labels, keep = [obs["image"]], [], []
+                for _ in range(steps):
+                    labels.append(np.clip(expert.act(env.raw_observation), -1.0, 1.0))
+                    keep.append(rng.random() < cfg.keep_prob)
+                    if rng.random() < cfg.detour_prob:
+                        action = rng.uniform(-1.0, 1.0, size=4).astype(np.float32)
+                    else:
+                        action = labels[-1]
+                    obs, _, terminated, truncated, _ = env.step(action)
+                    frames.append(obs["image"])
+                    if terminated or truncated:
+                        break
+                labels.append(np.clip(expert.act(env.raw_observation), -1.0, 1.0))
+                raw = MetaWorldAdapter.raw_actions(np.stack(labels))  # [T + 1, 4]
+                last = len(frames) - 1
+                for t in np.flatnonzero(keep):
+                    ahead = np.minimum(np.arange(t, t + horizon), last)
+                    yield (frames[t], index, raw[ahead].astype(np.float32),
+                           np.stack([frames[k] for k in np.minimum(ahead + 1, last)]))
+                yield None
+        finally:
+            for env in envs.values():
+                env.close()
+
+    return prompts, run()
 
 
 # ---------------------------------------------------------------------- pipeline inputs
@@ -92,14 +179,14 @@ def collect_demos(
 
 @dataclass
 class EncodedDemos:
-    """What the transformer sees: clean latents, caption tokens per colour, action targets."""
+    """What the transformer sees: clean latents, caption tokens per prompt, action targets."""
 
     latents: torch.Tensor  # [N, 48, T, h, w] normalised: frame 0 the observation (T = 1: only
     # it, the "still" target), frames 1.. the real future (the "future" target)
-    colors: torch.Tensor  # [N] index into the caption batch
+    prompt_ids: torch.Tensor  # [N] index into the caption batch
     actions: torch.Tensor  # [N, H, 64] float32, channels >= raw_action_dim zero
-    input_ids: torch.Tensor  # [4, L] one JSON caption per colour
-    text_mask: torch.Tensor  # [4, L]
+    input_ids: torch.Tensor  # [P, L] one JSON caption per prompt
+    text_mask: torch.Tensor  # [P, L]
 
 
 def encode_demos(
@@ -108,7 +195,7 @@ def encode_demos(
 ) -> EncodedDemos:
     """Turn demos into the pipeline's exact tensors through its own stages: preprocess and
     encode (the image on the tier canvas, the VAE latent of its content) and the prompt stage's
-    tokens (the JSON caption of each colour). ``future_latents`` (raw ``[N, 48, T, h, w]`` clip
+    tokens (the JSON caption of each prompt). ``future_latents`` (raw ``[N, 48, T, h, w]`` clip
     latents from :func:`encode_raw_latents`) append the real future's latent frames 1..,
     normalised with the checkpoint VAE's statistics."""
     policy = pipe.policy
@@ -138,14 +225,14 @@ def encode_demos(
             1, -1, 1, 1, 1)
         latent = torch.cat([latent, future], dim=2)
     captions = MicroBatch(
-        indices=list(range(len(COLOR_ORDER))), images=[],
-        prompts=[prompt_for(color) for color in COLOR_ORDER], seeds=[], plan=plan,
+        indices=list(range(len(demos.prompts))), images=[], prompts=list(demos.prompts),
+        seeds=[], plan=plan,
     )
     input_ids, text_mask = pipe.prompt.tokenize(captions, params)
     actions = torch.zeros(len(demos), policy.action_horizon, pipe.noise.action_dim)
     actions[..., : policy.raw_action_dim] = torch.from_numpy(demos.chunks)
     return EncodedDemos(
-        latents=latent, colors=torch.from_numpy(demos.colors), actions=actions,
+        latents=latent, prompt_ids=torch.from_numpy(demos.prompt_ids), actions=actions,
         input_ids=input_ids, text_mask=text_mask,
     )
 

@@ -1,4 +1,5 @@
-"""Train a tiny Cosmos3 policy on ColorReach expert demos, deterministically on CPU.
+"""Train a tiny Cosmos3 policy on expert demos (ColorReach's, or Meta-World's scripted experts
+with ``--env metaworld --tasks ...``), deterministically on CPU.
 
 The recipe, end to end:
 
@@ -15,7 +16,9 @@ The recipe, end to end:
    detours (DAgger-lite: with probability ``detour_prob`` a random velocity is executed instead,
    so off-expert states are visited); every kept state is labelled with the expert's open-loop
    chunk of ``H`` actions from that state and the ``H`` frames the env renders as that chunk
-   runs (the env is deterministic: :meth:`ColorReachEnv.preview`).
+   runs (the env is deterministic: :meth:`ColorReachEnv.preview`). Meta-World's experts read
+   the simulator's state, so there the episode is recorded whole and a state is labelled with
+   the expert's actions along it (:func:`~cosmos3_gym.train.demos.collect_demos`).
 3. **Pipeline inputs.** Each sample goes through the pipeline's own stages
    (:func:`~cosmos3_gym.train.demos.encode_demos`): preprocess and encode (the 128x128 image on
    the 256 canvas, 8x8 content latents, one 2x2 patch per arena cell) and the prompt stage's
@@ -45,7 +48,7 @@ The recipe, end to end:
 6. **Optimiser.** AdamW, linear warmup then cosine decay, a fixed number of steps, a fixed data
    order from the seed, ``torch.use_deterministic_algorithms(True)``.
 7. **Success while training** (``eval_every``): every ``eval_every`` steps the model being
-   trained is evaluated on ColorReach as it is in memory, by the evaluation's own call
+   trained is evaluated on the demos' env as it is in memory, by the evaluation's own call
    (:func:`cosmos3_gym.evaluate`, ``eval_trials`` per task from ``eval_seed``);
    ``train_log.json`` keeps each result. The call restores the model's mode and the random
    number generators, so the training's losses and weights are the same bits with or without
@@ -74,6 +77,8 @@ import torch
 from cosmos3_gym.jsonio import write_text_atomic
 from cosmos3_gym.progress import progress_bar
 from cosmos3_gym.train.config import (
+    DEMO_ENVS,
+    METAWORLD_DEMO_STEPS,
     VIDEO_NOISE,
     TrainConfig,
     policy_overrides,
@@ -95,6 +100,20 @@ VIDEO_TARGETS = ("still", "future")
 
 def check_recipe(cfg: TrainConfig) -> None:
     """Refuse knobs that name no recipe or contradict each other, before anything is written."""
+    if cfg.env not in DEMO_ENVS:
+        raise ValueError(f"env: expected one of {DEMO_ENVS}, got {cfg.env!r}")
+    if cfg.env == "metaworld":
+        from cosmos3_gym.envs.metaworld import check_metaworld_runs, check_metaworld_tasks
+
+        if not cfg.tasks:
+            raise ValueError("--env metaworld: name the tasks whose experts give the demos "
+                             "with --tasks (e.g. button-press-topdown-v3)")
+        check_metaworld_tasks(cfg.tasks)
+        check_metaworld_runs()
+    elif cfg.tasks is not None or cfg.max_episode_steps is not None:
+        given = [f for f in ("tasks", "max_episode_steps") if getattr(cfg, f) is not None]
+        raise ValueError(f"{', '.join(given)}: apply to --env metaworld; ColorReach's demos "
+                         "take all four colours and the env's own episode length")
     if cfg.video_target not in VIDEO_TARGETS:
         raise ValueError(f"video_target: expected one of {VIDEO_TARGETS}, got {cfg.video_target!r}")
     if cfg.video_noise not in VIDEO_NOISE:
@@ -178,7 +197,7 @@ def flow_matching_loss(
     noisy_vision = (1.0 - s_v) * x0_vision + s_v * eps_vision
     noisy_vision[:, :, :1] = cond  # latent frame 0 is the clean observation
 
-    text = model.encode_text(data.input_ids, data.text_mask).rows(data.colors[index])
+    text = model.encode_text(data.input_ids, data.text_mask).rows(data.prompt_ids[index])
     layout = model.gen_layout(
         text, latent_shape=tuple(noisy_vision.shape[2:]), num_actions=horizon, fps=fps
     )
@@ -382,8 +401,9 @@ def _train(cfg: TrainConfig, out: Path, progress: bool) -> dict[str, Any]:
 def success_while_training(model: torch.nn.Module, pipe: Any, cfg: TrainConfig,
                            evaluations: list[dict[str, Any]]
                            ) -> Callable[[int], dict[str, Any]] | None:
-    """The hook that evaluates ``model`` (the transformer being trained) on ColorReach at a
-    step, appending each result to ``evaluations`` (None without ``cfg.eval_every``): a
+    """The hook that evaluates ``model`` (the transformer being trained) on the demos' env
+    (ColorReach, or Meta-World's tasks without shadows, as the demos were rendered) at a step,
+    appending each result to ``evaluations`` (None without ``cfg.eval_every``): a
     pipeline around the model itself, its projections unfused (fused copies would not follow
     the optimiser), with ``pipe``'s VAE, tokenizer and head."""
     if not cfg.eval_every:
@@ -397,9 +417,14 @@ def success_while_training(model: torch.nn.Module, pipe: Any, cfg: TrainConfig,
         model, pipe.vae, pipe.tokenizer, pipe.policy, contract=pipe.contract,
         options=replace(pipe.options, fuse_projections=False))
 
+    env: dict[str, Any] = {}
+    if cfg.env == "metaworld":
+        env = {"tasks": list(cfg.tasks or ()), "env_kwargs": {"shadows": False},
+               "max_episode_steps": cfg.max_episode_steps or METAWORLD_DEMO_STEPS}
+
     def hook(step: int) -> dict[str, Any]:
-        results = evaluate(being_trained, "color_reach", trials=cfg.eval_trials,
-                           seed=cfg.eval_seed, image_size=cfg.image_size)
+        results = evaluate(being_trained, cfg.env, trials=cfg.eval_trials,
+                           seed=cfg.eval_seed, image_size=cfg.image_size, **env)
         point = {"step": step, "success_rate": results.success_rate,
                  "interval": list(results.interval), "episodes": len(results.episodes)}
         evaluations.append(point)
