@@ -58,7 +58,7 @@ class TrainConfig:
     # a visited state is kept as a sample (fewer samples per layout, more layouts per VAE second).
     episodes: int = _knob(1400, "expert episodes collected as demos")
     detour_prob: float = _knob(
-        0.3, "chance per step that a random velocity replaces the expert's (off-expert states)"
+        0.3, "chance per step that a random action replaces the expert's (off-expert states)"
     )
     keep_prob: float = _knob(0.3, "chance that a visited state is kept as a training sample")
     image_size: int = _knob(128, "the env's square image size in pixels; the demos'")
@@ -156,6 +156,15 @@ def transformer_overrides(cfg: TrainConfig) -> dict[str, Any]:
         "rope_axes_dim": axes,
         "rope_scaling": {"mrope_section": axes, "mrope_interleaved": True},
     }
+
+
+def demo_episode_steps(cfg: TrainConfig) -> int | None:
+    """The step limit of ``cfg``'s demo episodes and of its success measurements while
+    training: ``--max-episode-steps``, else :data:`METAWORLD_DEMO_STEPS` on Meta-World; None
+    on ColorReach (its episodes keep their own)."""
+    if cfg.env == "metaworld":
+        return cfg.max_episode_steps or METAWORLD_DEMO_STEPS
+    return None
 
 
 def policy_overrides(cfg: TrainConfig) -> dict[str, Any]:

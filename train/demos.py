@@ -22,7 +22,7 @@ from cosmos3_gym.envs.color_reach import prompt_for
 from cosmos3_gym.pipeline.preprocess import CanvasPlan, plan_canvas
 from cosmos3_gym.pipeline.stages import MicroBatch, SamplingParams
 from cosmos3_gym.progress import progress_bar
-from cosmos3_gym.train.config import METAWORLD_DEMO_STEPS, TrainConfig
+from cosmos3_gym.train.config import TrainConfig, demo_episode_steps
 from cosmos3_gym.train.vae import encode_clips
 
 
@@ -133,7 +133,7 @@ def _metaworld_demos(
 
     tasks = list(cfg.tasks or ())
     prompts = tuple(METAWORLD_TASK_DESCRIPTIONS[t] for t in tasks)
-    steps = cfg.max_episode_steps or METAWORLD_DEMO_STEPS
+    steps = demo_episode_steps(cfg)
     horizon = cfg.action_horizon
 
     def run() -> Iterator[Sample | None]:

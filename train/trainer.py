@@ -78,9 +78,9 @@ from cosmos3_gym.jsonio import write_text_atomic
 from cosmos3_gym.progress import progress_bar
 from cosmos3_gym.train.config import (
     DEMO_ENVS,
-    METAWORLD_DEMO_STEPS,
     VIDEO_NOISE,
     TrainConfig,
+    demo_episode_steps,
     policy_overrides,
     transformer_overrides,
 )
@@ -420,7 +420,7 @@ def success_while_training(model: torch.nn.Module, pipe: Any, cfg: TrainConfig,
     env: dict[str, Any] = {}
     if cfg.env == "metaworld":
         env = {"tasks": list(cfg.tasks or ()), "env_kwargs": {"shadows": False},
-               "max_episode_steps": cfg.max_episode_steps or METAWORLD_DEMO_STEPS}
+               "max_episode_steps": demo_episode_steps(cfg)}
 
     def hook(step: int) -> dict[str, Any]:
         results = evaluate(being_trained, cfg.env, trials=cfg.eval_trials,
