@@ -66,14 +66,11 @@ def collect_demos(
     ``range(cfg.episodes)``) picks the episode indices (the VAE's held-out clips come from
     indices past the training ones)."""
     episodes = range(cfg.episodes) if episodes is None else episodes
-    if cfg.env == "metaworld":
-        prompts, samples = _metaworld_demos(cfg, episodes)
-    elif cfg.env == "color_reach":
-        prompts, samples = tuple(prompt_for(c) for c in COLOR_ORDER), _color_reach_demos(
-            cfg, episodes)
-    else:
-        raise ValueError(f"demos: no expert for env {cfg.env!r}; expected color_reach or "
-                         "metaworld")
+    collectors = {"color_reach": _color_reach_demos, "metaworld": _metaworld_demos}
+    if cfg.env not in collectors:
+        raise ValueError(f"demos: no expert for env {cfg.env!r}; expected one of "
+                         f"{list(collectors)}")
+    prompts, samples = demo_prompts(cfg), collectors[cfg.env](cfg, episodes)
     images, prompt_ids, chunks, futures = [], [], [], []
     bar = progress_bar(enabled=progress, total=len(episodes), desc="demos", unit="ep")
     for sample in samples:
@@ -87,6 +84,16 @@ def collect_demos(
     bar.close()
     return Demos(np.stack(images), np.asarray(prompt_ids, np.int64), np.stack(chunks),
                  np.stack(futures), prompts)
+
+
+def demo_prompts(cfg: TrainConfig) -> tuple[str, ...]:
+    """The demos' prompts, in the order their samples' prompt ids index: ColorReach's four
+    colours, or each of ``cfg.tasks``'s Meta-World task descriptions."""
+    if cfg.env == "metaworld":
+        from cosmos3_gym.envs.metaworld import METAWORLD_TASK_DESCRIPTIONS
+
+        return tuple(METAWORLD_TASK_DESCRIPTIONS[t] for t in cfg.tasks or ())
+    return tuple(prompt_for(c) for c in COLOR_ORDER)
 
 
 def _color_reach_demos(cfg: TrainConfig, episodes: range) -> Iterator[Sample | None]:
@@ -112,9 +119,7 @@ def _color_reach_demos(cfg: TrainConfig, episodes: range) -> Iterator[Sample | N
         yield None
 
 
-def _metaworld_demos(
-    cfg: TrainConfig, episodes: range
-) -> tuple[tuple[str, ...], Iterator[Sample | None]]:
+def _metaworld_demos(cfg: TrainConfig, episodes: range) -> Iterator[Sample | None]:
     """Meta-World: episode ``k`` runs task ``k mod T`` of ``cfg.tasks`` on layout
     ``(k // T) mod 50``, frames rendered without shadows. Its expert reads the simulator's
     state, so a chunk cannot be previewed: the episode is recorded whole (the expert's action
@@ -123,55 +128,45 @@ def _metaworld_demos(
     frames that follow it (where a detour ran, the frames show the detour; the labels stay the
     expert's). Past the episode's end the last action and frame repeat. Actions are the
     metaworld adapter's raw ones (:meth:`MetaWorldAdapter.raw_actions`)."""
-    from cosmos3_gym.envs.metaworld import (
-        METAWORLD_LAYOUTS_PER_TASK,
-        METAWORLD_TASK_DESCRIPTIONS,
-        MetaWorldEnv,
-        MetaWorldExpert,
-    )
+    from cosmos3_gym.envs.metaworld import METAWORLD_LAYOUTS_PER_TASK, MetaWorldEnv, MetaWorldExpert
     from cosmos3_gym.policy.adapters import MetaWorldAdapter
 
     tasks = list(cfg.tasks or ())
-    prompts = tuple(METAWORLD_TASK_DESCRIPTIONS[t] for t in tasks)
     steps = demo_episode_steps(cfg)
     horizon = cfg.action_horizon
-
-    def run() -> Iterator[Sample | None]:
-        envs = {t: MetaWorldEnv(t, image_size=cfg.image_size, max_episode_steps=steps,
-                                shadows=False) for t in tasks}
-        experts = {t: MetaWorldExpert(t) for t in tasks}
-        try:
-            for episode in episodes:
-                index = episode % len(tasks)
-                env, expert = envs[tasks[index]], experts[tasks[index]]
-                rng = np.random.default_rng([cfg.seed, episode])
-                layout = (episode // len(tasks)) % METAWORLD_LAYOUTS_PER_TASK
-                obs, _ = env.reset(options={"layout_id": layout})
-                frames, labels, keep = [obs["image"]], [], []
-                for _ in range(steps):
-                    labels.append(np.clip(expert.act(env.raw_observation), -1.0, 1.0))
-                    keep.append(rng.random() < cfg.keep_prob)
-                    if rng.random() < cfg.detour_prob:
-                        action = rng.uniform(-1.0, 1.0, size=4).astype(np.float32)
-                    else:
-                        action = labels[-1]
-                    obs, _, terminated, truncated, _ = env.step(action)
-                    frames.append(obs["image"])
-                    if terminated or truncated:
-                        break
+    envs = {t: MetaWorldEnv(t, image_size=cfg.image_size, max_episode_steps=steps,
+                            shadows=False) for t in tasks}
+    experts = {t: MetaWorldExpert(t) for t in tasks}
+    try:
+        for episode in episodes:
+            index = episode % len(tasks)
+            env, expert = envs[tasks[index]], experts[tasks[index]]
+            rng = np.random.default_rng([cfg.seed, episode])
+            layout = (episode // len(tasks)) % METAWORLD_LAYOUTS_PER_TASK
+            obs, _ = env.reset(options={"layout_id": layout})
+            frames, labels, keep = [obs["image"]], [], []
+            for _ in range(steps):
                 labels.append(np.clip(expert.act(env.raw_observation), -1.0, 1.0))
-                raw = MetaWorldAdapter.raw_actions(np.stack(labels))  # [T + 1, 4]
-                last = len(frames) - 1
-                for t in np.flatnonzero(keep):
-                    ahead = np.minimum(np.arange(t, t + horizon), last)
-                    yield (frames[t], index, raw[ahead].astype(np.float32),
-                           np.stack([frames[k] for k in np.minimum(ahead + 1, last)]))
-                yield None
-        finally:
-            for env in envs.values():
-                env.close()
-
-    return prompts, run()
+                keep.append(rng.random() < cfg.keep_prob)
+                if rng.random() < cfg.detour_prob:
+                    action = rng.uniform(-1.0, 1.0, size=4).astype(np.float32)
+                else:
+                    action = labels[-1]
+                obs, _, terminated, truncated, _ = env.step(action)
+                frames.append(obs["image"])
+                if terminated or truncated:
+                    break
+            labels.append(np.clip(expert.act(env.raw_observation), -1.0, 1.0))
+            raw = MetaWorldAdapter.raw_actions(np.stack(labels))  # [T + 1, 4]
+            last = len(frames) - 1
+            for t in np.flatnonzero(keep):
+                ahead = np.minimum(np.arange(t, t + horizon), last)
+                yield (frames[t], index, raw[ahead].astype(np.float32),
+                       np.stack([frames[k] for k in np.minimum(ahead + 1, last)]))
+            yield None
+    finally:
+        for env in envs.values():
+            env.close()
 
 
 # ---------------------------------------------------------------------- pipeline inputs
