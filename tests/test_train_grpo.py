@@ -309,14 +309,17 @@ def test_the_dual_clip_stops_a_bad_chunk_the_update_made_far_likelier(dual_clip,
     assert objective.tolist()[0] == (-5.0 if dual_clip is None else -3.0)
 
 
-def test_groups_split_over_ranks_are_the_episodes_of_the_whole_iteration() -> None:
+@pytest.mark.parametrize("starts", [None, [1, 0, 6, 7]], ids=["fresh", "replayed"])
+def test_groups_split_over_ranks_are_the_episodes_of_the_whole_iteration(starts) -> None:
     """Two ranks' schedules together hand out exactly one process's episodes (same ids, seeds
-    and reset options), so the collection does not depend on the launch."""
+    and reset options), so the collection does not depend on the launch; also where groups
+    rerun earlier groups' start states (--replay-groups)."""
     env = ColorReachEval()
-    whole = GroupEpisodes(env, 7, range(4, 8), 3)
+    whole = GroupEpisodes(env, 7, range(4, 8), 3, starts=starts)
     one = [whole.next(s) for s in range(12)]
     dp = [DataParallel(r, 2) for r in range(2)]
-    shares = [GroupEpisodes(env, 7, d.groups_of(list(range(4, 8))), 3) for d in dp]
+    shares = [GroupEpisodes(env, 7, d.groups_of(list(range(4, 8))), 3,
+                            starts=None if starts is None else d.groups_of(starts)) for d in dp]
     split = [spec for share in shares for spec in (share.next(s) for s in range(6))]
     assert sorted((s.id, s.seed, str(s.reset_options)) for s in split) == sorted(
         (s.id, s.seed, str(s.reset_options)) for s in one)
@@ -438,13 +441,15 @@ def test_a_missing_checkpoint_says_how_to_make_one(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("ema", [["--keep", "last"], ["--keep", "last", "--ema", "0.5"], []],
-                         ids=["trained", "ema", "keep-best"])
+@pytest.mark.parametrize("ema", [["--keep", "last"], ["--keep", "last", "--ema", "0.5"], [],
+                                 ["--replay-groups", "1"]],
+                         ids=["trained", "ema", "keep-best", "replay"])
 def test_a_killed_run_resumes_to_the_uninterrupted_curve(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch,
                                                          ema: list[str]) -> None:
     """The saved state holds all a run goes on from: under --ema, the average too (the later
-    measurements are of it); under --keep best, the kept weights (the result)."""
+    measurements are of it); under --keep best, the kept weights (the result); under
+    --replay-groups, the start states to rerun (read from the restored curve)."""
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     short = [*SHORT, *ema]
     assert _grpo("--out", str(whole), "--iterations", "4", *short) == 0
@@ -471,6 +476,29 @@ def test_a_killed_run_resumes_to_the_uninterrupted_curve(tmp_path: Path,
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     a, b = _written(whole / "checkpoint"), _written(cut / "checkpoint")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_replayed_groups_rerun_the_start_states_whose_groups_disagreed(tmp_path: Path) -> None:
+    """Each iteration's first group reruns the least recently run start state whose latest
+    group disagreed, with its own episode ids (fresh noise); the second starts fresh. The
+    records in curve.json say which start each group ran and whether it disagreed."""
+    out = tmp_path / "grpo"
+    assert _grpo("--out", str(out), "--iterations", "4", *SHORT, "--replay-groups", "1") == 0
+    points = [p for p in _curve(out) if p["iteration"] > 0]
+    candidates: dict[int, int] = {}  # start state -> the last iteration that ran it
+    replayed = 0
+    for p in points:
+        fresh = [2 * (p["iteration"] - 1), 2 * p["iteration"] - 1]
+        again = min(candidates, key=lambda s: (candidates[s], s)) if candidates else None
+        assert p["group_starts"] == [fresh[0] if again is None else again, fresh[1]]
+        replayed += again is not None
+        assert sum(p["group_signal"]) == p["groups"] - p["silent_groups"]
+        for start, signal in zip(p["group_starts"], p["group_signal"], strict=True):
+            if signal:
+                candidates[start] = p["iteration"]
+            else:
+                candidates.pop(start, None)
+    assert replayed >= 1  # at noise level 2 most groups disagree: the test reruns some
 
 
 def test_a_run_folder_refuses_another_runs_settings(tmp_path: Path) -> None:
@@ -892,6 +920,7 @@ def test_color_reach_takes_its_speed_from_env_kwargs_and_other_keys_are_refused(
     ({"synthetic": "tiny", "checkpoint": "tiny"}, "random weights"),
     ({"keep": "best", "test_seed": 1_000_000}, "test_seed .* must differ from seed"),
     ({"keep": "best", "test_seed": 0}, "neither training nor the selection saw"),
+    ({"groups": 2, "replay_groups": 2}, r"replay_groups must be below groups \(2\)"),
 ])
 def test_bad_settings_are_refused_before_anything_runs(settings, message) -> None:
     with pytest.raises(ValueError, match=message):

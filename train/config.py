@@ -243,6 +243,12 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         "rl.md: how to size groups)", group="rl", parse=positive_int)
     groups: int = setting(2, "groups collected per iteration (at least one per rank)",
                           group="rl", parse=positive_int)
+    replay_groups: int = setting(
+        0, "of each iteration's groups, this many rerun (with fresh noise) a start state whose "
+        "latest group disagreed, least recently run first, while there are such start states "
+        "(the others start fresh; a start state whose group agrees is not rerun again): "
+        "episodes go where success is in doubt; must be below --groups; 0: every group from a "
+        "fresh start state", group="rl", parse=nonnegative_int)
     reward: str = setting(
         "success", "what an episode scores: success (1 or 0, the benchmark's own signal) or "
         "return (the sum of the env's rewards)", group="rl", choices=REWARDS)
@@ -365,6 +371,9 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (GRPO compares a group); found "
                              f"{self.group_size}")
+        if self.replay_groups >= self.groups:
+            raise ValueError(f"replay_groups must be below groups ({self.groups}): each "
+                             f"iteration starts one group fresh; found {self.replay_groups}")
         if self.microbatch is not None and not 1 <= self.microbatch <= self.minibatch:
             raise ValueError(f"microbatch must be between 1 and minibatch ({self.minibatch}); "
                              f"found {self.microbatch}")

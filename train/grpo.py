@@ -6,6 +6,8 @@ One iteration, as :func:`_run` reads:
    (the family's task and trial: a LIBERO init state, a gym seed), rolled with a stochastic
    sampler (:func:`~cosmos3_gym.runner.collect_on_policy` over
    :class:`~cosmos3_gym.runner.GroupEpisodes`): every chunk records its log-probability.
+   Under ``--replay-groups`` some groups rerun start states whose latest group disagreed
+   (:func:`iteration_starts`).
 2. **Advantages.** Each episode's reward (its success, or its return) against its group's
    (:func:`batch_signal`): the advantage of every chunk it executed.
 3. **Update.** PPO's clipped surrogate on :func:`~cosmos3_gym.pipeline.chunk_log_prob`
@@ -117,6 +119,7 @@ class Signal:
     weights: torch.Tensor  # [N]: each chunk's share of the loss (1 per chunk on average)
     old_log_prob: torch.Tensor  # [N]
     stats: dict[str, float]
+    disagreed: list[int]  # the complete groups whose episodes disagree (their chunks are here)
 
 
 def batch_signal(batch: dict[str, Any], group_size: int, reward: str, advantages: str = "group",
@@ -157,18 +160,59 @@ def batch_signal(batch: dict[str, Any], group_size: int, reward: str, advantages
     rows = torch.nonzero(keep).flatten().numpy()
     keys = np.stack([chunk_episode.numpy()[rows], batch["chunk_index"].numpy()[rows]], axis=1) \
         if rows.size else np.zeros((0, 2), np.int64)
+    finished_groups = torch.unique(groups[complete]).tolist()
+    disagreed = [int(g) for g in finished_groups if (adv_ep[groups == g] != 0).any()]
     stats = {
         "episodes": float(complete.sum()), "successes": float(
             batch["episode_success"][complete].float().sum()),
         "return_sum": float(batch["episode_return"][complete].float().sum()),
-        "groups": float(torch.unique(groups[complete]).numel()),
-        "silent_groups": float(sum(1 for g in torch.unique(groups[complete])
-                                   if (adv_ep[groups == g] == 0).all())),
+        "groups": float(len(finished_groups)),
+        "silent_groups": float(len(finished_groups) - len(disagreed)),
         "chunks_with_signal": float(rows.size),
     }
     weights = chunk_weights(chunk_episode[rows], aggregate, dp)
     return Signal(rows, keys.astype(np.int64), adv_ep[chunk_ep_row][rows], weights,
-                  batch["chunk_log_prob"][rows], stats)
+                  batch["chunk_log_prob"][rows], stats, disagreed)
+
+
+def replay_candidates(curve: list[dict[str, Any]]) -> dict[int, int]:
+    """The start states ``--replay-groups`` may rerun, each with the last iteration that ran
+    it: those whose latest group disagreed. Read from the curve's records of each iteration's
+    groups (``group_starts``: the start state of each, by the group that first ran it;
+    ``group_signal``: 1 where its episodes disagreed), so a resumed run, whose curve is
+    restored, reruns what the uninterrupted one would.
+
+    >>> replay_candidates([{"iteration": 1, "group_starts": [0, 1], "group_signal": [1, 1]},
+    ...                    {"iteration": 2, "group_starts": [1, 3], "group_signal": [0, 1]}])
+    {0: 1, 3: 2}
+    """
+    candidates: dict[int, int] = {}
+    for point in curve:
+        for start, signal in zip(point.get("group_starts", ()), point.get("group_signal", ()),
+                                 strict=True):
+            if signal:
+                candidates[int(start)] = int(point["iteration"])
+            else:
+                candidates.pop(int(start), None)
+    return candidates
+
+
+def iteration_starts(ids: list[int], replay_groups: int, curve: list[dict[str, Any]]
+                     ) -> list[int]:
+    """The start state of each of an iteration's groups ``ids``: the first ``replay_groups``
+    rerun the :func:`replay_candidates` least recently run (the lower start first in a tie),
+    as many as there are; every other group starts at its own start state.
+
+    >>> curve = [{"iteration": 1, "group_starts": [0, 1], "group_signal": [1, 1]},
+    ...          {"iteration": 2, "group_starts": [1, 3], "group_signal": [1, 0]}]
+    >>> iteration_starts([4, 5], 1, curve), iteration_starts([4, 5, 6], 2, curve)
+    ([0, 5], [0, 1, 6])
+    >>> iteration_starts([4, 5], 0, curve), iteration_starts([4, 5], 1, [])
+    ([4, 5], [4, 5])
+    """
+    candidates = replay_candidates(curve) if replay_groups else {}
+    again = sorted(candidates, key=lambda s: (candidates[s], s))[:replay_groups]
+    return again + list(ids[len(again):])
 
 
 def chunk_weights(episodes: torch.Tensor, aggregate: str, dp: DataParallel | None = None
@@ -560,7 +604,9 @@ def _run(run: Any, progress: bool, budget: int, folder: Any) -> dict[str, Any] |
                 torch.cuda.reset_peak_memory_stats(device)
             # 1. Collect: this rank's share of the iteration's groups, numbered run-wide.
             ids = list(range((it - 1) * cfg.groups, it * cfg.groups))
-            schedule = GroupEpisodes(eval_env, cfg.seed, dp.groups_of(ids), cfg.group_size)
+            starts = iteration_starts(ids, cfg.replay_groups, curve)
+            schedule = GroupEpisodes(eval_env, cfg.seed, dp.groups_of(ids), cfg.group_size,
+                                     starts=dp.groups_of(starts))
             policy = VectorPolicy(learner.pipe, adapter=adapter,
                                   n_action_steps=cfg.n_action_steps, sampling=sampling,
                                   seed_rule=group_seed_rule(cfg.seed))
@@ -577,6 +623,11 @@ def _run(run: Any, progress: bool, budget: int, folder: Any) -> dict[str, Any] |
             t2 = time.perf_counter()
             point = grpo_report.curve_point(it, dp.all_sum(signal.stats), dp.all_sum(sums),
                                             t1 - t0, t2 - t1, device, lr)
+            # Each group's start state and whether it disagreed, over every rank's groups:
+            # what --replay-groups reruns (iteration_starts reads it back from the curve).
+            disagreed = dp.all_sum({str(g): float(g in signal.disagreed) for g in ids})
+            point["group_starts"] = starts
+            point["group_signal"] = [int(disagreed[str(g)]) for g in ids]
             # 4. Measure.
             over = bool(cfg.time_budget_s) and dp.any(
                 time.perf_counter() - start > cfg.time_budget_s)
@@ -675,7 +726,8 @@ def _finish(cfg: GRPOConfig, learner: Learner, curve: list[dict[str, Any]], out:
 # Settings added since the first GRPO folders, as those runs had them.
 _ADDED_SETTINGS = {"lr_warmup": 0, "target_kl": None, "advantages": "group", "aggregate": "chunk",
                    "dual_clip": None, "lr_half_life": None, "sde_steps": "random",
-                   "ratio": "chunk", "ema": None, "keep": "last", "test_seed": 2_000_000}
+                   "ratio": "chunk", "ema": None, "keep": "last", "test_seed": 2_000_000,
+                   "replay_groups": 0}
 
 
 # ---------------------------------------------------------------------- set-up

@@ -135,7 +135,9 @@ class GroupEpisodes:
     ``groups[s // G]``. Group ``g`` is the family's task ``g % n_tasks``, trial ``g // n_tasks``
     (the :class:`TaskRotation` order), so its ``G`` members share the task, env seed and init
     state; member ``m`` of group ``g`` has the run-wide id ``g·G + m``, which is also its
-    ``rule_episode`` (the chunk-seed coordinate of :func:`group_seed_rule`).
+    ``rule_episode`` (the chunk-seed coordinate of :func:`group_seed_rule`). ``starts``, one
+    per group, reruns another group's start state: group ``groups[i]`` then starts where group
+    ``starts[i]`` started, with its own ids (fresh noise); GRPO's ``--replay-groups``.
 
     >>> from cosmos3_gym.envs import ColorReachEval
     >>> schedule = GroupEpisodes(ColorReachEval(["red", "blue"]), seed=0, groups=[3, 4],
@@ -145,13 +147,21 @@ class GroupEpisodes:
     [(6, 3, 'blue', 1), (7, 3, 'blue', 1), (8, 4, 'red', 2), (9, 4, 'red', 2)]
     >>> schedule.next(0) is None
     True
+    >>> again = GroupEpisodes(ColorReachEval(["red", "blue"]), seed=0, groups=[3, 4],
+    ...                       group_size=2, starts=[3, 1])
+    >>> [(s.id, s.tag.group, s.tag.episode.task, s.tag.episode.trial)
+    ...  for s in (again.next(slot) for slot in range(4))]
+    [(6, 3, 'blue', 1), (7, 3, 'blue', 1), (8, 4, 'blue', 0), (9, 4, 'blue', 0)]
     """
 
-    def __init__(self, env: EvalEnv, seed: int, groups: Iterable[int], group_size: int) -> None:
+    def __init__(self, env: EvalEnv, seed: int, groups: Iterable[int], group_size: int,
+                 starts: Iterable[int] | None = None) -> None:
         self.groups = [int(g) for g in groups]
-        if group_size < 1 or any(g < 0 for g in self.groups):
-            raise ValueError(f"expected group_size >= 1 and group ids >= 0; found {group_size} "
-                             f"and {self.groups}")
+        self.starts = list(self.groups) if starts is None else [int(s) for s in starts]
+        if group_size < 1 or any(g < 0 for g in self.groups + self.starts) \
+                or len(self.starts) != len(self.groups):
+            raise ValueError(f"expected group_size >= 1, group ids >= 0 and one start per "
+                             f"group; found {group_size}, {self.groups} and {self.starts}")
         self.env, self.seed, self.group_size = env, int(seed), group_size
         self._given = [False] * (len(self.groups) * group_size)
 
@@ -167,8 +177,8 @@ class GroupEpisodes:
             return None
         self._given[slot] = True
         group, member = self.groups[slot // self.group_size], slot % self.group_size
-        n = len(self.env.tasks)
-        episode = self.env.episode(group % n, group // n, self.seed)
+        start, n = self.starts[slot // self.group_size], len(self.env.tasks)
+        episode = self.env.episode(start % n, start // n, self.seed)
         episode_id = group * self.group_size + member
         return EpisodeSpec(id=episode_id, seed=episode.seed,
                            reset_options=self.env.reset_options(episode),
