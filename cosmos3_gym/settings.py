@@ -142,19 +142,24 @@ def unit_fraction(text: str) -> float | None:
     return _number_or_none(text, 0.0, 1.0, "a number between 0 and 1 (both excluded)")
 
 
-def sde_steps_value(text: str) -> str | tuple[int, ...]:
-    """``--sde-steps``: ``random``, ``all`` or comma-separated step indices.
+# ``--sde-steps`` by name: one random step per chunk, the same but never the last (narrowest)
+# step, or every step; otherwise step indices (cosmos3_gym.pipeline.sde.StochasticSampling).
+SDE_STEP_NAMES = ("random", "random-but-last", "all")
 
-    >>> sde_steps_value("2,3"), sde_steps_value("all")
-    ((2, 3), 'all')
+
+def sde_steps_value(text: str) -> str | tuple[int, ...]:
+    """``--sde-steps``: a name of :data:`SDE_STEP_NAMES` or comma-separated step indices.
+
+    >>> sde_steps_value("2,3"), sde_steps_value("all"), sde_steps_value("random-but-last")
+    ((2, 3), 'all', 'random-but-last')
     """
-    if text in ("random", "all"):
+    if text in SDE_STEP_NAMES:
         return text
     try:
         return tuple(int(t) for t in text.split(","))
     except ValueError:
-        raise ValueError(f"expected 'random', 'all' or comma-separated step indices; found "
-                         f"{text!r}") from None
+        raise ValueError(f"expected one of {', '.join(SDE_STEP_NAMES)} or comma-separated step "
+                         f"indices; found {text!r}") from None
 
 
 def latency_values(text: str) -> str:
@@ -264,9 +269,9 @@ RULES: dict[Callable[[str], Any], tuple[Callable[[Any], bool], str]] = {
                       and 1 < v < float("inf"), "a finite number > 1 (or None: off)"),
     unit_fraction: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
                     and 0 < v < 1, "a number between 0 and 1, both excluded (or None: off)"),
-    sde_steps_value: (lambda v: v in ("random", "all") or (
+    sde_steps_value: (lambda v: v in SDE_STEP_NAMES or (
         isinstance(v, (list, tuple)) and bool(v) and all(_is_int(x) and x >= 0 for x in v)
-        and len(set(v)) == len(v)), "random, all or distinct step indices >= 0"),
+        and len(set(v)) == len(v)), f"{', '.join(SDE_STEP_NAMES)} or distinct step indices >= 0"),
     latency_values: (lambda v: isinstance(v, str) and _reads(latency_values, v),
                      "0, a duration (150ms, 0.3s), a step count (3steps), measured or "
                      "replay:DIR, or several comma-separated"),

@@ -619,3 +619,23 @@ def test_every_step_stochastic_scores_back_on_gpu_and_trains(tmp_path) -> None:
     assert all(np.isfinite(p["approx_kl"]) and np.isfinite(p["loss"]) for p in updates)
     assert done["kept"]["iteration"] in (0, 1) and done["kept"]["test_episodes"] == 4
     assert (run / "checkpoint" / "transformer").is_dir()
+
+
+def test_random_but_last_on_gpu_never_draws_the_last_step_and_scores_back(tmp_path) -> None:
+    """``--sde-steps random-but-last`` on CUDA: 32 chunks draw their one stochastic step from all
+    but the last, and each recomputed log-probability equals the recorded one."""
+    from cosmos3_gym.pipeline import chunk_log_prob
+
+    path = write_tiny_checkpoint(tmp_path / "tiny")
+    pipe = Cosmos3ActionPipeline.from_pretrained(path, device="cuda", dtype=torch.float32)
+    trainable = Cosmos3Transformer.from_pretrained(path / "transformer").to("cuda")
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 255, (32, 128, 128, 3), dtype=np.uint8)
+    prompts = [f"reach the {('red', 'green', 'blue', 'yellow')[k % 4]} target" for k in range(32)]
+    out = pipe(images, prompts, seed=list(range(32)), progress=False, sampler="flow_sde",
+               sde_steps="random-but-last", executed_actions=4)
+    last = pipe.policy.num_inference_steps - 1
+    assert out.stochastic.steps.shape == (32, 1) and int(out.stochastic.steps.max()) < last
+    with torch.no_grad():
+        log_prob = chunk_log_prob(pipe, out.stochastic, prompts, model=trainable)
+    np.testing.assert_allclose(log_prob.cpu().numpy(), out.stochastic.log_prob, rtol=0, atol=1e-3)

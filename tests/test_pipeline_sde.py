@@ -106,7 +106,7 @@ def test_stochastic_step_samples_are_distributed_as_its_log_prob_says(sampler: s
 
 @pytest.mark.parametrize(("sampler", "sde_steps", "guidance"), [
     ("flow_sde", "random", 1.0), ("flow_sde", "all", 1.0), ("flow_cps", (2, 3), 1.0),
-    ("flow_sde", "random", 2.0),
+    ("flow_sde", "random", 2.0), ("flow_sde", "random-but-last", 1.0),
 ])
 def test_recomputed_log_probs_equal_the_recorded_ones(pipe, trainable, sampler, sde_steps,
                                                       guidance) -> None:
@@ -157,6 +157,31 @@ def test_log_prob_counts_the_executed_actions_and_real_dims_only(pipe, trainable
     assert (lower.numpy() < record.log_prob).all()
 
 
+def test_random_but_last_draws_every_step_but_the_narrowest() -> None:
+    """``random-but-last`` (RLinf's ignore_last) draws one step per chunk from all but the last,
+    whose Gaussian is the narrowest; flow_cps's ``random`` never takes that step anyway."""
+    seeds = range(400)
+    drawn = {name: [StochasticSampling("flow_sde", 0.5, name).steps_for(s, 8) for s in seeds]
+             for name in ("random", "random-but-last")}
+    assert sorted({k for (k,) in drawn["random"]}) == list(range(8))
+    assert sorted({k for (k,) in drawn["random-but-last"]}) == list(range(7))
+    for s in seeds:
+        assert (StochasticSampling("flow_cps", 0.5, "random-but-last").steps_for(s, 8)
+                == StochasticSampling("flow_cps", 0.5, "random").steps_for(s, 8))
+    with pytest.raises(ValueError, match="random-but-last needs at least 2 denoising steps"):
+        StochasticSampling("flow_sde", 0.5, "random-but-last").steps_for(0, 1)
+
+
+def test_a_pipeline_call_under_random_but_last_records_no_last_step(pipe) -> None:
+    images, prompts = _inputs(16)
+    out = pipe(images, prompts, seed=list(range(16)), progress=False, sampler="flow_sde",
+               sde_steps="random-but-last")
+    steps = out.stochastic.steps
+    last = pipe.policy.num_inference_steps - 1
+    assert steps.shape == (16, 1) and steps.min() >= 0 and steps.max() < last
+    assert out.stochastic.settings["sde_steps"] == "random-but-last"
+
+
 def test_stochastic_chunks_are_reproducible_from_their_seeds(pipe) -> None:
     images, prompts = _inputs(3)
     a = pipe(images, prompts, seed=[7, 8, 9], progress=False, sampler="flow_sde")
@@ -202,6 +227,8 @@ def test_weights_hash_follows_the_weights(pipe) -> None:
     ({"sampler": "flow_sde", "sde_steps": (99,)}, "sde_steps"),
     ({"sampler": "flow_cps", "sde_steps": (7,)}, "sde_steps"),  # its last step has no noise
     ({"sampler": "flow_sde", "sde_steps": "some"}, "sde_steps"),
+    ({"sampler": "flow_sde", "sde_steps": "random-but-last", "num_inference_steps": 1},
+     "at least 2 denoising steps"),
     ({"sampler": "flow_sde", "executed_actions": 0}, "executed_actions"),
 ])
 def test_bad_sampler_arguments_are_refused(pipe, kwargs, message) -> None:

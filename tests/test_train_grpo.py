@@ -829,6 +829,7 @@ def test_the_estimate_counts_every_step_the_update_scores() -> None:
     from cosmos3_gym.train.config import GRPOConfig
 
     assert memory.stochastic_steps(GRPOConfig(), 8) == 1
+    assert memory.stochastic_steps(GRPOConfig(sde_steps="random-but-last"), 8) == 1
     assert memory.stochastic_steps(GRPOConfig(sde_steps="all"), 8) == 8
     assert memory.stochastic_steps(GRPOConfig(sde_steps="all", num_inference_steps=4), 8) == 4
     assert memory.stochastic_steps(GRPOConfig(sde_steps="all", sampler="flow_cps"), 8) == 7

@@ -262,7 +262,8 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         group="sampler")
     sde_steps: str | tuple[int, ...] = setting(
         "random", "which denoising steps are stochastic (flow_sde, flow_cps): random (one per "
-        "chunk, from its seed), all, or step indices such as 2,3; a chunk's log-probability is "
+        "chunk, from its seed), random-but-last (the same, never the last step, whose Gaussian "
+        "is the narrowest), all, or step indices such as 2,3; a chunk's log-probability is "
         "that of its stochastic steps, which each update scores",
         group="sampler", parse=sde_steps_value)
     num_inference_steps: int | None = setting(

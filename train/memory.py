@@ -257,7 +257,8 @@ def preset_estimate(preset: str, train: str, *, lora_rank: int = 16, microbatch:
 
 def stochastic_steps(cfg: Any, default_steps: int) -> int:
     """How many denoising steps each chunk's scoring forward runs with gradients: one for
-    ``--sde-steps random``, every stochastic step for ``all`` or a list of indices."""
+    ``--sde-steps random`` or ``random-but-last``, every stochastic step for ``all`` or a list
+    of indices."""
     from cosmos3_gym.pipeline.sde import stochastic_sampling
 
     sampling = stochastic_sampling(cfg.sampler, cfg.noise_level, cfg.sde_steps, None)

@@ -387,7 +387,8 @@ class Cosmos3ActionPipeline:
                 (:mod:`cosmos3_gym.pipeline.sde`; ``out.stochastic`` records them).
             noise_level: the stochastic steps' noise level.
             sde_steps: which steps are stochastic (``"random"``: one per chunk, from the item's
-                seed; ``"all"``; or step indices).
+                seed; ``"random-but-last"``: the same, never the last step; ``"all"``; or step
+                indices).
             executed_actions: how many leading actions of a chunk the env executes: the rows
                 the log-probability sums over (default: all H).
         """

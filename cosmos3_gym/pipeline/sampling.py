@@ -85,7 +85,8 @@ class SamplerConfig:
         0.5, "the stochastic steps' noise level (flow_sde, flow_cps)", group="sampler")
     sde_steps: str | tuple[int, ...] = setting(
         "random", "which denoising steps are stochastic (flow_sde, flow_cps): random (one per "
-        "chunk, from its seed), all, or step indices such as 2,3", group="sampler",
+        "chunk, from its seed), random-but-last (the same, never the last step, whose Gaussian "
+        "is the narrowest), all, or step indices such as 2,3", group="sampler",
         parse=sde_steps_value)
     noise: str | None = setting(
         None, "the noise rule: per_chunk (fresh starting noise for every chunk, from its seed) "

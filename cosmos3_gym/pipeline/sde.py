@@ -21,6 +21,7 @@ import torch
 
 from cosmos3_gym.pipeline.sampling import DETERMINISTIC_SAMPLER, SAMPLERS
 from cosmos3_gym.pipeline.scheduler import FlowUniPCScheduler
+from cosmos3_gym.settings import SDE_STEP_NAMES
 
 _STEP_TAG, _NOISE_TAG = 11, 12  # keep the step choice and the noise draws of a seed apart
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -38,7 +39,8 @@ class StochasticSampling:
     sampler: str = "flow_sde"
     # a: flow_sde's g = a·√(σ/(1−σ)); flow_cps's angle π·a/2. RLinf's default.
     noise_level: float = 0.5
-    # "random": one step per chunk drawn from its seed; "all"; or the step indices themselves.
+    # "random": one step per chunk drawn from its seed; "random-but-last": the same, never the
+    # last step (the narrowest Gaussian; RLinf's ignore_last); "all"; or the step indices.
     sde_steps: str | tuple[int, ...] = "random"
     # Actions of the chunk the env executes (their rows count in the log-probability);
     # None: all H.
@@ -57,9 +59,10 @@ class StochasticSampling:
             raise ValueError(f"noise_level: flow_cps takes 0 < a < 1 (angle π·a/2); found {a}")
         steps = self.sde_steps
         if isinstance(steps, str):
-            if steps not in ("random", "all"):
+            if steps not in SDE_STEP_NAMES:
                 raise ValueError(
-                    f"sde_steps: expected 'random', 'all' or step indices; found {steps!r}"
+                    f"sde_steps: expected one of {', '.join(SDE_STEP_NAMES)} or step indices; "
+                    f"found {steps!r}"
                 )
         else:
             steps = tuple(steps)
@@ -81,13 +84,16 @@ class StochasticSampling:
 
     def steps_for(self, seed: int, num_steps: int) -> tuple[int, ...]:
         """The stochastic step indices of an item with ``seed`` under ``num_steps`` steps."""
-        last = num_steps - 1 if self.sampler == "flow_cps" else num_steps  # cps: σ' > 0
+        # The last step is left out by flow_cps (its σ' = 0 has no noise) and by random-but-last.
+        but_last = self.sampler == "flow_cps" or self.sde_steps == "random-but-last"
+        last = num_steps - 1 if but_last else num_steps
         if last < 1:
+            what = self.sampler + (" with random-but-last" if self.sde_steps ==
+                                   "random-but-last" else "")
             raise ValueError(
-                f"{self.sampler} needs at least {2 if self.sampler == 'flow_cps' else 1} "
-                f"denoising steps; found {num_steps}"
+                f"{what} needs at least {num_steps - last + 1} denoising steps; found {num_steps}"
             )
-        if self.sde_steps == "random":
+        if self.sde_steps in ("random", "random-but-last"):
             rng = np.random.default_rng([int(seed), _STEP_TAG])
             return (int(rng.integers(last)),)
         if self.sde_steps == "all":
