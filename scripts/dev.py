@@ -295,6 +295,23 @@ def demo(venv: Environment, args: list[str]) -> int:
     return 0
 
 
+def pytest_workers(args: list[str], cores: int) -> list[str]:
+    """pytest-xdist's options for the suite: two processes where there are two cores, each test
+    file whole on one of them and in its own order (``--dist loadfile``: a module's fixtures
+    are built once, as in one process). Most tests keep one core busy, so two halve the suite's
+    time on CI's two cores. Options of xdist's own among ``args`` decide instead.
+
+    >>> pytest_workers([], 2), pytest_workers([], 1), pytest_workers(["-n", "4"], 2)
+    (['-n', '2', '--dist', 'loadfile'], [], [])
+    >>> pytest_workers(["-p", "no:xdist"], 2), pytest_workers(["--numprocesses=3"], 8)
+    ([], [])
+    """
+    own = ("-n", "--numprocesses", "--dist", "--maxprocesses")
+    if cores < 2 or "no:xdist" in args or any(a.startswith(own) for a in args):
+        return []
+    return ["-n", "2", "--dist", "loadfile"]
+
+
 def test(venv: Environment, args: list[str]) -> int:
     set_up(venv, TEST_EXTRAS)
     env = dict(os.environ)
@@ -311,7 +328,7 @@ def test(venv: Environment, args: list[str]) -> int:
         return code
     # The whole suite, slow tests included (a plain pytest leaves them out: pyproject.toml's
     # addopts). pytest keeps the last -m it is given, so a -m among args selects instead.
-    pytest = ["-q", "-m", "slow or not slow", *args]
+    pytest = ["-q", "-m", "slow or not slow", *pytest_workers(args, os.cpu_count() or 1), *args]
     say(f"==> python -m pytest {shlex.join(pytest)}")
     return venv.run("-m", "pytest", *pytest, env=env)
 
