@@ -105,3 +105,12 @@ def test_bad_demo_settings_are_refused_before_anything_is_written(
     with pytest.raises(ValueError, match=message):
         train(TrainConfig(out=str(out), **knobs), progress=False)
     assert not out.exists()
+
+
+def test_every_family_with_a_policy_head_has_an_expert_and_no_other() -> None:
+    from cosmos3_gym.train.config import DEMO_HEADS
+    from cosmos3_gym.train.demos import COLLECTORS, collect_demos
+
+    assert set(COLLECTORS) == set(DEMO_HEADS)
+    with pytest.raises(ValueError, match="env: expected one of color_reach, metaworld"):
+        collect_demos(TrainConfig(env="libero", episodes=1))

@@ -36,6 +36,14 @@ DEMO_HEADS: dict[str, dict[str, Any]] = {
                   "fps": 80.0, "view_point": "third_person_view"},
 }
 DEMO_ENVS = tuple(DEMO_HEADS)
+
+
+def check_demo_env(env: str) -> None:
+    """Refuse an env family without a scripted expert (:data:`DEMO_HEADS`): the one refusal of
+    the trainer's settings check and of :func:`~cosmos3_gym.train.demos.collect_demos`."""
+    if env not in DEMO_HEADS:
+        raise ValueError(f"env: expected one of {', '.join(DEMO_ENVS)} (the env families with "
+                         f"scripted experts); found {env!r}")
 METAWORLD_DEMO_STEPS = 150  # Meta-World demo episodes' default step limit (the experts need <120)
 # How the future video's noise level relates to the actions' in training (train/trainer.py).
 VIDEO_NOISE = ("shared", "independent")

@@ -22,7 +22,7 @@ from cosmos3_gym.envs.color_reach import prompt_for
 from cosmos3_gym.pipeline.preprocess import CanvasPlan, plan_canvas
 from cosmos3_gym.pipeline.stages import MicroBatch, SamplingParams
 from cosmos3_gym.progress import progress_bar
-from cosmos3_gym.train.config import TrainConfig, demo_episode_steps
+from cosmos3_gym.train.config import TrainConfig, check_demo_env, demo_episode_steps
 from cosmos3_gym.train.vae import encode_clips
 
 
@@ -66,11 +66,8 @@ def collect_demos(
     ``range(cfg.episodes)``) picks the episode indices (the VAE's held-out clips come from
     indices past the training ones)."""
     episodes = range(cfg.episodes) if episodes is None else episodes
-    collectors = {"color_reach": _color_reach_demos, "metaworld": _metaworld_demos}
-    if cfg.env not in collectors:
-        raise ValueError(f"demos: no expert for env {cfg.env!r}; expected one of "
-                         f"{list(collectors)}")
-    prompts, samples = demo_prompts(cfg), collectors[cfg.env](cfg, episodes)
+    check_demo_env(cfg.env)
+    prompts, samples = demo_prompts(cfg), COLLECTORS[cfg.env](cfg, episodes)
     images, prompt_ids, chunks, futures = [], [], [], []
     bar = progress_bar(enabled=progress, total=len(episodes), desc="demos", unit="ep")
     for sample in samples:
@@ -167,6 +164,10 @@ def _metaworld_demos(cfg: TrainConfig, episodes: range) -> Iterator[Sample | Non
     finally:
         for env in envs.values():
             env.close()
+
+
+# Each env family's expert demos (train/config.py's DEMO_HEADS names the same families).
+COLLECTORS = {"color_reach": _color_reach_demos, "metaworld": _metaworld_demos}
 
 
 # ---------------------------------------------------------------------- pipeline inputs

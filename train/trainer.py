@@ -77,9 +77,9 @@ import torch
 from cosmos3_gym.jsonio import write_text_atomic
 from cosmos3_gym.progress import progress_bar
 from cosmos3_gym.train.config import (
-    DEMO_ENVS,
     VIDEO_NOISE,
     TrainConfig,
+    check_demo_env,
     demo_episode_steps,
     policy_overrides,
     transformer_overrides,
@@ -100,8 +100,7 @@ VIDEO_TARGETS = ("still", "future")
 
 def check_recipe(cfg: TrainConfig) -> None:
     """Refuse knobs that name no recipe or contradict each other, before anything is written."""
-    if cfg.env not in DEMO_ENVS:
-        raise ValueError(f"env: expected one of {DEMO_ENVS}, got {cfg.env!r}")
+    check_demo_env(cfg.env)
     if cfg.env == "metaworld":
         from cosmos3_gym.envs.metaworld import check_metaworld_runs, check_metaworld_tasks
 
