@@ -36,6 +36,9 @@ DEMO_HEADS: dict[str, dict[str, Any]] = {
                   "fps": 80.0, "view_point": "third_person_view"},
 }
 DEMO_ENVS = tuple(DEMO_HEADS)
+METAWORLD_DEMO_STEPS = 150  # Meta-World demo episodes' default step limit (the experts need <120)
+# How the future video's noise level relates to the actions' in training (train/trainer.py).
+VIDEO_NOISE = ("shared", "independent")
 
 
 def check_demo_env(env: str) -> None:
@@ -44,9 +47,6 @@ def check_demo_env(env: str) -> None:
     if env not in DEMO_HEADS:
         raise ValueError(f"env: expected one of {', '.join(DEMO_ENVS)} (the env families with "
                          f"scripted experts); found {env!r}")
-METAWORLD_DEMO_STEPS = 150  # Meta-World demo episodes' default step limit (the experts need <120)
-# How the future video's noise level relates to the actions' in training (train/trainer.py).
-VIDEO_NOISE = ("shared", "independent")
 
 
 def _knob(default: Any, text: str, flag: str | None = None,

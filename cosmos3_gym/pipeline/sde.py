@@ -85,11 +85,10 @@ class StochasticSampling:
     def steps_for(self, seed: int, num_steps: int) -> tuple[int, ...]:
         """The stochastic step indices of an item with ``seed`` under ``num_steps`` steps."""
         # The last step is left out by flow_cps (its σ' = 0 has no noise) and by random-but-last.
-        but_last = self.sampler == "flow_cps" or self.sde_steps == "random-but-last"
-        last = num_steps - 1 if but_last else num_steps
+        but_last = self.sde_steps == "random-but-last"
+        last = num_steps - 1 if self.sampler == "flow_cps" or but_last else num_steps
         if last < 1:
-            what = self.sampler + (" with random-but-last" if self.sde_steps ==
-                                   "random-but-last" else "")
+            what = f"{self.sampler} with random-but-last" if but_last else self.sampler
             raise ValueError(
                 f"{what} needs at least {num_steps - last + 1} denoising steps; found {num_steps}"
             )
