@@ -3,6 +3,8 @@
     python3 scripts/dev.py demo     # what `make demo` runs
     python3 scripts/dev.py test     # what `make test` and CI (.ci/run) run; args go to pytest
     python3 scripts/dev.py docs     # what `make docs` runs: the site, built strictly (CI too)
+    python3 scripts/dev.py setup    # the set-up alone, for test and docs together (CI's first
+                                    # step: nothing installs into the checkout after it)
 
 Each command first makes sure the environment is ready, then runs:
 
@@ -363,7 +365,17 @@ def docs(venv: Environment, args: list[str]) -> int:
     return code
 
 
-COMMANDS = {"demo": demo, "test": test, "docs": docs}
+def setup(venv: Environment, args: list[str]) -> int:
+    """The environment `test` and `docs` both need, and nothing run. CI calls it first: the
+    other venvs it builds meanwhile (.ci/run) install this checkout too, and two editable
+    installs at once would race on its ``cosmos3_gym.egg-info``."""
+    if args:
+        raise SystemExit("dev.py setup: error: takes no arguments")
+    set_up(venv, TEST_EXTRAS | DOCS_EXTRAS)
+    return 0
+
+
+COMMANDS = {"demo": demo, "test": test, "docs": docs, "setup": setup}
 
 
 def main(argv: list[str]) -> int:
