@@ -8,17 +8,18 @@ export MESA_SHADER_CACHE_DIR="${TMPDIR:-/tmp}/cosmos3-gym-mesa-cache"
 # venvs_only "$@": true for `--venvs-only` (build the venvs, run nothing: .ci/run builds them
 # while the main suite runs), false for no argument; anything else is refused.
 venvs_only() {
-    case "${1:-}" in
-        --venvs-only) return 0 ;;
-        "") return 1 ;;
+    case "$#:${1:-}" in
+        1:--venvs-only) return 0 ;;
+        0:) return 1 ;;
         *) echo "usage: $0 [--venvs-only]; found: $*" >&2; exit 2 ;;
     esac
 }
 
-# The key a venv is built for: this checkout's pyproject.toml files and the script building it.
-# A venv whose stamp holds it is not installed into again.
+# The key a venv is built for: this checkout's place (its editable installs point here, as
+# scripts/dev.py's stamp records), its pyproject.toml files and the script building it. A venv
+# whose stamp holds it is not installed into again; one shared with another checkout is.
 venv_key() {
-    cat pyproject.toml plugins/*/pyproject.toml "$1" | sha256sum | cut -d' ' -f1
+    { pwd; cat pyproject.toml plugins/*/pyproject.toml "$1"; } | sha256sum | cut -d' ' -f1
 }
 
 # venv_ready VENV SCRIPT: whether VENV was built, completely, for this checkout by SCRIPT.
