@@ -10,10 +10,12 @@ measurement and its final one (a ``--keep best`` run: the start and the kept wei
 test episodes, beside the best held-out measurement that chose them); per variant the mean and
 the range over seeds at every measured iteration. ``--variant NAME="--lr 1e-5"`` adds a
 variant: the same command with those flags appended (repeat it; ``default`` is the command as
-given). A run folder that already holds a finished run is read, not run again, and a killed run
-resumes (a rerun of this command goes on where it stopped), so the measurement can be spread
-over sessions. ``--report-only`` aggregates what is there. ``--figure PATH`` also writes the
-figure and the summary there (``docs/grpo_curve``: PATH.png and PATH.json).
+given). A run folder that already holds a finished run of the requested ``--iterations`` is
+read, not run again (one of fewer iterations is resumed to the new count, one of more is
+refused), and a killed run resumes (a rerun of this command goes on where it stopped), so the
+measurement can be spread over sessions. ``--report-only`` aggregates what is there.
+``--figure PATH`` also writes the figure and the summary there (``docs/grpo_curve``: PATH.png
+and PATH.json).
 
 The acceptance the docs state is computed for each run: final >= start + ``--min-gain`` points
 and final >= its own best - ``--max-drop`` points.
@@ -22,6 +24,7 @@ and final >= its own best - ``--max-drop`` points.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import shlex
@@ -38,13 +41,39 @@ def run_folder(out: Path, variant: str, seed: int) -> Path:
     return out / variant / f"seed-{seed}"
 
 
-def finished(folder: Path) -> dict[str, Any] | None:
-    """The run's curve.json where the run finished (its summary is written last)."""
+def requested_iterations(args: list[str]) -> int:
+    """The ``--iterations`` an ``rl grpo`` command line asks for (its last one, as argparse
+    reads it), else the setting's default."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == "--iterations" and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--iterations="):
+            value = arg.partition("=")[2]
+    if value is None:
+        from cosmos3_gym.train.config import GRPOConfig
+        return next(f.default for f in dataclasses.fields(GRPOConfig) if f.name == "iterations")
+    return int(value)
+
+
+def finished(folder: Path, iterations: int | None = None) -> dict[str, Any] | None:
+    """The run's curve.json where the run finished (its summary is written last) and, given
+    ``iterations``, ran that many: a finished run asked for more is not finished (rerunning
+    ``rl grpo`` resumes it to the new count); one that ran more is refused, since its curve and
+    its kept weights would not be those of the shorter run."""
     path = folder / "curve.json"
     if not path.exists():
         return None
     data = json.loads(path.read_text())
-    return data if "after" in data else None
+    if "after" not in data:
+        return None
+    ran = data["config"]["iterations"]
+    if iterations is None or ran == iterations:
+        return data
+    if ran > iterations:
+        raise SystemExit(f"{folder} holds a run of {ran} iterations; this command asks for "
+                         f"{iterations}: give another --out, or the same --iterations")
+    return None
 
 
 def run_seed(args: list[str], variant_args: list[str], seed: int, folder: Path) -> None:
@@ -98,11 +127,13 @@ def _nan(value: Any) -> bool:
 
 
 def summarise(out: Path, variants: dict[str, list[str]], seeds: list[int], min_gain: float,
-              max_drop: float) -> dict[str, Any]:
+              max_drop: float, args: list[str] | None = None) -> dict[str, Any]:
+    iterations = {name: None if args is None else requested_iterations([*args, *extra])
+                  for name, extra in variants.items()}
     summary: dict[str, Any] = {"seeds": seeds, "min_gain": min_gain, "max_drop": max_drop,
                                "variants": {}}
     for name, extra in variants.items():
-        runs = {s: finished(run_folder(out, name, s)) for s in seeds}
+        runs = {s: finished(run_folder(out, name, s), iterations[name]) for s in seeds}
         done = {s: r for s, r in runs.items() if r is not None}
         if not done:
             continue
@@ -193,9 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         for seed in ns.seeds:  # seed by seed: every variant's first seed comes in first
             for name, extra in variants.items():
                 folder = run_folder(ns.out, name, seed)
-                if finished(folder) is None:
+                if finished(folder, requested_iterations([*args, *extra])) is None:
                     run_seed(args, extra, seed, folder)
-    summary = summarise(ns.out, variants, ns.seeds, ns.min_gain, ns.max_drop)
+    summary = summarise(ns.out, variants, ns.seeds, ns.min_gain, ns.max_drop, args)
     summary["args"] = args
     (ns.out / "summary.json").write_text(json.dumps(summary, indent=1))
     text = table(summary)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from cosmos3_gym.bench import grpo_seeds
@@ -41,3 +43,51 @@ def test_the_band_is_over_the_iterations_every_run_measured() -> None:
     assert band["iteration"] == [0, 30]
     assert band["mean"] == pytest.approx([0.5, 0.8]) and band["low"] == [0.5, 0.7]
     assert band["high"] == [0.5, 0.9]
+
+
+def test_the_requested_iterations_are_the_last_flag_or_the_settings_default() -> None:
+    assert grpo_seeds.requested_iterations(["--threads", "1"]) == 120  # GRPOConfig's default
+    assert grpo_seeds.requested_iterations(["--iterations", "60", "--iterations=240"]) == 240
+    assert grpo_seeds.requested_iterations(["--iterations=60", "--iterations", "30"]) == 30
+
+
+def _finished_run(folder, iterations: int) -> None:
+    folder.mkdir(parents=True)
+    held = _curve((0, 0.5), (iterations, 0.7))
+    (folder / "curve.json").write_text(json.dumps(
+        {"curve": held, "config": {"iterations": iterations, "seed": 0}, "after": 0.7,
+         "wall_s": 60.0}))
+
+
+def test_a_finished_run_counts_only_at_the_iterations_asked_for(tmp_path) -> None:
+    """A finished run of fewer iterations is resumed (not silently reported as the longer
+    run); one of more is refused, naming both counts; an unfinished one is run."""
+    folder = tmp_path / "default" / "seed-0"
+    _finished_run(folder, 120)
+    assert grpo_seeds.finished(folder, 120)["config"]["iterations"] == 120
+    assert grpo_seeds.finished(folder, 240) is None
+    with pytest.raises(SystemExit, match="holds a run of 120 iterations; this command asks for 60"):
+        grpo_seeds.finished(folder, 60)
+    data = json.loads((folder / "curve.json").read_text())
+    del data["after"]  # killed before its summary
+    (folder / "curve.json").write_text(json.dumps(data))
+    assert grpo_seeds.finished(folder, 120) is None
+
+
+def test_a_longer_variant_reruns_the_seeds_a_shorter_command_finished(tmp_path, monkeypatch
+                                                                      ) -> None:
+    """--iterations 240 over a folder of 120-iteration runs runs every seed again (rl grpo
+    resumes them); the same command with 120 runs nothing and reports them."""
+    for seed in (0, 1):
+        _finished_run(tmp_path / "default" / f"seed-{seed}", 120)
+    ran: list[int] = []
+    monkeypatch.setattr(grpo_seeds, "run_seed", lambda args, extra, seed, folder: ran.append(seed))
+    monkeypatch.setattr(grpo_seeds, "plot", lambda summary, stem: None)
+    grpo_seeds.main(["--out", str(tmp_path), "--seeds", "0,1", "--", "--threads", "1"])
+    assert ran == []
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["variants"]["default"]["missing"] == []
+    grpo_seeds.main(["--out", str(tmp_path), "--seeds", "0,1", "--", "--iterations", "240"])
+    assert ran == [0, 1]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["variants"] == {}  # nothing of 240 iterations finished: no row to show
