@@ -230,13 +230,18 @@ def agreement(keyed: dict[str, dict[tuple[int, int], dict[str, Any]]]) -> dict[s
     """Test-retest agreement of arms that repeat the same episodes (``--repeats``): the
     fraction of (task, trial) pairs whose outcome is the same in every arm, with its Wilson
     interval, and per task every arm's success rate and their spread (highest minus lowest).
-    Only pairs every arm has finished, with an outcome, count.
+    ``always`` and ``never`` count the pairs that succeeded in every arm and in none; the pairs
+    that succeeded at least once (``pairs - never``) are the ones where a success reward can
+    tell a better episode from a worse one (RL's reach, docs/rl.md). Only pairs every arm has
+    finished, with an outcome, count.
 
     >>> rec = lambda t, k, s: {"task": f"t{t}", "task_index": t, "trial": k, "success": s}
-    >>> floor = agreement({"repeat-0": {(0, k): rec(0, k, k == 0) for k in range(2)},
-    ...                    "repeat-1": {(0, k): rec(0, k, True) for k in range(2)}})
+    >>> floor = agreement({"repeat-0": {(0, k): rec(0, k, k == 0) for k in range(3)},
+    ...                    "repeat-1": {(0, k): rec(0, k, k < 2) for k in range(3)}})
     >>> floor["agreement"], floor["pairs"], floor["per_task"]["0"]["spread"]
-    (0.5, 2, 0.5)
+    (0.6666666666666666, 3, 0.3333333333333333)
+    >>> floor["always"], floor["never"]
+    (1, 1)
     """
     names = list(keyed)
     common = sorted(set.intersection(*(set(by_key) for by_key in keyed.values()))
@@ -257,6 +262,8 @@ def agreement(keyed: dict[str, dict[tuple[int, int], dict[str, Any]]]) -> dict[s
              for i in range(len(names))]
     return {"repeats": names, "pairs": n, "agreeing": agreeing,
             "agreement": agreeing / n if n else None,
+            "always": sum(1 for v in outcomes.values() if all(v)),
+            "never": sum(1 for v in outcomes.values() if not any(v)),
             "interval": list(wilson_interval(agreeing, n)) if n else [None, None],
             "rates": rates,
             "spread": max(rates) - min(rates) if n else None,
@@ -334,6 +341,13 @@ def format_noise_floor(floor: dict[str, Any]) -> str:
              f"outcome in all {k} repeats; 95% interval [{_pct(lo)}, {_pct(hi)}]); success "
              f"per repeat {', '.join(_pct(r) for r in floor['rates'])}, spread "
              f"{100 * floor['spread']:.1f} points"]
+    if "never" in floor:  # results written before these counts: the line above alone
+        once = floor["pairs"] - floor["never"]
+        lines.append(f"decided by the episode: {floor['always']} pairs succeeded in all {k} "
+                     f"repeats, {floor['never']} in none; {once} of {floor['pairs']} "
+                     f"({_pct(once / floor['pairs'])}) succeeded at least once: what RL on a "
+                     "success reward can lift these episodes to, without gains on the ones "
+                     "never solved (docs/rl.md)")
     if floor["per_task"]:
         task, widest = max(floor["per_task"].items(), key=lambda item: item[1]["spread"])
         lines.append(f"per-task spread of success between repeats: up to "

@@ -59,8 +59,13 @@ def test_repeat_zero_is_the_run_without_repeats_and_repeat_one_draws_other_noise
     same = sum(first[k]["success"] == second[k]["success"] for k in first)
     assert floor["pairs"] == 4 and floor["agreeing"] == same and floor["agreement"] == same / 4
     assert set(floor["per_task"]) == {"0", "1"}
+    always = sum(first[k]["success"] and second[k]["success"] for k in first)
+    never = sum(not (first[k]["success"] or second[k]["success"]) for k in first)
+    assert (floor["always"], floor["never"]) == (always, never)
     text = format_arms_table(json.loads((out / "results.json").read_text()))
     assert "test-retest agreement" in text and f"{same} of 4 (task, trial) pairs" in text
+    assert (f"{always} pairs succeeded in all 2 repeats, {never} in none; {4 - never} of 4 "
+            in text)
     assert (out / "results.png").is_file() and (out / "results.svg").is_file()
 
 
