@@ -41,19 +41,19 @@ def run_folder(out: Path, variant: str, seed: int) -> Path:
     return out / variant / f"seed-{seed}"
 
 
-def requested_iterations(args: list[str]) -> int:
-    """The ``--iterations`` an ``rl grpo`` command line asks for (its last one, as argparse
-    reads it), else the setting's default."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == "--iterations" and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith("--iterations="):
-            value = arg.partition("=")[2]
-    if value is None:
-        from cosmos3_gym.train.config import GRPOConfig
-        return next(f.default for f in dataclasses.fields(GRPOConfig) if f.name == "iterations")
-    return int(value)
+def requested_iterations(commands: dict[str, list[str]]) -> dict[str, int]:
+    """The ``--iterations`` each ``rl grpo`` command line asks for, read by ``rl grpo``'s own
+    parser (so an abbreviated or repeated flag counts as it will there, and a typo is refused
+    before any run), else the setting's default."""
+    from cosmos3_gym.eval.cli import build_parser, default_of
+    from cosmos3_gym.train.config import GRPOConfig
+
+    parser = build_parser()
+    default = default_of(next(f for f in dataclasses.fields(GRPOConfig)
+                              if f.name == "iterations"))
+    asked = {name: vars(parser.parse_args(["rl", "grpo", *argv])).get("iterations")
+             for name, argv in commands.items()}
+    return {name: default if n is None else n for name, n in asked.items()}
 
 
 def finished(folder: Path, iterations: int | None = None) -> dict[str, Any] | None:
@@ -127,13 +127,14 @@ def _nan(value: Any) -> bool:
 
 
 def summarise(out: Path, variants: dict[str, list[str]], seeds: list[int], min_gain: float,
-              max_drop: float, args: list[str] | None = None) -> dict[str, Any]:
-    iterations = {name: None if args is None else requested_iterations([*args, *extra])
-                  for name, extra in variants.items()}
+              max_drop: float, iterations: dict[str, int] | None = None) -> dict[str, Any]:
+    """The table's numbers over the finished runs (of ``iterations[variant]`` iterations, where
+    given: :func:`finished`)."""
+    iterations = iterations or {}
     summary: dict[str, Any] = {"seeds": seeds, "min_gain": min_gain, "max_drop": max_drop,
                                "variants": {}}
     for name, extra in variants.items():
-        runs = {s: finished(run_folder(out, name, s), iterations[name]) for s in seeds}
+        runs = {s: finished(run_folder(out, name, s), iterations.get(name)) for s in seeds}
         done = {s: r for s, r in runs.items() if r is not None}
         if not done:
             continue
@@ -219,14 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
     variants = {} if ns.no_default else {DEFAULT: []}
     variants.update(dict(ns.variant))
+    iterations = requested_iterations({name: [*args, *extra] for name, extra in variants.items()})
     ns.out.mkdir(parents=True, exist_ok=True)
     if not ns.report_only:
         for seed in ns.seeds:  # seed by seed: every variant's first seed comes in first
             for name, extra in variants.items():
                 folder = run_folder(ns.out, name, seed)
-                if finished(folder, requested_iterations([*args, *extra])) is None:
+                if finished(folder, iterations[name]) is None:
                     run_seed(args, extra, seed, folder)
-    summary = summarise(ns.out, variants, ns.seeds, ns.min_gain, ns.max_drop, args)
+    summary = summarise(ns.out, variants, ns.seeds, ns.min_gain, ns.max_drop, iterations)
     summary["args"] = args
     (ns.out / "summary.json").write_text(json.dumps(summary, indent=1))
     text = table(summary)

@@ -46,9 +46,13 @@ def test_the_band_is_over_the_iterations_every_run_measured() -> None:
 
 
 def test_the_requested_iterations_are_the_last_flag_or_the_settings_default() -> None:
-    assert grpo_seeds.requested_iterations(["--threads", "1"]) == 120  # GRPOConfig's default
-    assert grpo_seeds.requested_iterations(["--iterations", "60", "--iterations=240"]) == 240
-    assert grpo_seeds.requested_iterations(["--iterations=60", "--iterations", "30"]) == 30
+    asked = grpo_seeds.requested_iterations({
+        "plain": ["--threads", "1"], "two": ["--iterations", "60", "--iterations=240"],
+        "other": ["--iterations=60", "--iterations", "30"], "short": ["--iter", "45"]})
+    # GRPOConfig's default; the last flag, as argparse reads it; an abbreviation rl grpo takes
+    assert asked == {"plain": 120, "two": 240, "other": 30, "short": 45}
+    with pytest.raises(SystemExit):  # a typo'd flag: refused before any run
+        grpo_seeds.requested_iterations({"typo": ["--iteratoins", "60"]})
 
 
 def _finished_run(folder, iterations: int) -> None:
