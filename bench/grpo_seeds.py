@@ -24,7 +24,6 @@ and final >= its own best - ``--max-drop`` points.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import shlex
@@ -42,18 +41,19 @@ def run_folder(out: Path, variant: str, seed: int) -> Path:
 
 
 def requested_iterations(commands: dict[str, list[str]]) -> dict[str, int]:
-    """The ``--iterations`` each ``rl grpo`` command line asks for, read by ``rl grpo``'s own
-    parser (so an abbreviated or repeated flag counts as it will there, and a typo is refused
-    before any run), else the setting's default."""
-    from cosmos3_gym.eval.cli import build_parser, default_of
+    """The ``--iterations`` each ``rl grpo`` command line asks for, resolved as ``rl grpo``
+    resolves its settings (its parser, then the setting's default): an abbreviated or repeated
+    flag counts as it will there, and a typo is refused before any run."""
+    from cosmos3_gym.eval.cli import build_parser, check_flags, command_settings
     from cosmos3_gym.train.config import GRPOConfig
 
     parser = build_parser()
-    default = default_of(next(f for f in dataclasses.fields(GRPOConfig)
-                              if f.name == "iterations"))
-    asked = {name: vars(parser.parse_args(["rl", "grpo", *argv])).get("iterations")
-             for name, argv in commands.items()}
-    return {name: default if n is None else n for name, n in asked.items()}
+    asked = {}
+    for name, argv in commands.items():
+        line = ["rl", "grpo", *argv]
+        check_flags(parser, line)
+        asked[name] = command_settings(parser.parse_args(line), GRPOConfig).iterations
+    return asked
 
 
 def finished(folder: Path, iterations: int | None = None) -> dict[str, Any] | None:

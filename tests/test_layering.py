@@ -96,8 +96,21 @@ TRAINING_MEASURES_WITH = ("cosmos3_gym.eval.evaluate", "cosmos3_gym.eval.distrib
                           "cosmos3_gym.eval.run", "cosmos3_gym.eval.api")
 
 
+# What a benchmark may take from the commands: the multi-seed GRPO driver runs `rl grpo` command
+# lines, and reads what each asks for (its --iterations) as the command does: its parser and the
+# settings it resolves (cosmos3_gym/eval/cli.py), not a second reading of the same flags.
+BENCHMARKS_READ_COMMAND_LINES_WITH = {
+    "cosmos3_gym.bench.grpo_seeds": ("cosmos3_gym.eval.cli.build_parser",
+                                     "cosmos3_gym.eval.cli.check_flags",
+                                     "cosmos3_gym.eval.cli.command_settings")}
+
+
 def test_the_benchmarks_import_nothing_from_the_evaluator_and_training_only_its_measure() -> None:
-    assert offenders(modules("bench"), ("cosmos3_gym.eval",)) == []
+    found = offenders(modules("bench"), ("cosmos3_gym.eval",))
+    allowed = {f"{bench} imports {name}" for bench, names
+               in BENCHMARKS_READ_COMMAND_LINES_WITH.items()
+               for name in (*names, "cosmos3_gym.eval.cli")}
+    assert [f for f in found if f not in allowed] == []
     found = offenders(modules("train"), ("cosmos3_gym.eval",))
     assert [f for f in found if not f.split(" imports ")[1].startswith(
         TRAINING_MEASURES_WITH)] == []
