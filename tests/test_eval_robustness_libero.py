@@ -17,7 +17,7 @@ from cosmos3_gym.tiny import write_tiny_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.libero]
 SHORT = ["--image-size", "64", "--max-episode-steps", "3", "--denoising-steps", "1",
-         "--num-envs", "2", "--no-progress"]
+         "--num-envs", "1", "--no-progress"]
 PAIRED = ("task_index", "trial", "init_state_id", "seed")
 
 
