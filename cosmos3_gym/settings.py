@@ -510,7 +510,8 @@ class EnvSettings:
         "the id, e.g. gym_pusht)", group="env", flag="import", parse=csv, metavar="MODULES")
     env_kwargs: dict[str, Any] | None = setting(
         None, "--env gym:ID: keyword arguments of every env, as a JSON object; --env color_reach: "
-        "its max_speed; --env metaworld: shadows (false: 5x faster software rendering)",
+        "its max_speed; --env metaworld: shadows (false: 5x faster software rendering), "
+        "terminate_on_success (false: episodes run to their step limit)",
         group="env", parse=json_object, metavar="JSON")
     success_key: str | None = setting(
         None, "--env gym:ID and presets: the bool info key success is read from (the same as "

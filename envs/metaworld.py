@@ -109,9 +109,9 @@ def _check_task(task: str) -> str:
     return task
 
 
-def _check_shadows(shadows: Any) -> None:
-    if not isinstance(shadows, bool):
-        raise ValueError(f"metaworld shadows must be true or false; found {shadows!r}")
+def _check_switch(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"metaworld {name} must be true or false; found {value!r}")
 
 
 def check_metaworld_tasks(tasks: Sequence[str]) -> None:
@@ -173,6 +173,11 @@ class MetaWorldEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
       policies trained on them.
     * ``terminated`` on success (reward = Meta-World's shaped reward; ``info["is_success"]``,
       ``info["success"]``), ``truncated`` after ``max_episode_steps`` (at most 500).
+      ``terminate_on_success=False``: every episode runs its ``max_episode_steps`` (never
+      terminated), the shaped reward goes on after the goal (the return then ranks an early
+      success above a late one, and a near miss above a far one), and ``info["is_success"]``
+      says whether the goal was reached at any step so far, so the episode's success is the
+      same as with termination; ``info["success"]`` stays Meta-World's flag for this step.
     * ``task_description`` (alias ``task``), ``task_name``, ``layout_id`` are attributes.
 
     Example (needs the ``metaworld`` extra and ``MUJOCO_GL=egl``; it builds a simulator):
@@ -196,8 +201,10 @@ class MetaWorldEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
         max_episode_steps: int = METAWORLD_MAX_EPISODE_STEPS,
         render_mode: Literal["rgb_array"] | None = "rgb_array",
         shadows: bool = True,
+        terminate_on_success: bool = True,
     ) -> None:
-        _check_shadows(shadows)
+        _check_switch("shadows", shadows)
+        _check_switch("terminate_on_success", terminate_on_success)
         if camera not in METAWORLD_CAMERAS:
             raise ValueError(f"camera must be one of {list(METAWORLD_CAMERAS)}, got {camera!r}")
         if not 1 <= int(max_episode_steps) <= METAWORLD_MAX_EPISODE_STEPS:
@@ -213,11 +220,12 @@ class MetaWorldEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.max_episode_steps = int(max_episode_steps)
         self.render_mode = render_mode
         self.shadows = shadows
+        self.terminate_on_success = terminate_on_success
         self._spec_kwargs = {
             "task": task, "layout_ids": None if layout_ids is None else list(layout_ids),
             "layout_seed": self.layout_seed, "camera": camera, "image_size": self.image_size,
             "max_episode_steps": self.max_episode_steps, "render_mode": render_mode,
-            "shadows": shadows,
+            "shadows": shadows, "terminate_on_success": terminate_on_success,
         }
         image = spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8)
         state = spaces.Box(-np.inf, np.inf, (_STATE_DIM,), np.float32)
@@ -226,6 +234,7 @@ class MetaWorldEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
         self._sim: Any = None
         self._sim_task: str | None = None
         self._elapsed = 0
+        self._reached = False
         self._next_position = 0
         self._frame: np.ndarray | None = None
         self.raw_observation: np.ndarray | None = None
@@ -288,6 +297,7 @@ class MetaWorldEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
         self._sim.set_task(_benchmark(self.task_name, self.layout_seed).train_tasks[self.layout_id])
         raw, _ = self._sim.reset()
         self._elapsed = 0
+        self._reached = False
         return self._observation(raw), {"is_success": False, "layout_id": self.layout_id}
 
     def step(
@@ -302,10 +312,11 @@ class MetaWorldEnv(OwnTimeLimit, gym.Env[dict[str, np.ndarray], np.ndarray]):
             raise ValueError(f"action must be finite, got {action.tolist()}")
         raw, reward, _, _, info = self._sim.step(np.clip(action, -1.0, 1.0))
         self._elapsed += 1
-        success = bool(info["success"])
-        truncated = not success and self._elapsed >= self.max_episode_steps
-        info = {**info, "is_success": success, "layout_id": self.layout_id}
-        return self._observation(raw), float(reward), success, truncated, info
+        self._reached = self._reached or bool(info["success"])
+        terminated = self._reached and self.terminate_on_success
+        truncated = not terminated and self._elapsed >= self.max_episode_steps
+        info = {**info, "is_success": self._reached, "layout_id": self.layout_id}
+        return self._observation(raw), float(reward), terminated, truncated, info
 
     def render(self) -> np.ndarray | None:
         if self.render_mode != "rgb_array" or self._frame is None:
@@ -364,6 +375,7 @@ def make_metaworld_vector_env(
     image_size: int = 224,
     max_episode_steps: int = METAWORLD_MAX_EPISODE_STEPS,
     shadows: bool = True,
+    terminate_on_success: bool = True,
     async_: bool = False,
     autoreset_mode: AutoresetMode = AutoresetMode.NEXT_STEP,
     wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
@@ -400,6 +412,7 @@ def make_metaworld_vector_env(
             make_held_env, MetaWorldEnv, wrappers=tuple(wrappers), task=task,
             layout_ids=pool[rank % len(pool)::stride], layout_seed=layout_seed, camera=camera,
             image_size=image_size, max_episode_steps=max_episode_steps, shadows=shadows,
+            terminate_on_success=terminate_on_success,
         ))
     if async_:
         return gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=autoreset_mode, context=context)
@@ -417,11 +430,15 @@ class MetaWorldEval(EvalEnv):
     control_hz = 80.0  # frame_skip 5 x 2.5 ms; position deltas + gripper effort
     hold = "still-gripper"
     # shadows=False: software GL renders about 5x faster (MetaWorldEnv), other frames.
-    env_kwargs_keys = ("shadows",)
+    # terminate_on_success=False: every episode runs to its step limit, its success whether the
+    # goal was reached at any step (MetaWorldEnv); a return reward then grades every episode.
+    env_kwargs_keys = ("shadows", "terminate_on_success")
 
     def __init__(self, tasks: list[str] | None = None, *, image_size: int = 224,
-                 max_episode_steps: int | None = None, shadows: bool = True) -> None:
-        _check_shadows(shadows)
+                 max_episode_steps: int | None = None, shadows: bool = True,
+                 terminate_on_success: bool = True) -> None:
+        _check_switch("shadows", shadows)
+        _check_switch("terminate_on_success", terminate_on_success)
         tasks = list(METAWORLD_MT10) if tasks is None else tasks
         check_metaworld_runs()  # the extra and a renderer: a worker would fault on each
         check_metaworld_tasks(tasks)
@@ -429,6 +446,7 @@ class MetaWorldEval(EvalEnv):
         self.image_size = image_size
         self.max_episode_steps = max_episode_steps or 500
         self.shadows = shadows
+        self.terminate_on_success = terminate_on_success
 
     @classmethod
     def from_cli(
@@ -467,5 +485,5 @@ class MetaWorldEval(EvalEnv):
         return make_metaworld_vector_env(
             self.tasks, num_envs, async_=async_, image_size=self.image_size,
             max_episode_steps=self.max_episode_steps, autoreset_mode=autoreset_mode,
-            shadows=self.shadows,
+            shadows=self.shadows, terminate_on_success=self.terminate_on_success,
         )

@@ -211,5 +211,51 @@ def test_without_shadows_the_scene_is_the_same_in_other_frames_and_bad_values_ar
         vector.close()
     with pytest.raises(ValueError, match="shadows must be true or false; found 'no'"):
         MetaWorldEnv("reach-v3", shadows="no")
-    with pytest.raises(ValueError, match="takes \\['shadows'\\] only"):
+    with pytest.raises(ValueError, match="takes \\['shadows', 'terminate_on_success'\\] only"):
         make_eval_env("metaworld", env_kwargs={"light": 0})
+
+
+def test_without_termination_an_episode_runs_to_its_limit_and_keeps_its_success() -> None:
+    """``terminate_on_success=False``: the same actions give the same episode up to the step the
+    goal is reached (where the default env terminates); the episode then goes on to its step
+    limit, ``is_success`` stays true (the episode's success is the same) while Meta-World's own
+    ``success`` is this step's, and the shaped reward goes on, so the return grades it. The
+    family hands the switch to every env; anything but a bool is refused."""
+    from cosmos3_gym.envs import make_eval_env
+
+    limit = 80
+    ending, going = (MetaWorldEnv("reach-v3", image_size=32, shadows=False,
+                                  max_episode_steps=limit, terminate_on_success=terminate)
+                     for terminate in (True, False))
+    expert = MetaWorldExpert("reach-v3")
+    try:
+        for env in (ending, going):
+            env.reset(options={"layout_id": 0})
+        reached, after = None, []
+        for t in range(limit):
+            action = expert.act(going.raw_observation)
+            _, reward, terminated, truncated, info = going.step(action)
+            if reached is None:
+                _, reward_e, terminated_e, _, info_e = ending.step(action)
+                assert (reward, info["is_success"]) == (reward_e, info_e["is_success"])
+                assert terminated_e == info_e["is_success"]
+                reached = t if terminated_e else None
+            else:
+                after.append((reward, info["is_success"], bool(info["success"])))
+            assert not terminated
+            assert truncated == (t == limit - 1)
+        assert reached is not None and len(after) == limit - 1 - reached > 10
+        assert all(is_success for _, is_success, _ in after)
+        assert sum(reward for reward, _, _ in after) > 5 * len(after)
+    finally:
+        ending.close()
+        going.close()
+    family = make_eval_env("metaworld", tasks=["reach-v3"], image_size=32,
+                           env_kwargs={"terminate_on_success": False})
+    vector = family.make(1, False)
+    try:
+        assert vector.get_attr("terminate_on_success") == (False,)
+    finally:
+        vector.close()
+    with pytest.raises(ValueError, match="terminate_on_success must be true or false; found 0"):
+        make_eval_env("metaworld", env_kwargs={"terminate_on_success": 0})
