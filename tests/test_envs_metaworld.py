@@ -181,6 +181,20 @@ def test_tiny_checkpoint_runs_chunks_in_metaworld(tmp_path) -> None:
         envs.close()
 
 
+def family_envs_get(env_kwargs: dict) -> tuple:
+    """The one switch in ``env_kwargs`` as every env of ``--env metaworld``'s family holds it
+    (the family takes it from --env-kwargs and hands it to the envs it makes)."""
+    from cosmos3_gym.envs import make_eval_env
+
+    (name,) = env_kwargs
+    vector = make_eval_env("metaworld", tasks=["reach-v3"], image_size=32,
+                           env_kwargs=env_kwargs).make(1, False)
+    try:
+        return vector.get_attr(name)
+    finally:
+        vector.close()
+
+
 def test_without_shadows_the_scene_is_the_same_in_other_frames_and_bad_values_are_refused(
 ) -> None:
     """``shadows=False`` (software GL renders about 5x faster) turns off the lights' shadow maps
@@ -202,13 +216,7 @@ def test_without_shadows_the_scene_is_the_same_in_other_frames_and_bad_values_ar
     finally:
         for env in envs:
             env.close()
-    family = make_eval_env("metaworld", tasks=["reach-v3"], image_size=64,
-                           env_kwargs={"shadows": False})
-    vector = family.make(1, False)
-    try:
-        assert vector.get_attr("shadows") == (False,)
-    finally:
-        vector.close()
+    assert family_envs_get({"shadows": False}) == (False,)
     with pytest.raises(ValueError, match="shadows must be true or false; found 'no'"):
         MetaWorldEnv("reach-v3", shadows="no")
     with pytest.raises(ValueError, match="takes \\['shadows', 'terminate_on_success'\\] only"):
@@ -250,12 +258,6 @@ def test_without_termination_an_episode_runs_to_its_limit_and_keeps_its_success(
     finally:
         ending.close()
         going.close()
-    family = make_eval_env("metaworld", tasks=["reach-v3"], image_size=32,
-                           env_kwargs={"terminate_on_success": False})
-    vector = family.make(1, False)
-    try:
-        assert vector.get_attr("terminate_on_success") == (False,)
-    finally:
-        vector.close()
+    assert family_envs_get({"terminate_on_success": False}) == (False,)
     with pytest.raises(ValueError, match="terminate_on_success must be true or false; found 0"):
         make_eval_env("metaworld", env_kwargs={"terminate_on_success": 0})
