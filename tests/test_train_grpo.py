@@ -908,7 +908,7 @@ def test_color_reach_takes_its_speed_from_env_kwargs_and_other_keys_are_refused(
         make_eval_env("color_reach", env_kwargs={"max_speed": -1})
     with pytest.raises(ValueError, match="apply to --env gym:ID and the benchmark presets only"):
         make_eval_env("libero", env_kwargs={"max_speed": 0.28})
-    with pytest.raises(ValueError, match=r"takes \['shadows'\] only"):
+    with pytest.raises(ValueError, match=r"takes \['shadows', 'terminate_on_success'\] only"):
         make_eval_env("metaworld", env_kwargs={"max_speed": 0.28})
 
 
