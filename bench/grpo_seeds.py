@@ -44,16 +44,13 @@ def requested_iterations(commands: dict[str, list[str]]) -> dict[str, int]:
     """The ``--iterations`` each ``rl grpo`` command line asks for, resolved as ``rl grpo``
     resolves its settings (its parser, then the setting's default): an abbreviated or repeated
     flag counts as it will there, and a typo is refused before any run."""
-    from cosmos3_gym.eval.cli import build_parser, check_flags, command_settings
+    from cosmos3_gym.eval.cli import build_parser, command_settings, parse_command_line
     from cosmos3_gym.train.config import GRPOConfig
 
     parser = build_parser()
-    asked = {}
-    for name, argv in commands.items():
-        line = ["rl", "grpo", *argv]
-        check_flags(parser, line)
-        asked[name] = command_settings(parser.parse_args(line), GRPOConfig).iterations
-    return asked
+    return {name: command_settings(parse_command_line(parser, ["rl", "grpo", *argv]),
+                                   GRPOConfig).iterations
+            for name, argv in commands.items()}
 
 
 def finished(folder: Path, iterations: int | None = None) -> dict[str, Any] | None:

@@ -494,8 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         parser = build_parser()
-        check_flags(parser, argv)
-        args = parser.parse_args(argv)
+        args = parse_command_line(parser, argv)
     except KeyboardInterrupt:  # while the parser is built: nothing ran
         sys.exit("cosmos3-gym: interrupted before anything ran")
     name = command_name(args)
@@ -541,6 +540,14 @@ def interrupted_line(name: str, args: argparse.Namespace) -> str:
         fields = dataclasses.fields(_imported(command.settings[0]))
         out = next((f.default for f in fields if f.name == "out"), None)
     return command.interrupted(out)
+
+
+def parse_command_line(parser: argparse.ArgumentParser, argv: Sequence[str]
+                       ) -> argparse.Namespace:
+    """``argv`` read as :func:`main` reads it: an option the command lacks refused first
+    (:func:`check_flags`), then the parser's own reading (an error exits with status 2)."""
+    check_flags(parser, argv)
+    return parser.parse_args(argv)
 
 
 def check_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:

@@ -101,7 +101,7 @@ TRAINING_MEASURES_WITH = ("cosmos3_gym.eval.evaluate", "cosmos3_gym.eval.distrib
 # settings it resolves (cosmos3_gym/eval/cli.py), not a second reading of the same flags.
 BENCHMARKS_READ_COMMAND_LINES_WITH = {
     "cosmos3_gym.bench.grpo_seeds": ("cosmos3_gym.eval.cli.build_parser",
-                                     "cosmos3_gym.eval.cli.check_flags",
+                                     "cosmos3_gym.eval.cli.parse_command_line",
                                      "cosmos3_gym.eval.cli.command_settings")}
 
 
