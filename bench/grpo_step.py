@@ -69,7 +69,8 @@ def run(preset: str, *, device: str, train: str, groups: int, group_size: int, s
     result["trained_parameters"] = learner.trainable.count
     result["parameters"] = sum(p.numel() for p in learner.model.parameters())
     envs = eval_env.make(groups * group_size, False)
-    estimate = run_estimate(learner, cfg, eval_env, envs, adapter, device_, groups * group_size)
+    estimate = run_estimate(learner, cfg, eval_env, envs, adapter, device_, groups * group_size,
+                            grpo.most_chunks(cfg, episode_steps))
     result["estimate_gib"] = {k: round(v / 2**30, 2) for k, v in vars(estimate).items()}
     result["estimate_gib"]["total"] = round(estimate.total / 2**30, 2)
     result["loaded_gib"] = peak()

@@ -231,6 +231,47 @@ def test_the_trust_region_ends_the_update_once_the_policy_has_moved(checkpoint: 
             checkpoint, trainable=True).transformer.state_dict())
 
 
+def test_minibatches_fix_the_steps_a_pass_takes_at_any_number_of_chunks() -> None:
+    """--minibatch counts chunks, so a pass over 608 chunks takes 10 steps and over 5 chunks
+    one; --minibatches 2 takes two at both, of sizes that differ by one at most, and never an
+    empty one."""
+    def sizes(chunks: int, **settings) -> list[int]:
+        order = np.random.default_rng(0).permutation(chunks)
+        parts = grpo.minibatches(order, grpo.GRPOConfig(**settings))
+        assert sorted(np.concatenate(parts).tolist()) == list(range(chunks))  # each chunk once
+        return [len(p) for p in parts]
+
+    assert sizes(608) == [64] * 9 + [32] and sizes(5) == [5]
+    assert sizes(608, minibatch=320) == [320, 288]
+    assert sizes(608, minibatches=2) == [304, 304] and sizes(73, minibatches=2) == [37, 36]
+    assert sizes(5, minibatches=3) == [2, 2, 1] and sizes(1, minibatches=3) == [1]
+    cfg = grpo.GRPOConfig(minibatches=2)
+    assert cfg.minibatch_size(608) == 304 and cfg.minibatch_size(73) == 37
+    assert grpo.GRPOConfig().minibatch_size(608) == 64
+
+
+def test_minibatches_is_stored_apart_from_the_default_minibatch() -> None:
+    """The default --minibatch resolves to 64 (what a folder written before --minibatches
+    stored, so it resumes); --minibatches leaves it unset."""
+    assert grpo.GRPOConfig(synthetic="tiny").resolved().identity()["minibatch"] == 64
+    identity = grpo.GRPOConfig(synthetic="tiny", minibatches=2).resolved().identity()
+    assert identity["minibatch"] is None and identity["minibatches"] == 2
+    assert grpo.GRPOConfig(minibatches=2, microbatch=500).microbatch == 500
+
+
+def test_an_update_takes_minibatches_steps_a_pass(checkpoint: Path) -> None:
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
+    batch = _iteration(pipe)
+    signal = grpo.batch_signal(batch, 2, "success")
+    assert len(signal.rows) >= 3
+    for settings, steps in (({}, 2), ({"minibatches": 3}, 6), ({"minibatches": 3,
+                                                                 "microbatch": 1}, 6)):
+        cfg = grpo.GRPOConfig(checkpoint=str(checkpoint), group_size=2, groups=2, epochs=2,
+                              lr=1e-3, lr_warmup=0, **settings)
+        sums = grpo.update(grpo.Learner(pipe, cfg), batch, signal, 1, cfg, DataParallel(0, 1))
+        assert sums["steps"] == steps and sums["scored"] == 2 * len(signal.rows)
+
+
 def _learning_rates(checkpoint: Path, steps: int, **settings) -> list[float]:
     """The learning rate of each of ``steps`` optimiser steps (on zero gradients)."""
     pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
@@ -916,7 +957,10 @@ def test_color_reach_takes_its_speed_from_env_kwargs_and_other_keys_are_refused(
     ({"eval_seed": 0}, "must differ from seed"),
     ({"precision": "fp8"}, "for inference"),
     ({"group_size": 1}, "GRPO compares a group"),
-    ({"microbatch": 65}, "between 1 and minibatch"),
+    ({"microbatch": 65}, r"between 1 and minibatch \(64\)"),
+    ({"minibatch": 8, "microbatch": 9}, r"between 1 and minibatch \(8\)"),
+    ({"minibatch": 64, "minibatches": 2}, "not both; found 64 and 2"),
+    ({"minibatches": 0}, "minibatches"),
     ({"sampler": "flow_unipc"}, r"sampler must be one of \['flow_sde', 'flow_cps'\]"),
     ({"synthetic": "tiny", "checkpoint": "tiny"}, "random weights"),
     ({"keep": "best", "test_seed": 1_000_000}, "test_seed .* must differ from seed"),

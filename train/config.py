@@ -221,10 +221,7 @@ ADVANTAGES = ("group", "mean", "batch")
 AGGREGATES = ("episode", "chunk")
 RATIOS = ("chunk", "step")
 KEEPS = ("last", "best")
-
-
-def _positive_or_none(text: str) -> int | None:
-    return positive_int(text)
+DEFAULT_MINIBATCH = 64
 
 
 @dataclass
@@ -339,11 +336,19 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         "none, as SimpleVLA-RL and piRL train", group="rl")
     epochs: int = setting(2, "passes over each iteration's chunks", group="rl",
                           parse=positive_int)
-    minibatch: int = setting(64, "chunks per update step", group="rl", parse=positive_int)
+    minibatch: int | None = setting(
+        None, f"chunks per update step (default {DEFAULT_MINIBATCH}; not with --minibatches): "
+        "the steps an iteration takes grow with its chunks, so with the episodes' length",
+        group="rl", parse=positive_int)
+    minibatches: int | None = setting(
+        None, "update steps per pass instead of --minibatch: each pass splits the iteration's "
+        "chunks into this many minibatches of equal size (PPO's number of minibatches), so an "
+        "iteration takes the same steps however long its episodes are; default: off",
+        group="rl", parse=positive_int)
     microbatch: int | None = setting(
         None, "chunks per forward and backward: a minibatch in several microbatches makes the "
         "same update in less memory (default: the whole minibatch)", group="rl",
-        parse=_positive_or_none)
+        parse=positive_int)
     eval_trials: int = setting(
         50, "held-out episodes per task, with the deterministic sampler (the family's own "
         "evaluation episodes under --eval-seed)", group="rl", parse=positive_int)
@@ -383,9 +388,13 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         if self.replay_groups >= self.groups:
             raise ValueError(f"replay_groups must be below groups ({self.groups}): each "
                              f"iteration starts one group fresh; found {self.replay_groups}")
-        if self.microbatch is not None and not 1 <= self.microbatch <= self.minibatch:
-            raise ValueError(f"microbatch must be between 1 and minibatch ({self.minibatch}); "
-                             f"found {self.microbatch}")
+        if self.minibatch is not None and self.minibatches is not None:
+            raise ValueError(f"give --minibatch (chunks per step) or --minibatches (steps per "
+                             f"pass), not both; found {self.minibatch} and {self.minibatches}")
+        if self.minibatches is None and self.microbatch is not None and \
+                not 1 <= self.microbatch <= self.minibatch_size(0):
+            raise ValueError(f"microbatch must be between 1 and minibatch "
+                             f"({self.minibatch_size(0)}); found {self.microbatch}")
         if self.precision == "fp8":
             raise ValueError("--precision fp8 is for inference (FP8 weights are copies autograd "
                              "does not reach); train in bf16 (auto on CUDA) or fp32")
@@ -414,7 +423,15 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
 
         return dataclasses.replace(
             self, **self.model_defaults(), suite=canonical_suites(self.suite),
-            image_size=view_size(self.env, self.synthetic, self.image_size))
+            image_size=view_size(self.env, self.synthetic, self.image_size),
+            minibatch=None if self.minibatches is not None else self.minibatch_size(0))
+
+    def minibatch_size(self, chunks: int) -> int:
+        """The chunks of the largest minibatch of an iteration that has ``chunks``: --minibatch
+        (64 by default), or under --minibatches the largest of that many equal parts."""
+        if self.minibatches is None:
+            return self.minibatch or DEFAULT_MINIBATCH
+        return max(1, -(-chunks // self.minibatches))
 
     def check_run(self, model: Any, env: Any, rank: Any) -> None:
         """GRPO's own checks of a resolved run: the env's success signal where the reward is

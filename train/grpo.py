@@ -236,6 +236,16 @@ def chunk_weights(episodes: torch.Tensor, aggregate: str, dp: DataParallel | Non
     return (totals["chunks"] / totals["episodes"]) / counts[index].float()
 
 
+def minibatches(order: np.ndarray, cfg: GRPOConfig) -> list[np.ndarray]:
+    """One pass's minibatches of an iteration's shuffled chunks: ``--minibatches`` parts whose
+    sizes differ by one at most (fewer when there are fewer chunks), else parts of
+    ``--minibatch`` chunks, the last one shorter."""
+    if cfg.minibatches is not None:
+        return np.array_split(order, min(cfg.minibatches, len(order)))
+    size = cfg.minibatch_size(len(order))
+    return [order[start : start + size] for start in range(0, len(order), size)]
+
+
 def update(learner: Learner, batch: dict[str, Any], signal: Signal, iteration: int,
            cfg: GRPOConfig, dp: DataParallel) -> dict[str, float]:
     """One GRPO update from a collected batch (this rank's share); the iteration's statistics
@@ -251,7 +261,7 @@ def update(learner: Learner, batch: dict[str, Any], signal: Signal, iteration: i
     if total == 0:
         return sums
     generator = torch.Generator().manual_seed(iteration_seed(cfg.seed, iteration, 0))
-    microbatch = cfg.microbatch or cfg.minibatch
+    microbatch = cfg.microbatch or cfg.minibatch_size(total)
     prompts = batch["chunk_prompts"]
     params = learner.masters.params
 
@@ -279,8 +289,7 @@ def update(learner: Learner, batch: dict[str, Any], signal: Signal, iteration: i
     old_all = score_all(steps=True) if per_step else signal.old_log_prob
     for _ in range(cfg.epochs):
         order = torch.randperm(total, generator=generator).numpy()
-        for start in range(0, total, cfg.minibatch):
-            part = order[start : start + cfg.minibatch]
+        for part in minibatches(order, cfg):
             size = len(part)
             mine = [local_pos[tuple(keys[j].tolist())] for j in part if owners[j] == dp.rank]
             learner.masters.zero_grad()
@@ -582,7 +591,7 @@ def _run(run: Any, progress: bool, budget: int, folder: Any) -> dict[str, Any] |
     groups_local = len(dp.groups_of(list(range(cfg.groups))))
     envs = eval_env.make(groups_local * cfg.group_size, cfg.async_envs)
     estimate = run_estimate(learner, cfg, eval_env, envs, adapter, device,
-                            groups_local * cfg.group_size)
+                            groups_local * cfg.group_size, most_chunks(cfg, budget))
     if rank.is_main:
         print(f"training {cfg.train}: {learner.trainable.count:,} of "
               f"{sum(p.numel() for p in learner.model.parameters()):,} parameters; memory "
@@ -727,7 +736,7 @@ def _finish(cfg: GRPOConfig, learner: Learner, curve: list[dict[str, Any]], out:
 _ADDED_SETTINGS = {"lr_warmup": 0, "target_kl": None, "advantages": "group", "aggregate": "chunk",
                    "dual_clip": None, "lr_half_life": None, "sde_steps": "random",
                    "ratio": "chunk", "ema": None, "keep": "last", "test_seed": 2_000_000,
-                   "replay_groups": 0}
+                   "replay_groups": 0, "minibatches": None}
 
 
 # ---------------------------------------------------------------------- set-up
@@ -743,6 +752,11 @@ def episode_steps(eval_env: Any) -> int:
         raise ValueError(f"{type(eval_env).__name__} states no episode budget; give "
                          "--max-episode-steps")
     return int(steps)
+
+
+def most_chunks(cfg: GRPOConfig, budget: int) -> int:
+    """An iteration's most chunks: every episode of every group runs the whole budget."""
+    return cfg.groups * cfg.group_size * -(-budget // cfg.n_action_steps)
 
 
 def _upgrade_identity(stored: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:

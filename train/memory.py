@@ -266,7 +266,7 @@ def stochastic_steps(cfg: Any, default_steps: int) -> int:
 
 
 def run_estimate(learner: Any, cfg: Any, eval_env: Any, envs: Any, adapter: Any, device: Any,
-                 rollout_batch: int) -> MemoryEstimate:
+                 rollout_batch: int, max_chunks: int) -> MemoryEstimate:
     """This rank's training memory for a GRPO run (``learner``: its pipeline and what trains,
     ``cfg``: its :class:`~cosmos3_gym.train.config.GRPOConfig`); refuses one that cannot fit
     (:func:`check_fits`)."""
@@ -280,7 +280,7 @@ def run_estimate(learner: Any, cfg: Any, eval_env: Any, envs: Any, adapter: Any,
     weight_bytes = sum(t.numel() * t.element_size() for module in (pipe.transformer, pipe.vae)
                        for t in (*module.parameters(), *module.buffers()))
     trained = learner.trainable
-    microbatch = cfg.microbatch or cfg.minibatch
+    microbatch = cfg.microbatch or cfg.minibatch_size(max_chunks)
     estimate = training_memory(
         pipe.transformer.config, weight_bytes=weight_bytes, trained_params=trained.count,
         trained_in_fp32=not learner.masters.copies and all(
