@@ -95,6 +95,22 @@ def test_inverted_pendulum_without_a_signal_is_refused_before_the_model_loads(
 
 
 @pytest.mark.gym
+def test_grpo_on_success_refuses_an_env_without_a_signal_before_the_model_loads(
+        tmp_path, capsys) -> None:
+    """``--reward success`` and ``success+return`` need the env's success; ``return`` does
+    not (its refusal is for the success rule, not the reward)."""
+    for reward in ("success", "success+return"):
+        out = tmp_path / reward
+        with pytest.raises(SystemExit) as exit_info:
+            main(["rl", "grpo", "--env", "gym:InvertedPendulum-v5", "--prompt",
+                  "balance the pole", "--synthetic", "tiny", "--reward", reward,
+                  "--out", str(out)])
+        assert exit_info.value.code == 2 and "reports no success signal" in \
+            capsys.readouterr().err
+        assert not out.exists()
+
+
+@pytest.mark.gym
 def test_a_random_policy_on_inverted_pendulum_is_not_always_successful(tmp_path) -> None:
     out = tmp_path / "pendulum"
     assert main(["eval", "--env", "gym:InvertedPendulum-v5", "--prompt", "balance the pole",

@@ -312,6 +312,46 @@ def test_batch_advantages_share_one_scale_across_the_groups() -> None:
     assert scaled.rows.tolist() == [0, 1, 4, 5] and scaled.stats["silent_groups"] == 1
 
 
+def test_success_and_return_success_decides_and_the_return_breaks_ties() -> None:
+    """``success+return``: success's advantage plus the weight times the return's, each against
+    its own group. A group that agrees on success learns from its returns alone, at the
+    weight's scale; where success differs it decides, even against the return (the success
+    with the lower return keeps a positive advantage)."""
+    batch = {"episode_finished": torch.ones(8, dtype=torch.bool),
+             "episode_group": torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]),
+             "episode_success": torch.tensor([False] * 4 + [True, True, False, False]),
+             "episode_return": torch.tensor([1.0, 2.0, 4.0, 6.0, 5.0, 1.0, 9.0, 1.0]),
+             "episode_id": torch.arange(8), "chunk_episode": torch.arange(8),
+             "chunk_index": torch.zeros(8, dtype=torch.long),
+             "chunk_log_prob": torch.zeros(8)}
+
+    def z(values: list[float]) -> torch.Tensor:  # the group's differences over its std
+        v = torch.tensor(values, dtype=torch.float32)
+        return (v - v.mean()) / v.std(unbiased=False)
+
+    both = grpo.batch_signal(batch, 4, "success+return", return_weight=0.1)
+    expected = torch.cat([0.1 * z([1, 2, 4, 6]), torch.tensor([1.0, 1, -1, -1])
+                          + 0.1 * z([5, 1, 9, 1])])
+    assert both.advantages.tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+    assert both.stats["silent_groups"] == 0 and both.rows.tolist() == list(range(8))
+    assert float(both.advantages[5]) > 0 > float(both.advantages[6])  # success over return
+    # The success reward leaves group 0 silent; the return alone ranks episode 6 first.
+    assert grpo.batch_signal(batch, 4, "success").rows.tolist() == [4, 5, 6, 7]
+    assert int(grpo.batch_signal(batch, 4, "return").advantages.argmax()) == 6
+    # Each part as --advantages says: under batch, each over its own root mean square.
+    scaled = grpo.batch_signal(batch, 4, "success+return", "batch", return_weight=0.5)
+    success = grpo.batch_signal(batch, 4, "success", "batch").advantages
+    returns = grpo.batch_signal(batch, 4, "return", "batch").advantages
+    assert scaled.advantages.tolist() == pytest.approx(
+        (torch.cat([torch.zeros(4), success]) + 0.5 * returns).tolist(), abs=1e-5)
+
+
+def test_the_return_weight_is_a_positive_setting() -> None:
+    assert grpo.GRPOConfig().return_weight == 0.1
+    with pytest.raises(ValueError, match="return_weight"):
+        grpo.GRPOConfig(reward="success+return", return_weight=0.0)
+
+
 def test_episode_aggregation_weighs_every_episode_as_much_as_any_other() -> None:
     """A failure that ran to the time limit (4 chunks) and a success that ended early (1 chunk):
     ``chunk`` counts the failure 4 times as much, ``episode`` gives each episode's chunks one

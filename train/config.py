@@ -216,7 +216,7 @@ CURVE_FILE = "curve.json"
 STATE_PREFIX = "state-"
 EVALS = "evals"
 TEST_PREFIX = "test-"  # evals/test-iter-NNNNNN/: --keep best's measurements on the test episodes
-REWARDS = ("success", "return")
+REWARDS = ("success", "return", "success+return")
 ADVANTAGES = ("group", "mean", "batch")
 AGGREGATES = ("episode", "chunk")
 RATIOS = ("chunk", "step")
@@ -255,8 +255,14 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         "episodes go where success is in doubt; must be below --groups; 0: every group from a "
         "fresh start state", group="rl", parse=nonnegative_int)
     reward: str = setting(
-        "success", "what an episode scores: success (1 or 0, the benchmark's own signal) or "
-        "return (the sum of the env's rewards)", group="rl", choices=REWARDS)
+        "success", "what an episode scores: success (1 or 0, the benchmark's own signal), "
+        "return (the sum of the env's rewards) or success+return (success's advantage plus "
+        "--return-weight times the return's: success decides where the group's episodes "
+        "differ in it, the return breaks the ties)", group="rl", choices=REWARDS)
+    return_weight: float = setting(
+        0.1, "with --reward success+return: the weight of the return's advantage beside "
+        "success's (each computed as --advantages says; under mean the return's is in the "
+        "env's reward units)", group="rl", parse=positive_number)
     sampler: str = setting(
         "flow_sde", "the sampler: flow_unipc (deterministic given its noise), or flow_sde / "
         "flow_cps (Gaussian action steps whose log-probability every chunk records, for RL); "
@@ -449,7 +455,7 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
                     f"cannot score chunks of a head with {' and '.join(cannot)} yet; fine-tune "
                     "a checkpoint whose head samples with the official FlowUniPC, no state rows "
                     "and guidance on every step (docs/rl.md)")
-        if self.reward == "success":
+        if self.reward != "return":
             env.check_success()  # no signal to score: refused now, not after the load
         if self.groups < rank.world_size:
             raise ValueError(f"--groups {self.groups}: each of the {rank.world_size} ranks needs "

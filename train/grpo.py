@@ -8,8 +8,8 @@ One iteration, as :func:`_run` reads:
    :class:`~cosmos3_gym.runner.GroupEpisodes`): every chunk records its log-probability.
    Under ``--replay-groups`` some groups rerun start states whose latest group disagreed
    (:func:`iteration_starts`).
-2. **Advantages.** Each episode's reward (its success, or its return) against its group's
-   (:func:`batch_signal`): the advantage of every chunk it executed.
+2. **Advantages.** Each episode's reward (its success, its return, or both) against its
+   group's (:func:`batch_signal`): the advantage of every chunk it executed.
 3. **Update.** PPO's clipped surrogate on :func:`~cosmos3_gym.pipeline.chunk_log_prob`
    (:func:`update`), optionally with a KL term to the start policy and a trust region on the
    iteration's ``approx_kl``, updates what ``--train`` names
@@ -122,36 +122,55 @@ class Signal:
     disagreed: list[int]  # the complete groups whose episodes disagree (their chunks are here)
 
 
+def episode_advantages(rewards: torch.Tensor, groups: torch.Tensor, complete: torch.Tensor,
+                       advantages: str, dp: DataParallel) -> torch.Tensor:
+    """One reward's advantage per episode: 0 outside the complete groups, else the reward
+    against its group's (:func:`group_advantages`, ``"group"`` or ``"mean"``); ``"batch"``
+    divides the differences from the group means by their root mean square over every rank's
+    episodes of groups that disagree."""
+    adv = torch.zeros_like(rewards)
+    if complete.any():
+        adv[complete] = group_advantages(rewards[complete], groups[complete],
+                                         "group" if advantages == "group" else "mean")
+    if advantages == "batch":
+        informative = torch.zeros_like(complete)
+        for g in torch.unique(groups[complete]):
+            members = groups == g
+            informative |= members & bool((adv[members] != 0).any())
+        totals = dp.all_sum(
+            {"square": float((adv[informative] ** 2).sum()),
+             "count": float(informative.sum())})
+        if totals["count"]:
+            adv = adv / (math.sqrt(totals["square"] / totals["count"]) + 1e-6)
+    return adv
+
+
 def batch_signal(batch: dict[str, Any], group_size: int, reward: str, advantages: str = "group",
-                 dp: DataParallel | None = None, aggregate: str = "episode") -> Signal:
+                 dp: DataParallel | None = None, aggregate: str = "episode",
+                 return_weight: float = 0.1) -> Signal:
     """Group-relative advantages of the complete groups (every member finished) of a batch, and
-    the chunks that carry a non-zero one. ``advantages="batch"`` divides the differences from
-    the group means by their root mean square over every rank's episodes of groups that
-    disagree. ``aggregate`` weighs the chunks in the loss (:func:`chunk_weights`)."""
+    the chunks that carry a non-zero one (:func:`episode_advantages`). ``reward`` is
+    ``"success"``, ``"return"`` or ``"success+return"``: success's advantage plus
+    ``return_weight`` times the return's, each computed on its own, so success decides where a
+    group's episodes differ in it and the return orders them where they do not.
+    ``aggregate`` weighs the chunks in the loss (:func:`chunk_weights`)."""
     dp = dp or DataParallel(0, 1)
     finished = batch["episode_finished"]
     groups = batch["episode_group"]
-    returns = (batch["episode_success"].float() if reward == "success"
-               else batch["episode_return"].float())
     complete = torch.zeros_like(finished)
     for g in torch.unique(groups):
         members = groups == g
         if finished[members].all() and int(members.sum()) == group_size:
             complete |= members
-    adv_ep = torch.zeros_like(returns)
-    if complete.any():
-        adv_ep[complete] = group_advantages(returns[complete], groups[complete],
-                                            "group" if advantages == "group" else "mean")
-    if advantages == "batch":
-        informative = torch.zeros_like(complete)
-        for g in torch.unique(groups[complete]):
-            members = groups == g
-            informative |= members & bool((adv_ep[members] != 0).any())
-        totals = dp.all_sum(
-            {"square": float((adv_ep[informative] ** 2).sum()),
-             "count": float(informative.sum())})
-        if totals["count"]:
-            adv_ep = adv_ep / (math.sqrt(totals["square"] / totals["count"]) + 1e-6)
+    success = batch["episode_success"].float()
+    returns = batch["episode_return"].float()
+    if reward == "success":
+        adv_ep = episode_advantages(success, groups, complete, advantages, dp)
+    elif reward == "return":
+        adv_ep = episode_advantages(returns, groups, complete, advantages, dp)
+    else:
+        adv_ep = episode_advantages(success, groups, complete, advantages, dp) + \
+            return_weight * episode_advantages(returns, groups, complete, advantages, dp)
     chunk_episode = batch["chunk_episode"]  # run-wide ids; episode_id maps rows to them
     row_of = {int(e): i for i, e in enumerate(batch["episode_id"].tolist())}
     chunk_ep_row = torch.tensor([row_of[int(e)] for e in chunk_episode.tolist()],
@@ -623,7 +642,7 @@ def _run(run: Any, progress: bool, budget: int, folder: Any) -> dict[str, Any] |
                                       schedule=schedule, env_timeout=cfg.env_timeout)
             # 2. Advantages.
             signal = batch_signal(batch, cfg.group_size, cfg.reward, cfg.advantages, dp,
-                                  cfg.aggregate)
+                                  cfg.aggregate, cfg.return_weight)
             t1 = time.perf_counter()
             # 3. Update.
             lr = learner.learning_rate()
@@ -736,7 +755,8 @@ def _finish(cfg: GRPOConfig, learner: Learner, curve: list[dict[str, Any]], out:
 _ADDED_SETTINGS = {"lr_warmup": 0, "target_kl": None, "advantages": "group", "aggregate": "chunk",
                    "dual_clip": None, "lr_half_life": None, "sde_steps": "random",
                    "ratio": "chunk", "ema": None, "keep": "last", "test_seed": 2_000_000,
-                   "replay_groups": 0, "minibatches": None}
+                   "replay_groups": 0, "minibatches": None,
+                   "return_weight": 0.1}
 
 
 # ---------------------------------------------------------------------- set-up
