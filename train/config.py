@@ -222,6 +222,7 @@ AGGREGATES = ("episode", "chunk")
 RATIOS = ("chunk", "step")
 KEEPS = ("last", "best")
 DEFAULT_MINIBATCH = 64
+DEFAULT_RETURN_WEIGHT = 0.1  # also what folders written before --return-weight resume with
 
 
 @dataclass
@@ -260,11 +261,12 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         "--return-weight times the return's: success decides where the group's episodes "
         "differ in it, the return breaks the ties)", group="rl", choices=REWARDS)
     return_weight: float = setting(
-        0.1, "with --reward success+return: the weight of the return's advantage beside "
-        "success's (each computed as --advantages says; under mean the return's is in the "
-        "env's reward units); the gradient is clipped to norm 1, so only a weight that keeps "
-        "the return's gradient below that makes the ties minor (docs/rl.md: on Meta-World "
-        "0.1 did not, 0.01 did)", group="rl", parse=positive_number)
+        DEFAULT_RETURN_WEIGHT,
+        "with --reward success+return: the weight of the return's advantage beside success's "
+        "(each computed as --advantages says; under mean the return's is in the env's reward "
+        "units); the gradient is clipped to norm 1, so only a weight that keeps the return's "
+        "gradient below that makes the ties minor (docs/rl.md: on Meta-World 0.1 did not, "
+        "0.01 did)", group="rl", parse=positive_number)
     sampler: str = setting(
         "flow_sde", "the sampler: flow_unipc (deterministic given its noise), or flow_sde / "
         "flow_cps (Gaussian action steps whose log-probability every chunk records, for RL); "

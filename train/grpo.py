@@ -44,6 +44,7 @@ from cosmos3_gym.train import grpo_report, grpo_state
 from cosmos3_gym.train.config import (  # noqa: F401  (GRPOConfig's home; re-exported here)
     ADVANTAGES,
     CURVE_FILE,
+    DEFAULT_RETURN_WEIGHT,
     EVALS,
     IDENTITY_FILE,
     REWARDS,
@@ -147,7 +148,7 @@ def episode_advantages(rewards: torch.Tensor, groups: torch.Tensor, complete: to
 
 def batch_signal(batch: dict[str, Any], group_size: int, reward: str, advantages: str = "group",
                  dp: DataParallel | None = None, aggregate: str = "episode",
-                 return_weight: float = 0.1) -> Signal:
+                 return_weight: float = DEFAULT_RETURN_WEIGHT) -> Signal:
     """Group-relative advantages of the complete groups (every member finished) of a batch, and
     the chunks that carry a non-zero one (:func:`episode_advantages`). ``reward`` is
     ``"success"``, ``"return"`` or ``"success+return"``: success's advantage plus
@@ -756,7 +757,7 @@ _ADDED_SETTINGS = {"lr_warmup": 0, "target_kl": None, "advantages": "group", "ag
                    "dual_clip": None, "lr_half_life": None, "sde_steps": "random",
                    "ratio": "chunk", "ema": None, "keep": "last", "test_seed": 2_000_000,
                    "replay_groups": 0, "minibatches": None,
-                   "return_weight": 0.1}
+                   "return_weight": DEFAULT_RETURN_WEIGHT}
 
 
 # ---------------------------------------------------------------------- set-up
