@@ -93,7 +93,8 @@ def run(preset: str, *, device: str, train: str, groups: int, group_size: int, s
     batch["episode_success"] = members % 2 == 0
     batch["episode_finished"][:] = True
     signal = grpo.batch_signal(batch, group_size, cfg.reward, cfg.advantages,
-                               aggregate=cfg.aggregate, return_weight=cfg.return_weight)
+                               aggregate=cfg.aggregate, return_weight=cfg.return_weight,
+                               negatives=cfg.negatives)
     result["chunks_with_signal"] = len(signal.rows)
     save()
     if dev.type == "cuda":

@@ -346,6 +346,29 @@ def test_success_and_return_success_decides_and_the_return_breaks_ties() -> None
         (torch.cat([torch.zeros(4), success]) + 0.5 * returns).tolist(), abs=1e-5)
 
 
+def test_dropping_negatives_keeps_only_the_better_episodes_chunks() -> None:
+    """``--negatives drop``: the negative advantages become 0, so the failures' chunks leave the
+    update, the successes keep their advantages exactly, and a group that disagreed still counts
+    as one (it is not silent)."""
+    batch = {"episode_finished": torch.ones(8, dtype=torch.bool),
+             "episode_group": torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]),
+             "episode_success": torch.tensor([True, False, False, False] + [True] * 4),
+             "episode_return": torch.zeros(8),
+             "episode_id": torch.arange(8), "chunk_episode": torch.tensor([0, 0, 1, 2, 3, 4]),
+             "chunk_index": torch.tensor([0, 1, 0, 0, 0, 0]),
+             "chunk_log_prob": torch.arange(6.0)}
+    kept = grpo.batch_signal(batch, 4, "success")
+    dropped = grpo.batch_signal(batch, 4, "success", negatives="drop")
+    assert kept.rows.tolist() == [0, 1, 2, 3, 4] and kept.advantages[2] < 0
+    assert dropped.rows.tolist() == [0, 1]  # episode 0's two chunks, the group's one success
+    assert dropped.advantages.tolist() == pytest.approx(kept.advantages[:2].tolist())
+    assert dropped.old_log_prob.tolist() == [0.0, 1.0]
+    assert dropped.disagreed == kept.disagreed == [0]
+    assert dropped.stats["silent_groups"] == kept.stats["silent_groups"] == 1
+    with pytest.raises(ValueError, match="negatives"):
+        grpo.GRPOConfig(negatives="clip")
+
+
 def test_the_return_weight_is_a_positive_setting() -> None:
     assert grpo.GRPOConfig().return_weight == 0.1
     with pytest.raises(ValueError, match="return_weight"):

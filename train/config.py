@@ -218,6 +218,7 @@ EVALS = "evals"
 TEST_PREFIX = "test-"  # evals/test-iter-NNNNNN/: --keep best's measurements on the test episodes
 REWARDS = ("success", "return", "success+return")
 ADVANTAGES = ("group", "mean", "batch")
+NEGATIVES = ("keep", "drop")
 AGGREGATES = ("episode", "chunk")
 RATIOS = ("chunk", "step")
 KEEPS = ("last", "best")
@@ -322,6 +323,12 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         "group's standard deviation), mean (minus the group's mean only) or batch (minus the "
         "group's mean, over the standard deviation of those differences across the iteration)",
         group="rl", choices=ADVANTAGES)
+    negatives: str = setting(
+        "keep", "what becomes of a negative advantage: keep (GRPO's: the update makes the "
+        "episode's chunks less likely) or drop (set to 0: the update only makes the better "
+        "episodes of a group likelier, never pushes a sample away; with a success reward the "
+        "expected direction is the same, without the failures' noise)", group="rl",
+        choices=NEGATIVES)
     aggregate: str = setting(
         "episode", "how the loss weighs chunks: episode (an episode's chunks share one weight, "
         "equal for every episode, as GRPO averages a sequence's tokens: a failure that runs to "

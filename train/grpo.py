@@ -148,13 +148,16 @@ def episode_advantages(rewards: torch.Tensor, groups: torch.Tensor, complete: to
 
 def batch_signal(batch: dict[str, Any], group_size: int, reward: str, advantages: str = "group",
                  dp: DataParallel | None = None, aggregate: str = "episode",
-                 return_weight: float = DEFAULT_RETURN_WEIGHT) -> Signal:
+                 return_weight: float = DEFAULT_RETURN_WEIGHT, negatives: str = "keep"
+                 ) -> Signal:
     """Group-relative advantages of the complete groups (every member finished) of a batch, and
     the chunks that carry a non-zero one (:func:`episode_advantages`). ``reward`` is
     ``"success"``, ``"return"`` or ``"success+return"``: success's advantage plus
     ``return_weight`` times the return's, each computed on its own, so success decides where a
     group's episodes differ in it and the return orders them where they do not.
-    ``aggregate`` weighs the chunks in the loss (:func:`chunk_weights`)."""
+    ``negatives="drop"`` sets the negative advantages to 0, so only the better episodes of a
+    group carry a signal (a group still counts as disagreeing). ``aggregate`` weighs the chunks
+    in the loss (:func:`chunk_weights`)."""
     dp = dp or DataParallel(0, 1)
     finished = batch["episode_finished"]
     groups = batch["episode_group"]
@@ -172,6 +175,10 @@ def batch_signal(batch: dict[str, Any], group_size: int, reward: str, advantages
     else:
         adv_ep = episode_advantages(success, groups, complete, advantages, dp) + \
             return_weight * episode_advantages(returns, groups, complete, advantages, dp)
+    finished_groups = torch.unique(groups[complete]).tolist()
+    disagreed = [int(g) for g in finished_groups if (adv_ep[groups == g] != 0).any()]
+    if negatives == "drop":
+        adv_ep = adv_ep.clamp(min=0.0)
     chunk_episode = batch["chunk_episode"]  # run-wide ids; episode_id maps rows to them
     row_of = {int(e): i for i, e in enumerate(batch["episode_id"].tolist())}
     chunk_ep_row = torch.tensor([row_of[int(e)] for e in chunk_episode.tolist()],
@@ -180,8 +187,6 @@ def batch_signal(batch: dict[str, Any], group_size: int, reward: str, advantages
     rows = torch.nonzero(keep).flatten().numpy()
     keys = np.stack([chunk_episode.numpy()[rows], batch["chunk_index"].numpy()[rows]], axis=1) \
         if rows.size else np.zeros((0, 2), np.int64)
-    finished_groups = torch.unique(groups[complete]).tolist()
-    disagreed = [int(g) for g in finished_groups if (adv_ep[groups == g] != 0).any()]
     stats = {
         "episodes": float(complete.sum()), "successes": float(
             batch["episode_success"][complete].float().sum()),
@@ -643,7 +648,7 @@ def _run(run: Any, progress: bool, budget: int, folder: Any) -> dict[str, Any] |
                                       schedule=schedule, env_timeout=cfg.env_timeout)
             # 2. Advantages.
             signal = batch_signal(batch, cfg.group_size, cfg.reward, cfg.advantages, dp,
-                                  cfg.aggregate, cfg.return_weight)
+                                  cfg.aggregate, cfg.return_weight, cfg.negatives)
             t1 = time.perf_counter()
             # 3. Update.
             lr = learner.learning_rate()
@@ -757,7 +762,7 @@ _ADDED_SETTINGS = {"lr_warmup": 0, "target_kl": None, "advantages": "group", "ag
                    "dual_clip": None, "lr_half_life": None, "sde_steps": "random",
                    "ratio": "chunk", "ema": None, "keep": "last", "test_seed": 2_000_000,
                    "replay_groups": 0, "minibatches": None,
-                   "return_weight": DEFAULT_RETURN_WEIGHT}
+                   "return_weight": DEFAULT_RETURN_WEIGHT, "negatives": "keep"}
 
 
 # ---------------------------------------------------------------------- set-up
