@@ -216,6 +216,45 @@ def test_keep_best_keeps_the_measured_weights_of_a_strictly_better_measurement(
     assert not last.consider_keeping(0, 1.0) and last.kept is None
 
 
+def test_rollback_goes_back_to_the_kept_weights_with_a_fresh_optimiser(
+        checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--rollback 0.1: a measurement within 10 points of the best changes nothing; one more
+    than 10 below it puts the kept weights back, empties AdamW's state (the warmup starts
+    again) and records where it went; the rule needs --keep best."""
+    from types import SimpleNamespace
+
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
+    cfg = grpo.GRPOConfig(checkpoint=str(checkpoint), rollback=0.1, lr_warmup=4)
+    learner = grpo.Learner(pipe, cfg)
+    start = [m.detach().clone() for m in learner.masters.masters]
+    successes = iter([0.5, 0.45, 0.35])
+    monkeypatch.setattr(grpo, "held_out", lambda *a, test=False: {"test_success": 0.5} if test
+                        else {"held_out_success": next(successes)})
+    run, dp = SimpleNamespace(settings=cfg), DataParallel(0, 1)
+    assert "rolled_back_to" not in grpo.measure(learner, run, 0, dp)
+
+    def step() -> None:
+        for p in learner.masters.params:
+            p.grad = torch.ones_like(p)
+        learner.step()
+
+    step()
+    step()
+    assert learner.steps_taken() == 2
+    moved = [m.detach().clone() for m in learner.masters.masters]
+    assert any(not torch.equal(a, b) for a, b in zip(moved, start, strict=True))
+    assert "rolled_back_to" not in grpo.measure(learner, run, 15, dp)  # 5 points below: kept on
+    for m, w in zip(learner.masters.masters, moved, strict=True):
+        assert torch.equal(m, w)
+    point = grpo.measure(learner, run, 30, dp)  # 15 points below the best: back to iteration 0
+    assert point["rolled_back_to"] == 0 and learner.kept["iteration"] == 0
+    for m, p, w in zip(learner.masters.masters, learner.masters.params, start, strict=True):
+        assert torch.equal(m, w) and torch.equal(p.detach().float(), w.float())
+    assert learner.steps_taken() == 0 and learner.learning_rate() == pytest.approx(cfg.lr / 4)
+    with pytest.raises(ValueError, match="rollback needs keep 'best'"):
+        grpo.GRPOConfig(rollback=0.1, keep="last")
+
+
 def test_the_trust_region_ends_the_update_once_the_policy_has_moved(checkpoint: Path) -> None:
     """The first minibatch of an iteration is on-policy (approx_kl 0): its step is taken; the
     second epoch finds the moved policy past a tiny target_kl and takes no step."""

@@ -444,6 +444,15 @@ class Learner:
                                  for w in measured]}
         return True
 
+    def roll_back(self) -> None:
+        """``--rollback``: training goes on from the kept weights (the trained weights and,
+        under ``--ema``, the average become them) with a fresh optimiser: AdamW's moments
+        pointed where the run drifted, and its step count restarts the warmup."""
+        self.masters.load_state_dict(dict(zip(self.masters.names, self.kept["weights"],
+                                              strict=True)))
+        self.optimizer.state.clear()
+        self.reset_average()
+
     def learning_rate(self) -> float:
         """``lr`` for the next step: a linear warmup over the first ``lr_warmup`` steps, then
         constant, or halving every ``lr_half_life`` steps after the warmup."""
@@ -565,11 +574,16 @@ def held_out(learner: Learner, run: Any, iteration: int, test: bool = False
 def measure(learner: Learner, run: Any, iteration: int, dp: DataParallel) -> dict[str, Any]:
     """An iteration's held-out measurement (``{}`` on ranks other than 0), and under ``--keep
     best`` the weights kept when it is the best so far; at iteration 0 (the start) also their
-    measurement on the test episodes, the start ``--keep best``'s result is compared with."""
+    measurement on the test episodes, the start ``--keep best``'s result is compared with.
+    Under ``--rollback`` a measurement that far below the best puts the kept weights back."""
     point = held_out(learner, run, iteration) or {}
     # Every rank keeps the same weights: rank 0's measurement decides.
     success = dp.all_sum({"s": point.get("held_out_success", 0.0)})["s"]
     learner.consider_keeping(iteration, success)
+    rollback = run.settings.rollback
+    if rollback is not None and success < learner.kept["success"] - rollback:
+        learner.roll_back()
+        point["rolled_back_to"] = learner.kept["iteration"]
     if iteration == 0 and run.settings.keep == "best":
         point.update(held_out(learner, run, 0, test=True) or {})
     return point
@@ -762,7 +776,8 @@ _ADDED_SETTINGS = {"lr_warmup": 0, "target_kl": None, "advantages": "group", "ag
                    "dual_clip": None, "lr_half_life": None, "sde_steps": "random",
                    "ratio": "chunk", "ema": None, "keep": "last", "test_seed": 2_000_000,
                    "replay_groups": 0, "minibatches": None,
-                   "return_weight": DEFAULT_RETURN_WEIGHT, "negatives": "keep"}
+                   "return_weight": DEFAULT_RETURN_WEIGHT, "negatives": "keep",
+                   "rollback": None}
 
 
 # ---------------------------------------------------------------------- set-up

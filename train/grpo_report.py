@@ -61,6 +61,9 @@ def report_held_out(point: dict[str, Any]) -> None:
     print(f"iteration {point['iteration']}: held-out success {point['held_out_success']:.1%} "
           f"({point['held_out_successes']}/{point['held_out_episodes']}, Wilson 95% "
           f"[{low:.1%}, {high:.1%}])", flush=True)
+    if "rolled_back_to" in point:
+        print(f"iteration {point['iteration']}: more than --rollback below the best; training "
+              f"goes on from iteration {point['rolled_back_to']}'s weights", flush=True)
 
 
 def summary(cfg: GRPOConfig, curve: list[dict[str, Any]], wall: float,
