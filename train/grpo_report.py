@@ -71,7 +71,8 @@ def summary(cfg: GRPOConfig, curve: list[dict[str, Any]], wall: float,
     """The run's summary (``curve.json`` beside the curve): its settings, the first and the
     last held-out measurement and their intervals, the best one, and the session's time; under
     ``--keep best`` also ``kept`` (the iteration whose weights are the result, its held-out
-    success, and its success on the test episodes) and ``test_before`` (the start's)."""
+    success, and its success on the test episodes) and ``test_before`` (the start's); under
+    ``--rollback`` ``rolled_back`` (the measurements that put the kept weights back)."""
     from dataclasses import asdict
 
     measured = [p for p in curve if "held_out_success" in p]
@@ -84,6 +85,8 @@ def summary(cfg: GRPOConfig, curve: list[dict[str, Any]], wall: float,
             "best": best["held_out_success"], "best_iteration": best["iteration"],
             "iterations_run": curve[-1]["iteration"], "wall_s": round(wall, 1),
             "torch": torch.__version__}
+    if cfg.rollback is not None:  # the measurements that put the kept weights back
+        done["rolled_back"] = [p["iteration"] for p in curve if "rolled_back_to" in p]
     if kept is not None:
         done["kept"] = kept
         done["test_before"] = curve[0].get("test_success")
