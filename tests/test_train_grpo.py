@@ -220,7 +220,8 @@ def test_rollback_goes_back_to_the_kept_weights_with_a_fresh_optimiser(
         checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--rollback 0.1: a measurement within 10 points of the best changes nothing; one more
     than 10 below it puts the kept weights back, empties AdamW's state (the warmup starts
-    again) and records where it went; the rule needs --keep best."""
+    again) and records where it went; under --keep last it goes back all the same, and the
+    result stays the last weights."""
     from types import SimpleNamespace
 
     pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
@@ -251,8 +252,26 @@ def test_rollback_goes_back_to_the_kept_weights_with_a_fresh_optimiser(
     for m, p, w in zip(learner.masters.masters, learner.masters.params, start, strict=True):
         assert torch.equal(m, w) and torch.equal(p.detach().float(), w.float())
     assert learner.steps_taken() == 0 and learner.learning_rate() == pytest.approx(cfg.lr / 4)
-    with pytest.raises(ValueError, match="rollback needs keep 'best'"):
-        grpo.GRPOConfig(rollback=0.1, keep="last")
+    step()
+    learner.settle()  # --keep best: the kept weights are the result
+    for m, w in zip(learner.masters.masters, start, strict=True):
+        assert torch.equal(m, w)
+
+    cfg = grpo.GRPOConfig(checkpoint=str(checkpoint), rollback=0.1, keep="last")
+    learner = grpo.Learner(Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True),
+                           cfg)
+    successes = iter([0.5, 0.3])
+    run = SimpleNamespace(settings=cfg)
+    grpo.measure(learner, run, 0, dp)
+    step()
+    assert grpo.measure(learner, run, 15, dp)["rolled_back_to"] == 0
+    for m, w in zip(learner.masters.masters, start, strict=True):
+        assert torch.equal(m, w)
+    step()
+    last = [m.detach().clone() for m in learner.masters.masters]
+    learner.settle()  # --keep last: the last weights are the result
+    for m, w in zip(learner.masters.masters, last, strict=True):
+        assert torch.equal(m, w)
 
 
 def test_the_trust_region_ends_the_update_once_the_policy_has_moved(checkpoint: Path) -> None:

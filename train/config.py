@@ -379,8 +379,8 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         "best of several noisy measurements overstates itself) or last (the weights as "
         "training left them; docs/rl.md measured both over seeds)", group="rl", choices=KEEPS)
     rollback: float | None = setting(
-        None, "with --keep best: when a held-out measurement falls more than this below the "
-        "best so far (a fraction: 0.1 is 10 points), training goes on from the kept weights "
+        None, "when a held-out measurement falls more than this below the best so far (a "
+        "fraction: 0.1 is 10 points), training goes on from the best measurement's weights "
         "with a fresh optimiser (its warmup again), so a run cannot drift far from its best; "
         "default: off", group="rl", parse=unit_fraction)
     test_seed: int = setting(
@@ -433,9 +433,6 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
             raise ValueError(f"test_seed ({self.test_seed}) must differ from seed ({self.seed}) "
                              f"and eval_seed ({self.eval_seed}): --keep best measures its result "
                              "on episodes neither training nor the selection saw")
-        if self.rollback is not None and self.keep != "best":
-            raise ValueError(f"rollback needs keep 'best' (it goes back to the kept weights); "
-                             f"found keep {self.keep!r}")
         if self.overlap and self.num_envs < 2:  # the runner's rule (cosmos3_gym.runner)
             raise ValueError(f"overlap needs num_envs >= 2; found {self.num_envs}")
 

@@ -386,8 +386,8 @@ class Learner:
         self.frozen = self.trainable.frozen_copy() if cfg.kl_coef > 0 else None
         self.average: list[torch.Tensor] | None = None
         self.reset_average()
-        # --keep best: the measured weights of the best held-out measurement so far, in host
-        # memory, with that measurement's iteration and success.
+        # --keep best or --rollback: the measured weights of the best held-out measurement so
+        # far, in host memory, with that measurement's iteration and success.
         self.kept: dict[str, Any] | None = None
 
     def reset_average(self) -> None:
@@ -426,23 +426,30 @@ class Learner:
         """After the last iteration: the run's result becomes the trained weights, the kept
         ones under ``--keep best`` (which are the average's under ``--ema``), else the average
         under ``--ema``; the average is dropped (the weights measured from now on are these)."""
-        result = self.kept["weights"] if self.kept is not None else self.average
+        best = self.cfg.keep == "best" and self.kept is not None
+        result = self.kept["weights"] if best else self.average
         if result is not None:
             self.masters.load_state_dict(dict(zip(self.masters.names, result, strict=True)))
         self.average = None
 
     def consider_keeping(self, iteration: int, success: float) -> bool:
-        """``--keep best``: keep the weights just measured (the average under ``--ema``) when
-        their held-out ``success`` beats every earlier measurement's (the earliest wins a tie:
-        the fewer updates). Every rank must pass the same ``success``. True when kept."""
-        if self.cfg.keep != "best" or (self.kept is not None
-                                       and success <= self.kept["success"]):
+        """``--keep best`` or ``--rollback``: keep the weights just measured (the average under
+        ``--ema``) when their held-out ``success`` beats every earlier measurement's (the
+        earliest wins a tie: the fewer updates). Every rank must pass the same ``success``.
+        True when kept."""
+        if not self.keeps_best() or (self.kept is not None
+                                     and success <= self.kept["success"]):
             return False
         measured = self.average if self.average is not None else self.masters.masters
         self.kept = {"iteration": int(iteration), "success": float(success),
                      "weights": [w.detach().to("cpu", torch.float32, copy=True)
                                  for w in measured]}
         return True
+
+    def keeps_best(self) -> bool:
+        """Whether the run holds the best measurement's weights: its result (``--keep best``)
+        or where ``--rollback`` goes back to."""
+        return self.cfg.keep == "best" or self.cfg.rollback is not None
 
     def roll_back(self) -> None:
         """``--rollback``: training goes on from the kept weights (the trained weights and,
@@ -509,8 +516,8 @@ class Learner:
             self.average = [saved[n].to(m.device, torch.float32).clone()
                             for n, m in zip(self.masters.names, self.masters.masters,
                                             strict=True)]
-        if self.cfg.keep == "best":
-            kept = rest["kept"]  # every state of a --keep best run has one (iteration 0's on)
+        if self.keeps_best():
+            kept = rest["kept"]  # every state of such a run has one (iteration 0's on)
             self.kept = {"iteration": int(kept["iteration"]), "success": float(kept["success"]),
                          "weights": [kept["weights"][n].to(torch.float32).clone()
                                      for n in self.masters.names]}
