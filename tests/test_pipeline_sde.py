@@ -196,6 +196,42 @@ def test_stochastic_chunks_are_reproducible_from_their_seeds(pipe) -> None:
     assert not np.array_equal(a.actions, c.actions)
 
 
+def test_step_noise_seeds_change_the_scored_draws_alone(pipe, trainable) -> None:
+    """Items that share a seed and differ in their step-noise seeds share the start noise, the
+    stochastic step and the state before it, and differ only in the Gaussian draw; a step-noise
+    seed equal to the item's seed is the default; the recorded log-probabilities recompute."""
+    images, prompts = _inputs(1)
+    images, prompts = np.repeat(images, 3, axis=0), prompts * 3
+    out = pipe(images, prompts, seed=[5, 5, 5], step_noise_seed=[5, 40, 41], progress=False,
+               sampler="flow_sde")
+    default = pipe(images[:1], prompts[:1], seed=[5], progress=False, sampler="flow_sde")
+    # (other batch sizes: equal to float rounding)
+    np.testing.assert_allclose(out.actions[:1], default.actions, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(out.stochastic.log_prob[:1], default.stochastic.log_prob,
+                               rtol=0, atol=1e-4)
+    sde = out.stochastic
+    assert (sde.steps == sde.steps[0]).all()
+    np.testing.assert_array_equal(out.action_noise[1:], out.action_noise[[0, 0]])
+    np.testing.assert_array_equal(sde.actions_before[1:], sde.actions_before[[0, 0]])
+    assert not np.array_equal(sde.actions_after[1], sde.actions_after[0])
+    assert not np.array_equal(out.actions[1], out.actions[2])
+    again = pipe(images[:1], prompts[:1], seed=[5], step_noise_seed=[41], progress=False,
+                 sampler="flow_sde")
+    np.testing.assert_allclose(again.actions[0], out.actions[2], rtol=0, atol=1e-5)
+    scored = chunk_log_prob(pipe, sde, prompts, model=trainable).detach()
+    np.testing.assert_allclose(scored.numpy(), sde.log_prob, rtol=0, atol=1e-5)
+
+
+def test_step_noise_seeds_are_refused_where_nothing_draws_them(pipe) -> None:
+    images, prompts = _inputs(2)
+    with pytest.raises(ValueError, match="only a stochastic sampler"):
+        pipe(images, prompts, step_noise_seed=[1, 2], progress=False)
+    with pytest.raises(ValueError, match=r"step_noise_seed: expected one int or 2 ints"):
+        pipe(images, prompts, step_noise_seed=[1], progress=False, sampler="flow_sde")
+    with pytest.raises(ValueError, match="one int per item"):
+        pipe(images, prompts, step_noise_seed=3, progress=False, sampler="flow_sde")
+
+
 def test_video_tokens_take_the_deterministic_steps(pipe) -> None:
     """With the last step stochastic, every earlier state is the deterministic run's, so the
     predicted video (the video tokens after the last FlowUniPC step) is unchanged."""

@@ -53,7 +53,8 @@ def _masters(out: Path) -> dict[str, torch.Tensor]:
     return load_file(grpo_state.state_dirs(out)[-1] / "trained.safetensors")
 
 
-def _iteration(pipe: Cosmos3ActionPipeline, sde_steps: str = "random") -> dict:
+def _iteration(pipe: Cosmos3ActionPipeline, sde_steps: str = "random",
+               shared_by: int | None = None) -> dict:
     """Two groups of two 3-step episodes; in each group one episode is the better one (a random
     policy rarely succeeds by itself)."""
     from cosmos3_gym.policy import VectorPolicy
@@ -61,7 +62,7 @@ def _iteration(pipe: Cosmos3ActionPipeline, sde_steps: str = "random") -> dict:
     eval_env = ColorReachEval(image_size=32, max_episode_steps=3)
     envs = eval_env.make(4, False, autoreset_mode=AutoresetMode.DISABLED)
     policy = VectorPolicy(pipe, num_inference_steps=3, sampler="flow_sde", sde_steps=sde_steps,
-                          seed_rule=schedule.group_seed_rule(0))
+                          seed_rule=schedule.group_seed_rule(0, shared_by=shared_by))
     batch = onpolicy.collect_on_policy(policy, envs, 3, eval_env=eval_env,
                                        schedule=GroupEpisodes(eval_env, 0, [0, 1], 2))
     envs.close()
@@ -91,6 +92,36 @@ def test_an_update_moves_the_weights_towards_the_better_episodes(checkpoint: Pat
     chunk_adv = adv[batch["chunk_episode"] - int(batch["episode_id"].min())]
     # The chunks of the better episodes became likelier relative to the worse ones'.
     assert float(((new - old) * chunk_adv).sum()) > 0
+
+
+def test_shared_group_noise_leaves_episodes_only_their_scored_draws(checkpoint: Path) -> None:
+    """--group-noise shared: a group's episodes start each chunk from the same noise and the same
+    stochastic step, and differ in the Gaussian draw alone (its seed the episode's own, as
+    without sharing); other groups draw other noise."""
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint)
+    own = _iteration(pipe)
+    batch = _iteration(pipe, shared_by=2)
+    first = np.flatnonzero(batch["chunk_index"].numpy() == 0)
+    episode = batch["chunk_episode"].numpy()[first]
+    assert sorted(episode.tolist()) == [0, 1, 2, 3]
+    row = {int(e): int(r) for e, r in zip(episode, first, strict=True)}
+    noise, steps = batch["chunk_noise"].numpy(), batch["chunk_sde_steps"].numpy()
+    before = batch["chunk_sde_actions_before"].numpy()
+    after = batch["chunk_sde_actions_after"].numpy()
+    for a, b in ((0, 1), (2, 3)):  # the two members of each group
+        np.testing.assert_array_equal(noise[row[a]], noise[row[b]])
+        np.testing.assert_array_equal(steps[row[a]], steps[row[b]])
+        np.testing.assert_array_equal(before[row[a]], before[row[b]])
+        assert not np.array_equal(after[row[a]], after[row[b]])
+    assert not np.array_equal(noise[row[0]], noise[row[2]])
+    # The draws' seeds are the episodes' own seeds without sharing; the start noise is not.
+    own_first = np.flatnonzero(own["chunk_index"].numpy() == 0)
+    own_seed = dict(zip(own["chunk_episode"].numpy()[own_first].tolist(),
+                        own["chunk_seed"].numpy()[own_first].tolist(), strict=True))
+    shared_seed = batch["chunk_step_noise_seed"].numpy()
+    assert {e: int(shared_seed[r]) for e, r in row.items()} == own_seed
+    assert "chunk_step_noise_seed" not in own
+    assert int(batch["chunk_seed"][row[0]]) not in own_seed.values()
 
 
 def test_per_step_ratios_move_the_weights_towards_the_better_episodes(checkpoint: Path) -> None:

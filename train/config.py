@@ -222,6 +222,7 @@ NEGATIVES = ("keep", "drop")
 AGGREGATES = ("episode", "chunk")
 RATIOS = ("chunk", "step")
 KEEPS = ("last", "best")
+GROUP_NOISES = ("episode", "shared")
 DEFAULT_MINIBATCH = 64
 DEFAULT_RETURN_WEIGHT = 0.1  # also what folders written before --return-weight resume with
 
@@ -256,6 +257,13 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         "(the others start fresh; a start state whose group agrees is not rerun again): "
         "episodes go where success is in doubt; must be below --groups; 0: every group from a "
         "fresh start state", group="rl", parse=nonnegative_int)
+    group_noise: str = setting(
+        "episode", "the noise of a group's episodes: episode (each its own: start noise, which "
+        "denoising steps are stochastic, and their Gaussian draws) or shared (the episodes of a "
+        "group share the start noise and the stochastic steps, and differ only in the Gaussian "
+        "draws the log-probability scores, so their differences in reward come from the noise "
+        "the update credits; DanceGRPO shares a group's start noise)", group="rl",
+        choices=GROUP_NOISES)
     reward: str = setting(
         "success", "what an episode scores: success (1 or 0, the benchmark's own signal), "
         "return (the sum of the env's rewards) or success+return (success's advantage plus "

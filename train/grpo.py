@@ -664,7 +664,9 @@ def _run(run: Any, progress: bool, budget: int, folder: Any) -> dict[str, Any] |
                                      starts=dp.groups_of(starts))
             policy = VectorPolicy(learner.pipe, adapter=adapter,
                                   n_action_steps=cfg.n_action_steps, sampling=sampling,
-                                  seed_rule=group_seed_rule(cfg.seed))
+                                  seed_rule=group_seed_rule(
+                                      cfg.seed, shared_by=(cfg.group_size if cfg.group_noise
+                                                           == "shared" else None)))
             batch = collect_on_policy(policy, envs, budget, eval_env=eval_env,
                                       schedule=schedule, env_timeout=cfg.env_timeout)
             # 2. Advantages.
@@ -782,7 +784,7 @@ def _finish(cfg: GRPOConfig, learner: Learner, curve: list[dict[str, Any]], out:
 _ADDED_SETTINGS = {"lr_warmup": 0, "target_kl": None, "advantages": "group", "aggregate": "chunk",
                    "dual_clip": None, "lr_half_life": None, "sde_steps": "random",
                    "ratio": "chunk", "ema": None, "keep": "last", "test_seed": 2_000_000,
-                   "replay_groups": 0, "minibatches": None,
+                   "replay_groups": 0, "minibatches": None, "group_noise": "episode",
                    "return_weight": DEFAULT_RETURN_WEIGHT, "negatives": "keep",
                    "rollback": None}
 

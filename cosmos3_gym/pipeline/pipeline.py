@@ -348,6 +348,7 @@ class Cosmos3ActionPipeline:
         noise_level: float = 0.5,
         sde_steps: str | Sequence[int] = "random",
         executed_actions: int | None = None,
+        step_noise_seed: Sequence[int] | None = None,
     ) -> ActionOutput:
         """Predict one action chunk per image.
 
@@ -391,12 +392,27 @@ class Cosmos3ActionPipeline:
                 indices).
             executed_actions: how many leading actions of a chunk the env executes: the rows
                 the log-probability sums over (default: all H).
+            step_noise_seed: with a stochastic sampler, one int per item: the seed of its
+                stochastic steps' Gaussian draws, the noise the log-probability scores (default:
+                the item's ``seed``, which in any case draws the start noise and picks the
+                steps). Items that share a seed and differ here differ only in scored noise (GRPO's
+                ``--group-noise shared``).
         """
         timer = StageTimer(self.device)
         with timer.stage("admission"):
             admitted = admit(images, prompts)
             count = admitted.batch_size
             seeds = _seeds(seed, count)
+            noise_seeds = None
+            if step_noise_seed is not None:
+                if sampler == DETERMINISTIC_SAMPLER:
+                    raise ValueError(
+                        f"step_noise_seed: only a stochastic sampler draws step noise; found "
+                        f"sampler {sampler!r}")
+                if isinstance(step_noise_seed, (int, np.integer)):
+                    raise ValueError(f"step_noise_seed: expected one int per item ({count}); "
+                                     f"found one int, {step_noise_seed!r}")
+                noise_seeds = _seeds(step_noise_seed, count, "step_noise_seed")
             action_noise = self._action_noise(action_noise, count)
             video_noise = _noise_tensor("video_noise", video_noise, count, ("C", "T", "h", "w"))
             state_rows = self._state_rows(state, count)
@@ -431,6 +447,8 @@ class Cosmos3ActionPipeline:
             video_rows = _video_rows(return_video, count)
             batches = self._micro_batches(admitted.images, admitted.prompts, seeds)
             for mb in batches:
+                if noise_seeds is not None:
+                    mb.step_noise_seeds = [noise_seeds[i] for i in mb.indices]
                 if any(video_rows):
                     mb.video_rows = [video_rows[i] for i in mb.indices]
                 if action_noise is not None:
@@ -656,17 +674,17 @@ def _video_rows(return_video: bool | Sequence[bool], count: int) -> list[bool]:
     return [bool(r) for r in rows]
 
 
-def _seeds(seed: int | Sequence[int] | None, count: int) -> list[int]:
+def _seeds(seed: int | Sequence[int] | None, count: int, name: str = "seed") -> list[int]:
     if seed is None:
         return [DEFAULT_SEED] * count
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-        return [check_seed(seed, "seed")] * count
+        return [check_seed(seed, name)] * count
     seeds = list(seed)
     if len(seeds) != count:
         raise ValueError(
-            f"seed: expected one int or {count} ints (one per image), got {len(seeds)}"
+            f"{name}: expected one int or {count} ints (one per image), got {len(seeds)}"
         )
-    return [check_seed(s, f"seed[{i}]") for i, s in enumerate(seeds)]
+    return [check_seed(s, f"{name}[{i}]") for i, s in enumerate(seeds)]
 
 
 def _noise_tensor(

@@ -198,15 +198,22 @@ class StochasticActionSampler:
     def __init__(
         self, scheduler: FlowUniPCScheduler, settings: StochasticSampling, seeds: Sequence[int],
         *, horizon: int, action_dim: int, raw_action_dim: int,
+        noise_seeds: Sequence[int] | None = None,
     ) -> None:
+        if noise_seeds is not None and len(noise_seeds) != len(seeds):
+            raise ValueError(f"noise_seeds: expected one per item ({len(seeds)}); found "
+                             f"{len(noise_seeds)}")
         self.scheduler = scheduler  # the vision tokens' run
         self.settings = settings
         n = scheduler.num_inference_steps
         self.timesteps = scheduler.timesteps
         self._sigmas = [scheduler.sigma(i) for i in range(n)] + [0.0]
+        # An item's seed picks its stochastic steps; its noise seed (the seed itself unless
+        # given apart) draws their Gaussian samples, the only noise the log-probability scores.
         self.steps = [settings.steps_for(s, n) for s in seeds]  # per item
         count = len(self.steps[0])
-        self.noise = [step_noise(s, (count, horizon, action_dim)) for s in seeds]
+        draws = seeds if noise_seeds is None else noise_seeds
+        self.noise = [step_noise(s, (count, horizon, action_dim)) for s in draws]
         self.raw = raw_action_dim
         self.executed = horizon if settings.executed_actions is None else min(
             settings.executed_actions, horizon)

@@ -107,6 +107,10 @@ class MicroBatch:
     prompts: list[str]
     seeds: list[int]
     plan: CanvasPlan
+    # Per item, the seed of its stochastic steps' Gaussian draws where the caller set it apart
+    # from the item's seed (which still draws the start noise and picks the steps); None: the
+    # item's seed draws them too.
+    step_noise_seeds: list[int] | None = None
     action_noise: torch.Tensor | None = None  # caller-supplied [b, H, 64] float32
     video_noise: torch.Tensor | None = None  # caller-supplied [b, 48, T, h, w] float32
     # The clean leading action rows of a state-conditioned head: [b, S, 64] float32, normalised
@@ -142,6 +146,8 @@ class MicroBatch:
             parts.append(MicroBatch(
                 indices=self.indices[rows], images=self.images[rows], prompts=self.prompts[rows],
                 seeds=self.seeds[rows], plan=self.plan,
+                step_noise_seeds=(None if self.step_noise_seeds is None
+                                  else self.step_noise_seeds[rows]),
                 action_noise=None if self.action_noise is None else self.action_noise[rows],
                 video_noise=None if self.video_noise is None else self.video_noise[rows],
                 state=None if self.state is None else self.state[rows],
@@ -435,6 +441,7 @@ class DenoiseStage(Stage):
             scheduler = StochasticActionSampler(
                 scheduler, params.stochastic, batch.seeds, horizon=p.action_horizon,
                 action_dim=actions.shape[-1], raw_action_dim=p.raw_action_dim,
+                noise_seeds=batch.step_noise_seeds,
             )
         # Steps with classifier-free guidance run the [cond; uncond] rows of batch.text, the
         # others the b conditional rows alone: one forward layout per row set in use.

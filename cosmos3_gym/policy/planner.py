@@ -90,6 +90,10 @@ class SeedRule:
     # False: every chunk starts from the same noise, so a chunk is a function of (image,
     # prompt) alone; recorded as ChunkRecord.fresh_noise.
     fresh: bool = True
+    # With a stochastic sampler: the seed of a chunk's scored Gaussian draws, apart from
+    # seed_of's (which still draws its start noise and picks its stochastic steps); None: the
+    # chunk's seed draws them too. GRPO's shared group noise (runner.group_seed_rule).
+    step_noise_of: Callable[[int, int, int], int] | None = None
 
     @classmethod
     def per_chunk(cls, root: int) -> SeedRule:
@@ -146,9 +150,11 @@ class SeedRule:
         """
         if offset == 0:
             return self
-        seed_of = self.seed_of
-        return SeedRule(lambda env, episode, chunk: seed_of(env + offset, episode, chunk),
-                        fresh=self.fresh)
+        seed_of, noise_of = self.seed_of, self.step_noise_of
+        return SeedRule(
+            lambda env, episode, chunk: seed_of(env + offset, episode, chunk), fresh=self.fresh,
+            step_noise_of=None if noise_of is None else (
+                lambda env, episode, chunk: noise_of(env + offset, episode, chunk)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -166,6 +172,9 @@ class ChunkRecord:
         prompts: the prompts the pipeline received.
         seeds: the per-item seeds: each item's video noise was drawn from its seed, and so was
             its action noise unless noise was passed in.
+        step_noise_seeds: with a stochastic sampler whose seed rule sets them apart
+            (``SeedRule.step_noise_of``), the per-item seeds of the stochastic steps' Gaussian
+            draws; None: ``seeds`` drew them. Replaying a row needs them too.
         action_noise: float32 ``[N, H, 64]``, the initial action noise each item started from.
         raw_actions: float32 ``[N, H, D]``, the pipeline's actions before the adapter.
         normalized_actions: float32 ``[N, H, D]``, the sampler's output before un-normalisation.
@@ -213,6 +222,7 @@ class ChunkRecord:
     clipped: np.ndarray | None = None
     committed: list[np.ndarray | None] | None = None
     timing: ChunkTiming | None = None
+    step_noise_seeds: list[int] | None = None
 
     def __len__(self) -> int:
         return int(self.env_indices.shape[0])
@@ -250,6 +260,7 @@ class ChunkPlanner:
         *,
         action_noise: np.ndarray | None = None,
         seeds: Sequence[int] | None = None,
+        step_noise_seeds: Sequence[int] | None = None,
         horizon: int | None = None,
         action_dim: int | None = None,
         video: Sequence[bool] | None = None,
@@ -261,10 +272,11 @@ class ChunkPlanner:
         episode and chunk indices the seed rule reads. ``seeds`` (one per env) replace the seed
         rule's; ``action_noise`` (``[N, H, 64]``) replaces the seeded action noise, while the
         video noise still comes from the seeds: both together replay a recorded chunk (its
-        ``seeds`` and ``action_noise``). ``horizon`` and ``action_dim``, where given, are what
-        earlier chunks had (H and D_env); a chunk of another shape is refused. ``video`` (one bool
-        per planned env) asks the pipeline to decode those rows' predicted future clips into
-        ``ChunkRecord.video``; the decoder runs for them alone and no action changes.
+        ``seeds`` and ``action_noise``, and its ``step_noise_seeds`` where it has them: they
+        replace the seed rule's ``step_noise_of``). ``horizon`` and ``action_dim``, where given,
+        are what earlier chunks had (H and D_env); a chunk of another shape is refused. ``video``
+        (one bool per planned env) asks the pipeline to decode those rows' predicted future
+        clips into ``ChunkRecord.video``; the decoder runs for them alone and no action changes.
         ``committed`` (one entry per planned env: raw actions ``[C, D]`` or None) are real-time
         chunking's leading rows (the pipeline's ``committed_actions``). Checks everything the
         pipeline and the adapter return, raises ``ValueError`` naming what it found, and changes
@@ -307,6 +319,18 @@ class ChunkPlanner:
         elif len(seeds) != n:
             raise ValueError(f"expected {n} seeds, one per planned env; found {len(seeds)}")
         seeds = [check_seed(s, f"seeds[{k}]") for k, s in enumerate(seeds)]
+        noise_of = self.seed_rule.step_noise_of
+        noise_seeds = None
+        if step_noise_seeds is not None:
+            if len(step_noise_seeds) != n:
+                raise ValueError(f"expected {n} step_noise_seeds, one per planned env; found "
+                                 f"{len(step_noise_seeds)}")
+            noise_seeds = [check_seed(s, f"step_noise_seeds[{k}]")
+                           for k, s in enumerate(step_noise_seeds)]
+        elif noise_of is not None and not explicit and self.sampling.stochastic:
+            noise_seeds = [check_seed(noise_of(int(e), int(ep), int(c)), f"step noise seed {k}")
+                           for k, (e, ep, c) in enumerate(zip(envs, episodes, chunks, strict=True))]
+        noise_kwargs = {} if noise_seeds is None else {"step_noise_seed": noise_seeds}
 
         # Seeds go with explicit action noise too: they draw the video noise, which the actions
         # depend on, so a record's (seeds, action_noise) reproduce its chunk.
@@ -320,6 +344,7 @@ class ChunkPlanner:
             **video_kwargs,
             **state_kwargs,
             **self.sampling.call_kwargs(self.executed_actions),
+            **noise_kwargs,
         )
         raw, noise, normalized = self._checked_output(out, n, horizon)
         clips = self._checked_video(out, video_rows, raw.shape[1]) if video_kwargs else None
@@ -341,6 +366,7 @@ class ChunkPlanner:
             state=state,
             clipped=self._clipped(raw),
             committed=None if committed is None else list(committed),
+            step_noise_seeds=noise_seeds,
         )
 
     def state(self, obs: Observation, n: int, rows: int) -> np.ndarray:

@@ -153,6 +153,9 @@ def chunk_arrays(planned: Sequence[PlannedChunks]) -> dict[str, np.ndarray]:
         "chunk_actions": cat(lambda r: r.actions, np.float32),
         "chunk_prompts": cat(lambda r: r.prompts, str),
     }
+    if records and all(r.step_noise_seeds is not None for r in records):
+        # The seeds of the scored Gaussian draws, where the seed rule set them apart.
+        out["chunk_step_noise_seed"] = cat(lambda r: r.step_noise_seeds, np.int64)
     if records and all(r.state is not None for r in records):
         # A state-conditioned head's clean leading rows: replaying a chunk needs them too.
         out["chunk_state"] = cat(lambda r: r.state, np.float32)

@@ -185,11 +185,29 @@ class GroupEpisodes:
                            rule_episode=episode_id, tag=RotationTag(episode, group))
 
 
-def group_seed_rule(root: int) -> SeedRule:
+def group_seed_rule(root: int, shared_by: int | None = None) -> SeedRule:
     """Chunk ``c`` of the episode with run-wide id ``k`` (:class:`GroupEpisodes`) gets
     ``chunk_seed(root, 0, k, c)`` whichever slot runs it: the noise follows the episode, not the
-    slot or the process."""
-    return SeedRule(lambda env, episode, chunk: chunk_seed(root, 0, episode, chunk))
+    slot or the process.
+
+    ``shared_by=G`` (the group size): the episodes of a group (ids ``g·G`` to ``g·G + G - 1``)
+    share each chunk's start noise and stochastic steps, ``chunk_seed(root, 1, g, c)``, and
+    only the stochastic steps' Gaussian draws stay the episode's own (``chunk_seed(root, 0, k,
+    c)``, as without sharing): a group's episodes then differ only in the noise their
+    log-probabilities score (GRPO's ``--group-noise shared``).
+
+    >>> rule = group_seed_rule(5, shared_by=4)
+    >>> rule.seed_of(0, 4, 2) == rule.seed_of(3, 7, 2) != rule.seed_of(0, 8, 2)
+    True
+    >>> rule.step_noise_of(0, 4, 2) == group_seed_rule(5).seed_of(0, 4, 2)
+    True
+    """
+    if shared_by is None:
+        return SeedRule(lambda env, episode, chunk: chunk_seed(root, 0, episode, chunk))
+    if isinstance(shared_by, bool) or not isinstance(shared_by, int) or shared_by < 1:
+        raise ValueError(f"shared_by: expected the group size, an int >= 1; found {shared_by!r}")
+    return SeedRule(lambda env, episode, chunk: chunk_seed(root, 1, episode // shared_by, chunk),
+                    step_noise_of=lambda env, episode, chunk: chunk_seed(root, 0, episode, chunk))
 
 
 def episode_specs(env: EvalEnv, episodes: Iterable[Episode]) -> list[EpisodeSpec]:
