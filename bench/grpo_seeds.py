@@ -40,17 +40,20 @@ def run_folder(out: Path, variant: str, seed: int) -> Path:
     return out / variant / f"seed-{seed}"
 
 
-def requested_iterations(commands: dict[str, list[str]]) -> dict[str, int]:
-    """The ``--iterations`` each ``rl grpo`` command line asks for, resolved as ``rl grpo``
-    resolves its settings (its parser, then the setting's default): an abbreviated or repeated
-    flag counts as it will there, and a typo is refused before any run."""
+def grpo_settings(argv: list[str]) -> Any:
+    """The settings (``GRPOConfig``) of the ``rl grpo`` command line ``argv``, resolved as
+    ``rl grpo`` resolves them (its parser, then the settings' defaults): an abbreviated or
+    repeated flag counts as it will there, and a typo is refused before anything runs."""
     from cosmos3_gym.eval.cli import build_parser, command_settings, parse_command_line
     from cosmos3_gym.train.config import GRPOConfig
 
-    parser = build_parser()
-    return {name: command_settings(parse_command_line(parser, ["rl", "grpo", *argv]),
-                                   GRPOConfig).iterations
-            for name, argv in commands.items()}
+    return command_settings(parse_command_line(build_parser(), ["rl", "grpo", *argv]),
+                            GRPOConfig)
+
+
+def requested_iterations(commands: dict[str, list[str]]) -> dict[str, int]:
+    """The ``--iterations`` each ``rl grpo`` command line asks for (:func:`grpo_settings`)."""
+    return {name: grpo_settings(argv).iterations for name, argv in commands.items()}
 
 
 def finished(folder: Path, iterations: int | None = None) -> dict[str, Any] | None:

@@ -95,3 +95,29 @@ def test_a_longer_variant_reruns_the_seeds_a_shorter_command_finished(tmp_path, 
     assert ran == [0, 1]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["variants"] == {}  # nothing of 240 iterations finished: no row to show
+
+
+def test_group_signal_counts_the_silent_groups_of_each_noise_setting(tmp_path) -> None:
+    """bench/group_signal.py on the shipped tiny policy: the same start states under each
+    setting, a silent group is one whose episodes all agree, and a variant that changes more
+    than the sampling is refused."""
+    from cosmos3_gym.bench import group_signal
+
+    grpo = ["--env-kwargs", '{"max_speed": 0.28}', "--max-episode-steps", "6",
+            "--denoising-steps", "3", "--n-action-steps", "2", "--group-size", "3",
+            "--num-envs", "6", "--noise-level", "2.0"]
+    out = tmp_path / "signal.json"
+    assert group_signal.main(["--groups", "2", "--out", str(out), "--variant",
+                              "shared=--group-noise shared", "--", *grpo]) == 0
+    found = json.loads(out.read_text())["settings"]
+    assert list(found) == [group_signal.START_NOISE_ALONE, "default", "shared"]
+    for row in found.values():
+        rates = row["group_success"]
+        assert len(rates) == 2 and all(r in (0, 1 / 3, 2 / 3, 1) for r in rates)
+        assert row["silent"] == sum(r in (0, 1) for r in rates) / 2
+        assert row["within_group_variance"] == pytest.approx(
+            sum(r * (1 - r) for r in rates) / 2, abs=1e-4)
+    with pytest.raises(SystemExit):
+        group_signal.main(["--groups", "2", "--out", str(out), "--variant",
+                           "other=--group-size 4", "--", *grpo])
+    assert group_signal.summarize([[True, True], [True, False]])["silent"] == 0.5
