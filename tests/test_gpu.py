@@ -621,6 +621,38 @@ def test_every_step_stochastic_scores_back_on_gpu_and_trains(tmp_path) -> None:
     assert (run / "checkpoint" / "transformer").is_dir()
 
 
+def test_shared_group_noise_on_gpu_differs_only_in_the_scored_draws(tmp_path) -> None:
+    """``--group-noise shared``'s pipeline call on CUDA: rows that share a seed and differ in
+    their step-noise seeds share the start noise, the step and the state before it, differ
+    after it, and score back; a short ``rl grpo --group-noise shared`` run finishes."""
+    import json
+
+    from cosmos3_gym.eval.cli import main
+    from cosmos3_gym.pipeline import chunk_log_prob
+
+    path = write_tiny_checkpoint(tmp_path / "tiny")
+    pipe = Cosmos3ActionPipeline.from_pretrained(path, device="cuda", dtype=torch.float32)
+    trainable = Cosmos3Transformer.from_pretrained(path / "transformer").to("cuda")
+    rng = np.random.default_rng(2)
+    images = np.repeat(rng.integers(0, 255, (1, 128, 128, 3), dtype=np.uint8), 4, axis=0)
+    prompts = ["reach the red target"] * 4
+    out = pipe(images, prompts, seed=[9] * 4, step_noise_seed=[1, 2, 3, 4], progress=False,
+               sampler="flow_sde", executed_actions=4)
+    sde = out.stochastic
+    assert (sde.steps == sde.steps[0]).all()
+    np.testing.assert_array_equal(sde.actions_before[1:], np.repeat(sde.actions_before[:1], 3, 0))
+    assert len({row.tobytes() for row in sde.actions_after}) == 4
+    with torch.no_grad():
+        log_prob = chunk_log_prob(pipe, sde, prompts, model=trainable)
+    np.testing.assert_allclose(log_prob.cpu().numpy(), sde.log_prob, rtol=0, atol=1e-3)
+    run = tmp_path / "grpo"
+    assert main(["rl", "grpo", "--group-noise", "shared", "--device", "cuda", "--iterations",
+                 "1", "--groups", "2", "--group-size", "4", "--num-envs", "8", "--eval-trials",
+                 "1", "--env-kwargs", '{"max_speed": 0.28}', "--no-progress",
+                 "--out", str(run)]) == 0
+    assert json.loads((run / "grpo.json").read_text())["identity"]["group_noise"] == "shared"
+
+
 def test_random_but_last_on_gpu_never_draws_the_last_step_and_scores_back(tmp_path) -> None:
     """``--sde-steps random-but-last`` on CUDA: 32 chunks draw their one stochastic step from all
     but the last, and each recomputed log-probability equals the recorded one."""
