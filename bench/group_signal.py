@@ -39,17 +39,15 @@ def group_outcomes(pipe: Any, adapter: Any, env: Any, envs: Any, cfg: Any, group
     """Each group's episode successes under ``cfg``'s sampler and group noise (the
     deterministic sampler with ``deterministic``), groups collected as many at a time as
     ``envs`` has slots for."""
-    from cosmos3_gym.pipeline.sampling import DETERMINISTIC_SAMPLER, SamplerConfig
+    from cosmos3_gym.pipeline.sampling import DETERMINISTIC_SAMPLER
     from cosmos3_gym.policy import VectorPolicy
     from cosmos3_gym.runner import GroupEpisodes, collect_on_policy, group_seed_rule
-    from cosmos3_gym.train.grpo import episode_steps
+    from cosmos3_gym.train.grpo import episode_steps, training_noise
 
-    sampling = SamplerConfig(
-        sampler=DETERMINISTIC_SAMPLER if deterministic else cfg.sampler,
-        noise_level=cfg.noise_level, sde_steps=cfg.sde_steps,
-        num_inference_steps=cfg.num_inference_steps, noise="per_chunk")
-    shared = cfg.group_size if cfg.group_noise == "shared" and not deterministic else None
-    rule = group_seed_rule(cfg.seed, shared_by=shared)
+    sampling, rule = training_noise(cfg)  # what rl grpo's training episodes draw
+    if deterministic:  # the start noise alone: each episode its own, nothing scored
+        sampling = sampling.with_changes(sampler=DETERMINISTIC_SAMPLER)
+        rule = group_seed_rule(cfg.seed)
     per_call = envs.num_envs // cfg.group_size
     outcomes: list[list[bool]] = []
     for first in range(0, groups, per_call):
@@ -112,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     pipe, adapter, env = run.load(trainable=False), run.adapter, run.env
     envs = env.make(max(base.group_size, base.num_envs // base.group_size * base.group_size),
                     False)
-    result: dict[str, Any] = {"command": rest, "variants": {k: v for k, v in variants.items()},
-                              "settings": {}}
+    result: dict[str, Any] = {"command": rest, "variants": dict(variants), "settings": {}}
     try:
         rows = [(START_NOISE_ALONE, base, True)] + [(n, c, False) for n, c in configs.items()]
         for name, cfg, deterministic in rows:

@@ -623,10 +623,9 @@ def run_grpo(cfg: GRPOConfig, progress: bool = True, run: Any = None
 
 
 def _run(run: Any, progress: bool, budget: int, folder: Any) -> dict[str, Any] | None:
-    from cosmos3_gym.pipeline.sampling import SamplerConfig
     from cosmos3_gym.policy import VectorPolicy
     from cosmos3_gym.progress import progress_bar
-    from cosmos3_gym.runner import GroupEpisodes, collect_on_policy, group_seed_rule
+    from cosmos3_gym.runner import GroupEpisodes, collect_on_policy
     from cosmos3_gym.train.memory import run_estimate
 
     cfg, rank, eval_env, out = run.settings, run.rank, run.env, run.out
@@ -642,9 +641,7 @@ def _run(run: Any, progress: bool, budget: int, folder: Any) -> dict[str, Any] |
         print(f"training {cfg.train}: {learner.trainable.count:,} of "
               f"{sum(p.numel() for p in learner.model.parameters()):,} parameters; memory "
               f"estimate per device: {estimate.table()}", flush=True)
-    sampling = SamplerConfig(sampler=cfg.sampler, noise_level=cfg.noise_level,
-                             sde_steps=cfg.sde_steps, num_inference_steps=cfg.num_inference_steps,
-                             noise="per_chunk")
+    sampling, seed_rule = training_noise(cfg)
     bar = progress_bar(enabled=progress and rank.is_main, total=cfg.iterations,
                        initial=first - 1, desc="grpo", unit="it")
     try:
@@ -664,9 +661,7 @@ def _run(run: Any, progress: bool, budget: int, folder: Any) -> dict[str, Any] |
                                      starts=dp.groups_of(starts))
             policy = VectorPolicy(learner.pipe, adapter=adapter,
                                   n_action_steps=cfg.n_action_steps, sampling=sampling,
-                                  seed_rule=group_seed_rule(
-                                      cfg.seed, shared_by=(cfg.group_size if cfg.group_noise
-                                                           == "shared" else None)))
+                                  seed_rule=seed_rule)
             batch = collect_on_policy(policy, envs, budget, eval_env=eval_env,
                                       schedule=schedule, env_timeout=cfg.env_timeout)
             # 2. Advantages.
@@ -790,6 +785,21 @@ _ADDED_SETTINGS = {"lr_warmup": 0, "target_kl": None, "advantages": "group", "ag
 
 
 # ---------------------------------------------------------------------- set-up
+
+
+def training_noise(cfg: GRPOConfig) -> tuple[Any, Any]:
+    """How ``cfg``'s training episodes draw their noise: the sampler settings
+    (:class:`~cosmos3_gym.pipeline.sampling.SamplerConfig`) and the seed rule, each episode's
+    own noise or, under ``--group-noise shared``, its group's but for the scored draws
+    (:func:`~cosmos3_gym.runner.group_seed_rule`)."""
+    from cosmos3_gym.pipeline.sampling import SamplerConfig
+    from cosmos3_gym.runner import group_seed_rule
+
+    sampling = SamplerConfig(sampler=cfg.sampler, noise_level=cfg.noise_level,
+                             sde_steps=cfg.sde_steps, num_inference_steps=cfg.num_inference_steps,
+                             noise="per_chunk")
+    shared_by = cfg.group_size if cfg.group_noise == "shared" else None
+    return sampling, group_seed_rule(cfg.seed, shared_by=shared_by)
 
 
 def episode_steps(eval_env: Any) -> int:
