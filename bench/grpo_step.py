@@ -94,7 +94,7 @@ def run(preset: str, *, device: str, train: str, groups: int, group_size: int, s
     batch["episode_finished"][:] = True
     signal = grpo.batch_signal(batch, group_size, cfg.reward, cfg.advantages,
                                aggregate=cfg.aggregate, return_weight=cfg.return_weight,
-                               negatives=cfg.negatives)
+                               negatives=cfg.negatives, loss_norm=cfg.loss_norm)
     result["chunks_with_signal"] = len(signal.rows)
     save()
     if dev.type == "cuda":

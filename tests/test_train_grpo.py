@@ -361,6 +361,56 @@ def test_an_update_takes_minibatches_steps_a_pass(checkpoint: Path) -> None:
         assert sums["steps"] == steps and sums["scored"] == 2 * len(signal.rows)
 
 
+def test_the_collected_loss_norm_scales_an_update_by_the_share_with_a_signal(
+        checkpoint: Path) -> None:
+    """--loss-norm collected: with one group of two silent, half the iteration's episodes carry
+    a signal, so the gradient is half the one the mean over the signal's chunks gives, on the
+    same chunks in the same order; --max-grad-norm is the clip AdamW's first moment sees."""
+    pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)
+    batch = _iteration(pipe)
+    batch["episode_success"] = torch.tensor([True, False, True, True])  # group 1 agrees
+    norms, moments = {}, {}
+    for loss_norm, clip in (("signal", 1e9), ("collected", 1e9), ("collected", 1e-3)):
+        cfg = grpo.GRPOConfig(checkpoint=str(checkpoint), group_size=2, groups=2, epochs=1,
+                              minibatch=64, lr=1e-3, lr_warmup=0, loss_norm=loss_norm,
+                              max_grad_norm=clip)
+        learner = grpo.Learner(pipe, cfg)
+        signal = grpo.batch_signal(batch, 2, "success", loss_norm=loss_norm)
+        assert signal.loss_scale == (1.0 if loss_norm == "signal" else 0.5)
+        before = [p.detach().clone() for p in learner.masters.params]
+        sums = grpo.update(learner, batch, signal, 1, cfg, DataParallel(0, 1))
+        assert sums["steps"] == 1
+        norms[loss_norm, clip] = sums["grad_norm"]
+        # AdamW's first moment after one step is (1 - beta1) times the clipped gradient.
+        # (weights outside the scored graph have no gradient and no state)
+        moments[loss_norm, clip] = math.sqrt(sum(
+            float(state["exp_avg"].pow(2).sum()) for state in learner.optimizer.state.values()
+            if "exp_avg" in state)) / 0.1
+        with torch.no_grad():  # the next variant starts from the same weights
+            for p, b in zip(learner.masters.params, before, strict=True):
+                p.copy_(b)
+    assert norms["signal", 1e9] > 0
+    assert norms["collected", 1e9] == pytest.approx(0.5 * norms["signal", 1e9], rel=1e-4)
+    assert norms["collected", 1e-3] == pytest.approx(norms["collected", 1e9], rel=1e-6)
+    assert moments["collected", 1e9] == pytest.approx(norms["collected", 1e9], rel=1e-4)
+    assert moments["collected", 1e-3] == pytest.approx(1e-3, rel=1e-4)
+
+
+def test_the_loss_norm_and_the_gradient_clip_refuse_what_they_cannot_be() -> None:
+    with pytest.raises(ValueError, match="loss_norm"):
+        grpo.GRPOConfig(loss_norm="tokens")
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        grpo.GRPOConfig(max_grad_norm=0.0)
+    batch = {"episode_finished": torch.ones(2, dtype=torch.bool),
+             "episode_group": torch.zeros(2, dtype=torch.long),
+             "episode_success": torch.tensor([True, False]), "episode_return": torch.zeros(2),
+             "episode_id": torch.arange(2), "chunk_episode": torch.tensor([0, 1]),
+             "chunk_index": torch.zeros(2, dtype=torch.long), "chunk_log_prob": torch.zeros(2)}
+    with pytest.raises(ValueError, match="loss_norm must be one of"):
+        grpo.batch_signal(batch, 2, "success", loss_norm="tokens")
+    assert grpo.batch_signal(batch, 2, "success", loss_norm="collected").loss_scale == 1.0
+
+
 def _learning_rates(checkpoint: Path, steps: int, **settings) -> list[float]:
     """The learning rate of each of ``steps`` optimiser steps (on zero gradients)."""
     pipe = Cosmos3ActionPipeline.from_pretrained(checkpoint, trainable=True)

@@ -220,6 +220,7 @@ REWARDS = ("success", "return", "success+return")
 ADVANTAGES = ("group", "mean", "batch")
 NEGATIVES = ("keep", "drop")
 AGGREGATES = ("episode", "chunk")
+LOSS_NORMS = ("signal", "collected")
 RATIOS = ("chunk", "step")
 KEEPS = ("last", "best")
 GROUP_NOISES = ("episode", "shared")
@@ -342,6 +343,18 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         "equal for every episode, as GRPO averages a sequence's tokens: a failure that runs to "
         "the time limit counts as much as a success that ends early) or chunk (every chunk "
         "counts once)", group="rl", choices=AGGREGATES)
+    loss_norm: str = setting(
+        "signal", "what the loss is a mean over: signal (the chunks that carry an advantage, so "
+        "every update has the same scale however little of the iteration carried a signal) or "
+        "collected (every unit the iteration collected, episodes under --aggregate episode, "
+        "chunks under chunk, a silent group's as zeros: Dr. GRPO's constant normaliser, so an "
+        "iteration with little signal takes a smaller step; pair it with a --max-grad-norm "
+        "above the usual norm, which every update reaches otherwise)", group="rl",
+        choices=LOSS_NORMS)
+    max_grad_norm: float = setting(
+        1.0, "the norm each update's gradient is clipped to (docs/rl.md: the defaults' "
+        "gradients have a median norm of about 12 on ColorReach, so every step is clipped to "
+        "the same length)", group="rl", parse=positive_number)
     ratio: str = setting(
         "chunk", "what PPO's probability ratio is taken of: chunk (the chunk's, the product over "
         "its stochastic steps) or step (each stochastic denoising step's own, clipped on its own "

@@ -47,6 +47,7 @@ from cosmos3_gym.train.config import (  # noqa: F401  (GRPOConfig's home; re-exp
     DEFAULT_RETURN_WEIGHT,
     EVALS,
     IDENTITY_FILE,
+    LOSS_NORMS,
     REWARDS,
     RUN_ONLY,
     STATE_PREFIX,
@@ -121,6 +122,9 @@ class Signal:
     old_log_prob: torch.Tensor  # [N]
     stats: dict[str, float]
     disagreed: list[int]  # the complete groups whose episodes disagree (their chunks are here)
+    # What every minibatch's mean over its chunks is multiplied by: 1, or under --loss-norm
+    # collected the share of the iteration's units (every rank's) that carry a signal.
+    loss_scale: float = 1.0
 
 
 def episode_advantages(rewards: torch.Tensor, groups: torch.Tensor, complete: torch.Tensor,
@@ -148,8 +152,8 @@ def episode_advantages(rewards: torch.Tensor, groups: torch.Tensor, complete: to
 
 def batch_signal(batch: dict[str, Any], group_size: int, reward: str, advantages: str = "group",
                  dp: DataParallel | None = None, aggregate: str = "episode",
-                 return_weight: float = DEFAULT_RETURN_WEIGHT, negatives: str = "keep"
-                 ) -> Signal:
+                 return_weight: float = DEFAULT_RETURN_WEIGHT, negatives: str = "keep",
+                 loss_norm: str = "signal") -> Signal:
     """Group-relative advantages of the complete groups (every member finished) of a batch, and
     the chunks that carry a non-zero one (:func:`episode_advantages`). ``reward`` is
     ``"success"``, ``"return"`` or ``"success+return"``: success's advantage plus
@@ -157,7 +161,12 @@ def batch_signal(batch: dict[str, Any], group_size: int, reward: str, advantages
     group's episodes differ in it and the return orders them where they do not.
     ``negatives="drop"`` sets the negative advantages to 0, so only the better episodes of a
     group carry a signal (a group still counts as disagreeing). ``aggregate`` weighs the chunks
-    in the loss (:func:`chunk_weights`)."""
+    in the loss (:func:`chunk_weights`). ``loss_norm="collected"`` scales the loss by the share
+    of the complete groups' units (episodes, or chunks under ``aggregate="chunk"``) that carry
+    a signal, over every rank: the loss becomes a mean over everything collected, a silent
+    group's units counting as zeros (:func:`collected_share`)."""
+    if loss_norm not in LOSS_NORMS:
+        raise ValueError(f"loss_norm must be one of {LOSS_NORMS}; found {loss_norm!r}")
     dp = dp or DataParallel(0, 1)
     finished = batch["episode_finished"]
     groups = batch["episode_group"]
@@ -196,8 +205,33 @@ def batch_signal(batch: dict[str, Any], group_size: int, reward: str, advantages
         "chunks_with_signal": float(rows.size),
     }
     weights = chunk_weights(chunk_episode[rows], aggregate, dp)
+    scale = 1.0 if loss_norm == "signal" else collected_share(
+        chunk_episode[rows], chunk_episode[complete[chunk_ep_row]], aggregate, dp)
     return Signal(rows, keys.astype(np.int64), adv_ep[chunk_ep_row][rows], weights,
-                  batch["chunk_log_prob"][rows], stats, disagreed)
+                  batch["chunk_log_prob"][rows], stats, disagreed, scale)
+
+
+def collected_share(signal: torch.Tensor, collected: torch.Tensor, aggregate: str,
+                    dp: DataParallel | None = None) -> float:
+    """The share of the collected units that carry a signal, over every rank: episodes under
+    ``aggregate="episode"``, chunks under ``"chunk"``. ``signal`` and ``collected`` are the
+    run-wide episode ids of the chunks with an advantage and of every chunk of a complete
+    group. The loss over the signal's chunks times this share is the mean over everything
+    collected: an iteration whose groups mostly agreed takes a proportionally smaller step.
+
+    >>> collected_share(torch.tensor([3, 3, 4]), torch.tensor([1, 2, 2, 3, 3, 4]), "episode")
+    0.5
+    >>> collected_share(torch.tensor([3, 3, 4]), torch.tensor([1, 2, 2, 3, 3, 4]), "chunk")
+    0.5
+    >>> collected_share(torch.tensor([], dtype=torch.long), torch.tensor([1]), "episode")
+    0.0
+    """
+    def count(ids: torch.Tensor) -> float:
+        return float(ids.numel() if aggregate == "chunk" else torch.unique(ids).numel())
+
+    totals = (dp or DataParallel(0, 1)).all_sum({"signal": count(signal),
+                                                 "collected": count(collected)})
+    return totals["signal"] / totals["collected"] if totals["collected"] else 0.0
 
 
 def replay_candidates(curve: list[dict[str, Any]]) -> dict[int, int]:
@@ -334,7 +368,7 @@ def update(learner: Learner, batch: dict[str, Any], signal: Signal, iteration: i
                     kl = torch.exp(d) - d - 1
                     objective = objective - cfg.kl_coef * kl
                     part_sums["kl_ref"] += float(kl.detach().sum())
-                loss = -(weight * objective).sum() / size
+                loss = -(weight * objective).sum() / size * signal.loss_scale
                 loss.backward()
                 with torch.no_grad():
                     part_sums["loss"] += float(loss.detach())
@@ -476,12 +510,12 @@ class Learner:
         return int(state["step"]) if "step" in state else 0
 
     def step(self) -> float:
-        """One optimiser step on the gradients the microbatches left (clipped to norm 1);
-        returns their norm before the clip."""
+        """One optimiser step on the gradients the microbatches left (clipped to norm
+        ``max_grad_norm``); returns their norm before the clip."""
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate()
         self.masters.grads_to_master()
-        norm = torch.nn.utils.clip_grad_norm_(self.masters.masters, 1.0)
+        norm = torch.nn.utils.clip_grad_norm_(self.masters.masters, self.cfg.max_grad_norm)
         self.optimizer.step()
         self.masters.master_to_model()
         self.masters.zero_grad()
@@ -666,7 +700,8 @@ def _run(run: Any, progress: bool, budget: int, folder: Any) -> dict[str, Any] |
                                       schedule=schedule, env_timeout=cfg.env_timeout)
             # 2. Advantages.
             signal = batch_signal(batch, cfg.group_size, cfg.reward, cfg.advantages, dp,
-                                  cfg.aggregate, cfg.return_weight, cfg.negatives)
+                                  cfg.aggregate, cfg.return_weight, cfg.negatives,
+                                  cfg.loss_norm)
             t1 = time.perf_counter()
             # 3. Update.
             lr = learner.learning_rate()
@@ -781,7 +816,7 @@ _ADDED_SETTINGS = {"lr_warmup": 0, "target_kl": None, "advantages": "group", "ag
                    "ratio": "chunk", "ema": None, "keep": "last", "test_seed": 2_000_000,
                    "replay_groups": 0, "minibatches": None, "group_noise": "episode",
                    "return_weight": DEFAULT_RETURN_WEIGHT, "negatives": "keep",
-                   "rollback": None}
+                   "rollback": None, "loss_norm": "signal", "max_grad_norm": 1.0}
 
 
 # ---------------------------------------------------------------------- set-up
