@@ -624,7 +624,8 @@ def test_every_step_stochastic_scores_back_on_gpu_and_trains(tmp_path) -> None:
 def test_shared_group_noise_on_gpu_differs_only_in_the_scored_draws(tmp_path) -> None:
     """``--group-noise shared``'s pipeline call on CUDA: rows that share a seed and differ in
     their step-noise seeds share the start noise, the step and the state before it, differ
-    after it, and score back; a short ``rl grpo --group-noise shared`` run finishes."""
+    after it, and score back; a short ``rl grpo --group-noise shared --loss-norm collected``
+    run finishes."""
     import json
 
     from cosmos3_gym.eval.cli import main
@@ -646,11 +647,15 @@ def test_shared_group_noise_on_gpu_differs_only_in_the_scored_draws(tmp_path) ->
         log_prob = chunk_log_prob(pipe, sde, prompts, model=trainable)
     np.testing.assert_allclose(log_prob.cpu().numpy(), sde.log_prob, rtol=0, atol=1e-3)
     run = tmp_path / "grpo"
+    # --loss-norm collected: the loss's scale (a host float) meets the device's loss.
     assert main(["rl", "grpo", "--group-noise", "shared", "--device", "cuda", "--iterations",
                  "1", "--groups", "2", "--group-size", "4", "--num-envs", "8", "--eval-trials",
                  "1", "--env-kwargs", '{"max_speed": 0.28}', "--no-progress",
-                 "--out", str(run)]) == 0
-    assert json.loads((run / "grpo.json").read_text())["identity"]["group_noise"] == "shared"
+                 "--loss-norm", "collected", "--max-grad-norm", "10", "--out", str(run)]) == 0
+    identity = json.loads((run / "grpo.json").read_text())["identity"]
+    assert identity["group_noise"] == "shared" and identity["loss_norm"] == "collected"
+    curve = json.loads((run / "curve.json").read_text())["curve"]
+    assert all(np.isfinite(p["loss"]) for p in curve if p.get("update_steps"))
 
 
 def test_random_but_last_on_gpu_never_draws_the_last_step_and_scores_back(tmp_path) -> None:
