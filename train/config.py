@@ -353,7 +353,7 @@ class GRPOConfig(ModelSettings, RuntimeSettings, EnvSettings):
         choices=LOSS_NORMS)
     max_grad_norm: float = setting(
         1.0, "the norm each update's gradient is clipped to (docs/rl.md: the defaults' "
-        "gradients have a median norm of about 12 on ColorReach, so every step is clipped to "
+        "gradients have a median norm of 8 to 10 on ColorReach, so every step is clipped to "
         "the same length)", group="rl", parse=positive_number)
     ratio: str = setting(
         "chunk", "what PPO's probability ratio is taken of: chunk (the chunk's, the product over "
